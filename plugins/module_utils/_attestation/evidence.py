@@ -1,0 +1,159 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The evidence document: versioned JSON, base64 for bytes (DESIGN section 3)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+EVIDENCE_VERSION = 1
+VARIANTS = ("tpm",)
+MAX_DOCUMENT_BYTES = 64 * 1024
+MAX_EVENTS = 512
+PCR_INDICES = range(24)
+_FIELD_LIMITS = {
+    "ak_public": 1024,
+    "quote": 1024,
+    "signature": 1024,
+    "user_data": 4096,
+    "ek_public": 1024,
+    "ek_certificate": 8192,
+}
+_REQUIRED = ("version", "variant", "ak_public", "quote", "signature", "pcrs", "user_data")
+_OPTIONAL = ("ek_public", "ek_certificate", "event_log")
+_BANKS = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
+
+
+class EvidenceError(ValueError):
+    """The evidence document is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    variant: str
+    ak_public: bytes
+    quote: bytes
+    signature: bytes
+    pcrs: dict[str, dict[int, bytes]]
+    user_data: bytes
+    ek_public: bytes | None = None
+    ek_certificate: bytes | None = None
+    event_log: list[dict] = field(default_factory=list)
+
+    def to_document(self) -> dict:
+        doc = {
+            "version": EVIDENCE_VERSION,
+            "variant": self.variant,
+            "ak_public": _b64(self.ak_public),
+            "quote": _b64(self.quote),
+            "signature": _b64(self.signature),
+            "pcrs": {bank: {str(i): _b64(v) for i, v in sorted(values.items())} for bank, values in self.pcrs.items()},
+            "user_data": _b64(self.user_data),
+        }
+        if self.ek_public is not None:
+            doc["ek_public"] = _b64(self.ek_public)
+        if self.ek_certificate is not None:
+            doc["ek_certificate"] = _b64(self.ek_certificate)
+        if self.event_log:
+            doc["event_log"] = self.event_log
+        return doc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_document(), sort_keys=True)
+
+
+def qualifying_data(nonce: bytes, user_data: bytes) -> bytes:
+    """SHA-256(nonce || SHA-256(user_data)): what the quote's extraData must hold."""
+    return hashlib.sha256(nonce + hashlib.sha256(user_data).digest()).digest()
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+def _decode_b64(name: str, value: object, limit: int) -> bytes:
+    if not isinstance(value, str):
+        raise EvidenceError(f"evidence field {name!r} must be a base64 string, got {type(value).__name__}")
+    if len(value) > (limit * 4) // 3 + 4:
+        raise EvidenceError(f"evidence field {name!r} is larger than {limit} bytes")
+    try:
+        decoded = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise EvidenceError(f"evidence field {name!r} is not valid base64") from None
+    if not decoded:
+        raise EvidenceError(f"evidence field {name!r} is empty")
+    return decoded
+
+
+def _parse_pcrs(value: object) -> dict[str, dict[int, bytes]]:
+    if not isinstance(value, dict) or not value:
+        raise EvidenceError("evidence field 'pcrs' must be a non-empty object of bank -> index -> value")
+    banks: dict[str, dict[int, bytes]] = {}
+    for bank, entries in value.items():
+        if bank not in _BANKS:
+            raise EvidenceError(f"evidence PCR bank {bank!r} is not one of {', '.join(_BANKS)}")
+        if not isinstance(entries, dict):
+            raise EvidenceError(f"evidence PCR bank {bank!r} must be an object of index -> value")
+        parsed: dict[int, bytes] = {}
+        for index, pcr_value in entries.items():
+            if not isinstance(index, str) or not index.isdigit() or int(index) not in PCR_INDICES:
+                raise EvidenceError(f"evidence PCR index {index!r} in bank {bank!r} is not 0..23")
+            raw = _decode_b64(f"pcrs.{bank}.{index}", pcr_value, _BANKS[bank])
+            if len(raw) != _BANKS[bank]:
+                raise EvidenceError(f"evidence PCR {bank}:{index} has {len(raw)} bytes, expected {_BANKS[bank]}")
+            parsed[int(index)] = raw
+        banks[bank] = parsed
+    return banks
+
+
+def _parse_event_log(value: object) -> list[dict]:
+    if not isinstance(value, list) or len(value) > MAX_EVENTS:
+        raise EvidenceError(f"evidence field 'event_log' must be a list of at most {MAX_EVENTS} events")
+    for event in value:
+        if not isinstance(event, dict) or not isinstance(event.get("pcr"), int) or not isinstance(event.get("digest"), str):
+            raise EvidenceError("each event_log entry must be an object with integer 'pcr' and string 'digest'")
+    return value
+
+
+def parse_evidence(document: object) -> Evidence:
+    """Validate shape and size limits; bytes, str and dict are accepted."""
+    if isinstance(document, (bytes, bytearray)):
+        if len(document) > MAX_DOCUMENT_BYTES:
+            raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
+        try:
+            document = document.decode()
+        except UnicodeDecodeError:
+            raise EvidenceError("evidence document is not UTF-8") from None
+    if isinstance(document, str):
+        if len(document) > MAX_DOCUMENT_BYTES:
+            raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
+        try:
+            document = json.loads(document)
+        except (ValueError, RecursionError):
+            raise EvidenceError("evidence document is not valid JSON") from None
+    if not isinstance(document, dict):
+        raise EvidenceError(f"evidence document must be a JSON object, got {type(document).__name__}")
+    missing = [k for k in _REQUIRED if k not in document]
+    if missing:
+        raise EvidenceError(f"evidence document lacks field(s): {', '.join(missing)}")
+    unknown = sorted(k for k in document if k not in _REQUIRED + _OPTIONAL)
+    if unknown:
+        raise EvidenceError(f"evidence document has unknown field(s): {', '.join(map(str, unknown))}")
+    version = document["version"]
+    if isinstance(version, bool) or version != EVIDENCE_VERSION:
+        raise EvidenceError(f"evidence version {version!r} is not supported (expected {EVIDENCE_VERSION})")
+    if document["variant"] not in VARIANTS:
+        raise EvidenceError(f"evidence variant {document['variant']!r} is not supported (known: {', '.join(VARIANTS)})")
+    fields = {name: _decode_b64(name, document[name], _FIELD_LIMITS[name]) for name in ("ak_public", "quote", "signature", "user_data")}
+    for name in ("ek_public", "ek_certificate"):
+        fields[name] = _decode_b64(name, document[name], _FIELD_LIMITS[name]) if document.get(name) is not None else None
+    return Evidence(
+        variant=document["variant"],
+        pcrs=_parse_pcrs(document["pcrs"]),
+        event_log=_parse_event_log(document["event_log"]) if "event_log" in document else [],
+        **fields,
+    )

@@ -1,0 +1,163 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Measurement policies: PCR index -> allowed values (+ warn-only), own format and Constellation's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, replace
+
+import yaml
+
+POLICY_VERSION = 1
+AK_TRUST_LEVELS = {"pcrs-only": 1, "ek-certificate": 2}
+MAX_POLICY_BYTES = 256 * 1024
+NODE_LOCK_PCR = 15
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+_DIGEST_SIZES = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
+
+
+class PolicyError(ValueError):
+    """The measurement policy cannot be read or is malformed; the message names the entry."""
+
+
+@dataclass(frozen=True)
+class PcrRule:
+    index: int
+    allowed: tuple[bytes, ...]
+    warn_only: bool = False
+
+
+@dataclass(frozen=True)
+class MeasurementPolicy:
+    hash_algorithm: str
+    rules: dict[int, PcrRule]
+    ak_trust: str = "ek-certificate"
+
+    @property
+    def ak_trust_level(self) -> int:
+        return AK_TRUST_LEVELS[self.ak_trust]
+
+    def with_rule(self, index: int, allowed: list[bytes], warn_only: bool = False) -> "MeasurementPolicy":
+        rules = dict(self.rules)
+        rules[index] = PcrRule(index, tuple(allowed), warn_only)
+        return replace(self, rules=rules)
+
+    def to_document(self) -> dict:
+        return {
+            "version": POLICY_VERSION,
+            "hash_algorithm": self.hash_algorithm,
+            "ak_trust": self.ak_trust,
+            "pcrs": {
+                str(i): {"allowed": [v.hex() for v in rule.allowed], "warn_only": rule.warn_only}
+                for i, rule in sorted(self.rules.items())
+            },
+        }
+
+
+def node_lock_mark(cluster_id: bytes, hash_algorithm: str = "sha256") -> bytes:
+    """PCR 15 of a node locked for this cluster: H(0^n || H(cluster_id))."""
+    size = _DIGEST_SIZES[hash_algorithm]
+    return hashlib.new(hash_algorithm, b"\x00" * size + hashlib.new(hash_algorithm, cluster_id).digest()).digest()
+
+
+def _hex_value(where: str, value: object, size: int) -> bytes:
+    if not isinstance(value, str) or not _HEX.match(value) or len(value) != size * 2:
+        raise PolicyError(f"{where}: {value!r} is not a {size}-byte hex digest")
+    return bytes.fromhex(value)
+
+
+def _index(where: str, key: object) -> int:
+    text = str(key)
+    if not text.isdigit() or not 0 <= int(text) <= 23:
+        raise PolicyError(f"{where}: PCR index {key!r} is not 0..23")
+    return int(text)
+
+
+def _flag(where: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(f"{where}: must be true or false, got {value!r}")
+    return value
+
+
+def _from_own(doc: dict) -> MeasurementPolicy:
+    unknown = sorted(set(doc) - {"version", "hash_algorithm", "ak_trust", "pcrs"})
+    if unknown:
+        raise PolicyError(f"policy has unknown key(s): {', '.join(unknown)}")
+    if doc.get("version") != POLICY_VERSION:
+        raise PolicyError(f"policy version {doc.get('version')!r} is not supported (expected {POLICY_VERSION})")
+    hash_algorithm = doc.get("hash_algorithm", "sha256")
+    if hash_algorithm not in _DIGEST_SIZES:
+        raise PolicyError(f"policy hash_algorithm {hash_algorithm!r} is not one of {', '.join(_DIGEST_SIZES)}")
+    ak_trust = doc.get("ak_trust", "ek-certificate")
+    if ak_trust not in AK_TRUST_LEVELS:
+        raise PolicyError(f"policy ak_trust {ak_trust!r} is not one of {', '.join(AK_TRUST_LEVELS)}")
+    pcrs = doc.get("pcrs")
+    if not isinstance(pcrs, dict) or not pcrs:
+        raise PolicyError("policy 'pcrs' must be a non-empty mapping of PCR index -> rule")
+    rules = {}
+    for key, rule in pcrs.items():
+        index = _index("policy pcrs", key)
+        where = f"policy PCR {index}"
+        if not isinstance(rule, dict) or set(rule) - {"allowed", "warn_only"}:
+            raise PolicyError(f"{where}: rule must be a mapping with 'allowed' and optional 'warn_only'")
+        allowed = rule.get("allowed")
+        if isinstance(allowed, str):
+            allowed = [allowed]
+        if not isinstance(allowed, list) or not allowed:
+            raise PolicyError(f"{where}: 'allowed' must list at least one hex value")
+        values = tuple(_hex_value(where, v, _DIGEST_SIZES[hash_algorithm]) for v in allowed)
+        rules[index] = PcrRule(index, values, _flag(f"{where} warn_only", rule.get("warn_only", False)))
+    return MeasurementPolicy(hash_algorithm, rules, ak_trust)
+
+
+def _from_constellation(doc: dict) -> MeasurementPolicy:
+    rules = {}
+    for key, rule in doc.items():
+        index = _index("Constellation measurements", key)
+        where = f"Constellation measurement {index}"
+        if not isinstance(rule, dict) or "expected" not in rule or set(rule) - {"expected", "warnOnly"}:
+            raise PolicyError(f"{where}: must be {{'expected': <hex>, 'warnOnly': <bool>}}")
+        expected = rule["expected"]
+        allowed = expected if isinstance(expected, list) else [expected]
+        values = tuple(_hex_value(where, v, 32) for v in allowed)
+        rules[index] = PcrRule(index, values, _flag(f"{where} warnOnly", rule.get("warnOnly", False)))
+    if not rules:
+        raise PolicyError("Constellation measurements are empty")
+    return MeasurementPolicy("sha256", rules, "ek-certificate")
+
+
+def policy_from_document(doc: object) -> MeasurementPolicy:
+    if not isinstance(doc, dict):
+        raise PolicyError(f"policy must be a mapping, got {type(doc).__name__}")
+    if "pcrs" in doc or "version" in doc:
+        return _from_own(doc)
+    return _from_constellation(doc)
+
+
+def parse_policy(text: str | bytes, source: str = "policy") -> MeasurementPolicy:
+    if len(text) > MAX_POLICY_BYTES:
+        raise PolicyError(f"{source} is larger than {MAX_POLICY_BYTES} bytes")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
+    try:
+        return policy_from_document(doc)
+    except PolicyError as exc:
+        raise PolicyError(f"{source}: {exc}") from None
+
+
+def load_policy(path: str) -> MeasurementPolicy:
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        raise PolicyError(f"cannot read measurement policy {path}: {exc.strerror}") from None
+    return parse_policy(text, f"measurement policy {path}")
+
+
+def dump_policy(policy: MeasurementPolicy) -> str:
+    return json.dumps(policy.to_document(), indent=2, sort_keys=True) + "\n"

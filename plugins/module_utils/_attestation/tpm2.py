@@ -1,0 +1,326 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""TPM 2.0 wire structures in pure Python (TPM 2.0 Library, Part 2).
+
+Only what a verifier needs: TPMT_PUBLIC, TPMS_ATTEST (quote), TPMT_SIGNATURE,
+object names, KDFa and a software TPM2_MakeCredential. No TSS library needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+try:  # TPM credential protection is AES-CFB, which cryptography files under 'decrepit'.
+    from cryptography.hazmat.decrepit.ciphers.modes import CFB
+except ImportError:  # pragma: no cover - cryptography < 47
+    from cryptography.hazmat.primitives.ciphers.modes import CFB
+
+TPM_GENERATED_VALUE = 0xFF544347
+TPM_ST_ATTEST_QUOTE = 0x8018
+
+ALG_RSA = 0x0001
+ALG_SHA1 = 0x0004
+ALG_SHA256 = 0x000B
+ALG_SHA384 = 0x000C
+ALG_SHA512 = 0x000D
+ALG_NULL = 0x0010
+ALG_RSASSA = 0x0014
+ALG_RSAPSS = 0x0016
+ALG_ECDSA = 0x0018
+ALG_ECC = 0x0023
+ALG_AES = 0x0006
+ALG_CFB = 0x0043
+
+ECC_NIST_P256 = 0x0003
+ECC_NIST_P384 = 0x0004
+
+ATTR_FIXED_TPM = 0x00000002
+ATTR_FIXED_PARENT = 0x00000010
+ATTR_SENSITIVE_DATA_ORIGIN = 0x00000020
+ATTR_USER_WITH_AUTH = 0x00000040
+ATTR_ADMIN_WITH_POLICY = 0x00000080
+ATTR_NO_DA = 0x00000400
+ATTR_RESTRICTED = 0x00010000
+ATTR_DECRYPT = 0x00020000
+ATTR_SIGN = 0x00040000
+
+HASHES = {ALG_SHA1: "sha1", ALG_SHA256: "sha256", ALG_SHA384: "sha384", ALG_SHA512: "sha512"}
+HASH_IDS = {name: alg for alg, name in HASHES.items()}
+_CRYPTO_HASHES = {ALG_SHA1: hashes.SHA1, ALG_SHA256: hashes.SHA256, ALG_SHA384: hashes.SHA384, ALG_SHA512: hashes.SHA512}
+_CURVES = {ECC_NIST_P256: ec.SECP256R1, ECC_NIST_P384: ec.SECP384R1}
+
+
+class StructureError(ValueError):
+    """A TPM structure is truncated, has trailing bytes or an unsupported algorithm."""
+
+
+class _Reader:
+    def __init__(self, data: bytes, what: str):
+        self.data = data
+        self.pos = 0
+        self.what = what
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.data):
+            raise StructureError(f"{self.what} is truncated at byte {self.pos}")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def u16(self) -> int:
+        return struct.unpack(">H", self.take(2))[0]
+
+    def u32(self) -> int:
+        return struct.unpack(">I", self.take(4))[0]
+
+    def u64(self) -> int:
+        return struct.unpack(">Q", self.take(8))[0]
+
+    def tpm2b(self) -> bytes:
+        return self.take(self.u16())
+
+    def done(self) -> None:
+        if self.pos != len(self.data):
+            raise StructureError(f"{self.what} has {len(self.data) - self.pos} trailing bytes")
+
+
+@dataclass(frozen=True)
+class Public:
+    """A parsed TPMT_PUBLIC."""
+
+    raw: bytes
+    type: int
+    name_alg: int
+    attributes: int
+    auth_policy: bytes
+    symmetric: tuple[int, int, int]
+    scheme: tuple[int, int]
+    curve: int
+    key_bits: int
+    exponent: int
+    unique: tuple[bytes, ...]
+
+    @property
+    def name(self) -> bytes:
+        """TPM object name: nameAlg || H(TPMT_PUBLIC)."""
+        if self.name_alg not in HASHES:
+            raise StructureError(f"name algorithm 0x{self.name_alg:04x} is not supported")
+        return struct.pack(">H", self.name_alg) + hashlib.new(HASHES[self.name_alg], self.raw).digest()
+
+    def public_key(self):
+        if self.type == ALG_ECC:
+            if self.curve not in _CURVES:
+                raise StructureError(f"ECC curve 0x{self.curve:04x} is not supported")
+            x, y = self.unique
+            try:
+                return ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"), _CURVES[self.curve]()).public_key()
+            except ValueError:
+                raise StructureError("ECC public point is not on the curve") from None
+        exponent = self.exponent or 65537
+        return rsa.RSAPublicNumbers(exponent, int.from_bytes(self.unique[0], "big")).public_key()
+
+
+def _sym_def(r: _Reader) -> tuple[int, int, int]:
+    alg = r.u16()
+    if alg == ALG_NULL:
+        return (alg, 0, 0)
+    return (alg, r.u16(), r.u16())
+
+
+def _scheme(r: _Reader) -> tuple[int, int]:
+    alg = r.u16()
+    if alg == ALG_NULL:
+        return (alg, 0)
+    return (alg, r.u16())
+
+
+def parse_public(data: bytes) -> Public:
+    r = _Reader(data, "TPMT_PUBLIC")
+    key_type = r.u16()
+    name_alg = r.u16()
+    attributes = r.u32()
+    auth_policy = r.tpm2b()
+    symmetric = _sym_def(r)
+    scheme = _scheme(r)
+    curve = key_bits = exponent = 0
+    if key_type == ALG_ECC:
+        curve = r.u16()
+        _scheme(r)  # kdf
+        unique: tuple[bytes, ...] = (r.tpm2b(), r.tpm2b())
+    elif key_type == ALG_RSA:
+        key_bits = r.u16()
+        exponent = r.u32()
+        unique = (r.tpm2b(),)
+    else:
+        raise StructureError(f"key type 0x{key_type:04x} is not supported (ECC or RSA)")
+    r.done()
+    return Public(data, key_type, name_alg, attributes, auth_policy, symmetric, scheme, curve, key_bits, exponent, unique)
+
+
+@dataclass(frozen=True)
+class Attest:
+    """A parsed TPMS_ATTEST of a quote."""
+
+    magic: int
+    type: int
+    qualified_signer: bytes
+    extra_data: bytes
+    clock: int
+    reset_count: int
+    restart_count: int
+    safe: int
+    firmware_version: int
+    pcr_selection: tuple[tuple[int, tuple[int, ...]], ...]
+    pcr_digest: bytes
+
+
+def parse_pcr_selection(r: _Reader) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    count = r.u32()
+    if count > 16:
+        raise StructureError(f"PCR selection lists {count} banks")
+    banks = []
+    for _ in range(count):
+        alg = r.u16()
+        size = r.u8()
+        bitmap = r.take(size)
+        indices = tuple(i * 8 + bit for i, byte in enumerate(bitmap) for bit in range(8) if byte >> bit & 1)
+        banks.append((alg, indices))
+    return tuple(banks)
+
+
+def parse_attest(data: bytes) -> Attest:
+    r = _Reader(data, "TPMS_ATTEST")
+    magic = r.u32()
+    attest_type = r.u16()
+    signer = r.tpm2b()
+    extra = r.tpm2b()
+    clock, reset_count, restart_count, safe = r.u64(), r.u32(), r.u32(), r.u8()
+    firmware = r.u64()
+    if attest_type != TPM_ST_ATTEST_QUOTE:
+        return Attest(magic, attest_type, signer, extra, clock, reset_count, restart_count, safe, firmware, (), b"")
+    selection = parse_pcr_selection(r)
+    digest = r.tpm2b()
+    r.done()
+    return Attest(magic, attest_type, signer, extra, clock, reset_count, restart_count, safe, firmware, selection, digest)
+
+
+@dataclass(frozen=True)
+class Signature:
+    alg: int
+    hash_alg: int
+    der_or_raw: bytes
+
+
+def parse_signature(data: bytes) -> Signature:
+    r = _Reader(data, "TPMT_SIGNATURE")
+    alg = r.u16()
+    hash_alg = r.u16()
+    if alg == ALG_ECDSA:
+        from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+        sig_r, sig_s = r.tpm2b(), r.tpm2b()
+        value = encode_dss_signature(int.from_bytes(sig_r, "big"), int.from_bytes(sig_s, "big"))
+    elif alg in (ALG_RSASSA, ALG_RSAPSS):
+        value = r.tpm2b()
+    else:
+        raise StructureError(f"signature algorithm 0x{alg:04x} is not supported")
+    r.done()
+    return Signature(alg, hash_alg, value)
+
+
+def verify_signature(public: Public, signature: Signature, message: bytes) -> bool:
+    """True when ``signature`` by ``public`` over ``message`` is valid."""
+    from cryptography.exceptions import InvalidSignature
+    if signature.hash_alg not in _CRYPTO_HASHES:
+        return False
+    algorithm = _CRYPTO_HASHES[signature.hash_alg]()
+    key = public.public_key()
+    try:
+        if signature.alg == ALG_ECDSA:
+            key.verify(signature.der_or_raw, message, ec.ECDSA(algorithm))
+        elif signature.alg == ALG_RSASSA:
+            key.verify(signature.der_or_raw, message, padding.PKCS1v15(), algorithm)
+        else:
+            key.verify(signature.der_or_raw, message, padding.PSS(padding.MGF1(algorithm), padding.PSS.AUTO), algorithm)
+    except InvalidSignature:
+        return False
+    return True
+
+
+def kdfa(hash_alg: int, key: bytes, label: bytes, context_u: bytes, context_v: bytes, bits: int) -> bytes:
+    """KDFa of TPM 2.0 Part 1, 11.4.10.2 (SP800-108 counter mode with HMAC)."""
+    name = HASHES[hash_alg]
+    out = b""
+    counter = 0
+    while len(out) * 8 < bits:
+        counter += 1
+        out += hmac.new(key, struct.pack(">I", counter) + label + b"\x00" + context_u + context_v + struct.pack(">I", bits), name).digest()
+    return out[: (bits + 7) // 8]
+
+
+@dataclass(frozen=True)
+class Credential:
+    """TPM2_MakeCredential output: TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET contents."""
+
+    blob: bytes
+    encrypted_seed: bytes
+
+
+def make_credential(ek: Public, object_name: bytes, secret: bytes) -> Credential:
+    """Software TPM2_MakeCredential (TPM 2.0 Part 1, 24) for an RSA or ECC storage key."""
+    if len(secret) > 64:
+        raise ValueError("credential secret must be at most 64 bytes")
+    if ek.name_alg not in HASHES:
+        raise StructureError(f"EK name algorithm 0x{ek.name_alg:04x} is not supported")
+    sym_alg, sym_bits, sym_mode = ek.symmetric
+    if (sym_alg, sym_mode) != (ALG_AES, ALG_CFB):
+        raise StructureError("EK must use AES-CFB as its symmetric algorithm")
+    digest_size = hashlib.new(HASHES[ek.name_alg]).digest_size
+    if ek.type == ALG_RSA:
+        seed = os.urandom(digest_size)
+        algorithm = _CRYPTO_HASHES[ek.name_alg]()
+        encrypted_seed = ek.public_key().encrypt(seed, padding.OAEP(padding.MGF1(algorithm), algorithm, b"IDENTITY\x00"))
+    else:
+        curve = _CURVES[ek.curve]()
+        ephemeral = ec.generate_private_key(curve)
+        z = ephemeral.exchange(ec.ECDH(), ek.public_key())
+        numbers = ephemeral.public_key().public_numbers()
+        size = (curve.key_size + 7) // 8
+        x, y = numbers.x.to_bytes(size, "big"), numbers.y.to_bytes(size, "big")
+        seed = _kdfe(ek.name_alg, z, b"IDENTITY", x, ek.unique[0], digest_size * 8)
+        encrypted_seed = struct.pack(">H", len(x)) + x + struct.pack(">H", len(y)) + y
+    sym_key = kdfa(ek.name_alg, seed, b"STORAGE", object_name, b"", sym_bits)
+    encryptor = Cipher(algorithms.AES(sym_key), CFB(b"\x00" * 16)).encryptor()
+    enc_identity = encryptor.update(struct.pack(">H", len(secret)) + secret) + encryptor.finalize()
+    hmac_key = kdfa(ek.name_alg, seed, b"INTEGRITY", b"", b"", digest_size * 8)
+    integrity = hmac.new(hmac_key, enc_identity + object_name, HASHES[ek.name_alg]).digest()
+    return Credential(struct.pack(">H", len(integrity)) + integrity + enc_identity, encrypted_seed)
+
+
+def _kdfe(hash_alg: int, z: bytes, label: bytes, party_u: bytes, party_v: bytes, bits: int) -> bytes:
+    """KDFe of TPM 2.0 Part 1, 11.4.10.3 (SP800-56A concatenation KDF)."""
+    name = HASHES[hash_alg]
+    out = b""
+    counter = 0
+    while len(out) * 8 < bits:
+        counter += 1
+        out += hashlib.new(name, struct.pack(">I", counter) + z + label + b"\x00" + party_u + party_v).digest()
+    return out[: (bits + 7) // 8]
+
+
+def pcr_digest(hash_alg: int, values: list[bytes]) -> bytes:
+    return hashlib.new(HASHES[hash_alg], b"".join(values)).digest()
+
+
+def extend(hash_name: str, current: bytes, digest: bytes) -> bytes:
+    return hashlib.new(hash_name, current + digest).digest()

@@ -1,0 +1,227 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pure-Python verification of TPM evidence against a measurement policy.
+
+Checks run in the order of DESIGN section 3; each failure raises
+``VerificationError`` with a stable ``reason`` and, for the policy check,
+every mismatching PCR rather than the first.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hmac
+import os
+from dataclasses import dataclass, field
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from . import tpm2
+from .evidence import Evidence, EvidenceError, parse_evidence, qualifying_data
+from .policy import MeasurementPolicy
+
+AK_REQUIRED_ATTRIBUTES = {
+    "restricted": tpm2.ATTR_RESTRICTED,
+    "sign": tpm2.ATTR_SIGN,
+    "fixedTPM": tpm2.ATTR_FIXED_TPM,
+    "fixedParent": tpm2.ATTR_FIXED_PARENT,
+    "sensitiveDataOrigin": tpm2.ATTR_SENSITIVE_DATA_ORIGIN,
+}
+EK_REQUIRED_ATTRIBUTES = {"restricted": tpm2.ATTR_RESTRICTED, "decrypt": tpm2.ATTR_DECRYPT, "fixedTPM": tpm2.ATTR_FIXED_TPM}
+_SCHEMES_FOR_KEY = {tpm2.ALG_ECC: (tpm2.ALG_ECDSA,), tpm2.ALG_RSA: (tpm2.ALG_RSASSA, tpm2.ALG_RSAPSS)}
+
+
+class VerificationError(Exception):
+    """Evidence was rejected. ``reason`` is a stable code; the message is for operators."""
+
+    def __init__(self, reason: str, message: str, mismatches: list[dict] | None = None, warnings: list[dict] | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.mismatches = mismatches or []
+        self.warnings = warnings or []
+
+    def to_result(self) -> dict:
+        return {"verified": False, "reason": self.reason, "msg": str(self), "mismatches": self.mismatches, "warnings": self.warnings}
+
+
+@dataclass(frozen=True)
+class ActivationChallenge:
+    """A credential only the TPM holding both the EK and the AK can activate."""
+
+    ak_name: bytes
+    credential: tpm2.Credential
+    secret: bytes = field(repr=False)
+
+    def check(self, activated_secret: bytes) -> None:
+        if not hmac.compare_digest(self.secret, activated_secret):
+            raise VerificationError("credential-activation", "the AK was not proven by credential activation: the TPM holding the EK did not release the credential")
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    evidence: Evidence
+    ak_name: bytes
+    ak_trust_level: int
+    pcrs: dict[int, bytes]
+    warnings: list[dict]
+    challenge: ActivationChallenge | None = None
+
+    def to_result(self) -> dict:
+        return {
+            "verified": self.challenge is None,
+            "reason": "activation-required" if self.challenge else "ok",
+            "ak_name": self.ak_name.hex(),
+            "ak_trust_level": self.ak_trust_level,
+            "pcrs": {str(i): v.hex() for i, v in sorted(self.pcrs.items())},
+            "mismatches": [],
+            "warnings": self.warnings,
+        }
+
+
+def load_ca_certificates(pem_data: bytes) -> list[x509.Certificate]:
+    try:
+        certs = x509.load_pem_x509_certificates(pem_data)
+    except ValueError as exc:
+        raise VerificationError("ek-ca", f"EK CA bundle holds no readable PEM certificate: {exc}") from None
+    return certs
+
+
+class Verifier:
+    def __init__(self, policy: MeasurementPolicy, ek_ca_certificates: list[x509.Certificate] | None = None,
+                 now=lambda: datetime.datetime.now(datetime.timezone.utc)):
+        self.policy = policy
+        self.ek_ca_certificates = ek_ca_certificates or []
+        self._now = now
+
+    def verify(self, document: object, nonce: bytes) -> VerificationResult:
+        try:
+            evidence = document if isinstance(document, Evidence) else parse_evidence(document)
+        except EvidenceError as exc:
+            raise VerificationError("malformed", str(exc)) from None
+        ak, attest, signature = self._parse_structures(evidence)
+        self._check_signature_scheme(ak, signature)
+        self._check_ak_attributes(ak)
+        if not tpm2.verify_signature(ak, signature, evidence.quote):
+            raise VerificationError("signature", "quote signature does not verify with the attestation key")
+        if attest.magic != tpm2.TPM_GENERATED_VALUE:
+            raise VerificationError("magic", f"quote magic is 0x{attest.magic:08x}, not TPM_GENERATED_VALUE 0xff544347")
+        if attest.type != tpm2.TPM_ST_ATTEST_QUOTE:
+            raise VerificationError("attest-type", f"attestation type is 0x{attest.type:04x}, not a quote (0x8018)")
+        if not hmac.compare_digest(attest.extra_data, qualifying_data(nonce, evidence.user_data)):
+            raise VerificationError("nonce", "quote is not bound to this nonce and ephemeral key (extraData mismatch)")
+        pcrs = self._check_pcr_selection_and_digest(evidence, attest, signature.hash_alg)
+        warnings = self._check_policy(pcrs)
+        challenge = self._check_ak_trust(evidence, ak)
+        return VerificationResult(evidence, ak.name, self.policy.ak_trust_level, pcrs, warnings, challenge)
+
+    @staticmethod
+    def _parse_structures(evidence: Evidence):
+        parsed = []
+        for name, parser, raw in (("ak_public", tpm2.parse_public, evidence.ak_public),
+                                  ("quote", tpm2.parse_attest, evidence.quote),
+                                  ("signature", tpm2.parse_signature, evidence.signature)):
+            try:
+                parsed.append(parser(raw))
+            except tpm2.StructureError as exc:
+                raise VerificationError("malformed", f"evidence field {name!r}: {exc}") from None
+        return parsed
+
+    @staticmethod
+    def _check_signature_scheme(ak: tpm2.Public, signature: tpm2.Signature) -> None:
+        allowed = _SCHEMES_FOR_KEY[ak.type]
+        if signature.alg not in allowed:
+            raise VerificationError("signature-scheme", f"signature algorithm 0x{signature.alg:04x} does not match the AK type 0x{ak.type:04x}")
+        scheme_alg, scheme_hash = ak.scheme
+        if scheme_alg != tpm2.ALG_NULL and (scheme_alg, scheme_hash) != (signature.alg, signature.hash_alg):
+            raise VerificationError("signature-scheme", "signature scheme differs from the scheme fixed in the AK")
+        if signature.hash_alg not in (tpm2.ALG_SHA256, tpm2.ALG_SHA384, tpm2.ALG_SHA512):
+            raise VerificationError("signature-scheme", f"signature hash 0x{signature.hash_alg:04x} is not SHA-256 or stronger")
+
+    @staticmethod
+    def _check_ak_attributes(ak: tpm2.Public) -> None:
+        missing = [name for name, bit in AK_REQUIRED_ATTRIBUTES.items() if not ak.attributes & bit]
+        if ak.attributes & tpm2.ATTR_DECRYPT:
+            missing.append("not decrypt")
+        if missing:
+            raise VerificationError("ak-attributes", f"attestation key lacks required attribute(s): {', '.join(missing)}")
+
+    def _check_pcr_selection_and_digest(self, evidence: Evidence, attest: tpm2.Attest, digest_alg: int) -> dict[int, bytes]:
+        bank_id = tpm2.HASH_IDS[self.policy.hash_algorithm]
+        selected = {alg: indices for alg, indices in attest.pcr_selection}
+        missing = sorted(set(self.policy.rules) - set(selected.get(bank_id, ())))
+        if missing:
+            raise VerificationError("pcr-selection", f"quote does not cover policy PCR(s) {', '.join(map(str, missing))} in bank {self.policy.hash_algorithm}")
+        values = []
+        for alg, indices in attest.pcr_selection:
+            bank = evidence.pcrs.get(tpm2.HASHES.get(alg, ""), {})
+            absent = [i for i in indices if i not in bank]
+            if absent:
+                raise VerificationError("pcr-digest", f"evidence lacks values for quoted PCR(s) {', '.join(map(str, absent))}")
+            values.extend(bank[i] for i in indices)
+        # TPM2_Quote digests the selected PCRs with the signing scheme's hash.
+        if not hmac.compare_digest(tpm2.pcr_digest(digest_alg, values), attest.pcr_digest):
+            raise VerificationError("pcr-digest", "PCR values in the evidence do not match the digest the TPM quoted")
+        return {i: evidence.pcrs[self.policy.hash_algorithm][i] for i in selected[bank_id]}
+
+    def _check_policy(self, pcrs: dict[int, bytes]) -> list[dict]:
+        mismatches, warnings = [], []
+        for index, rule in sorted(self.policy.rules.items()):
+            actual = pcrs[index]
+            if any(hmac.compare_digest(actual, allowed) for allowed in rule.allowed):
+                continue
+            entry = {"pcr": index, "actual": actual.hex(), "allowed": [v.hex() for v in rule.allowed], "warn_only": rule.warn_only}
+            (warnings if rule.warn_only else mismatches).append(entry)
+        if mismatches:
+            names = ", ".join(str(m["pcr"]) for m in mismatches)
+            raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy", mismatches, warnings)
+        return warnings
+
+    def _check_ak_trust(self, evidence: Evidence, ak: tpm2.Public) -> ActivationChallenge | None:
+        if self.policy.ak_trust_level < 2:
+            return None
+        if evidence.ek_certificate is None or evidence.ek_public is None:
+            raise VerificationError("ek-certificate", "policy requires AK trust level 2 but the evidence carries no EK certificate and EK public key")
+        if not self.ek_ca_certificates:
+            raise VerificationError("ek-ca", "policy requires AK trust level 2 but no EK CA certificate is configured")
+        try:
+            certificate = x509.load_der_x509_certificate(evidence.ek_certificate)
+            ek = tpm2.parse_public(evidence.ek_public)
+        except (ValueError, tpm2.StructureError) as exc:
+            raise VerificationError("malformed", f"EK certificate or EK public key is unreadable: {exc}") from None
+        self._check_chain(certificate)
+        if certificate.public_key().public_numbers() != ek.public_key().public_numbers():
+            raise VerificationError("ek-certificate", "EK public key in the evidence is not the key of the EK certificate")
+        missing = [name for name, bit in EK_REQUIRED_ATTRIBUTES.items() if not ek.attributes & bit]
+        if missing:
+            raise VerificationError("ek-certificate", f"EK lacks required attribute(s): {', '.join(missing)}")
+        secret = os.urandom(32)
+        try:
+            credential = tpm2.make_credential(ek, ak.name, secret)
+        except tpm2.StructureError as exc:
+            raise VerificationError("ek-certificate", f"cannot make a credential for this EK: {exc}") from None
+        return ActivationChallenge(ak.name, credential, secret)
+
+    def _check_chain(self, certificate: x509.Certificate) -> None:
+        """The EK certificate must be issued by a CA certificate of the configured bundle."""
+        now = self._now()
+        if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
+            raise VerificationError("ek-certificate", "EK certificate is outside its validity period")
+        for anchor in self.ek_ca_certificates:
+            if anchor.subject != certificate.issuer or not _is_ca(anchor):
+                continue
+            if not anchor.not_valid_before_utc <= now <= anchor.not_valid_after_utc:
+                continue
+            try:
+                certificate.verify_directly_issued_by(anchor)
+            except (ValueError, TypeError, InvalidSignature):
+                continue
+            return
+        raise VerificationError("ek-certificate", f"EK certificate does not chain to the configured EK CA (issuer {certificate.issuer.rfc4514_string()})")
+
+
+def _is_ca(certificate: x509.Certificate) -> bool:
+    try:
+        return certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        return False

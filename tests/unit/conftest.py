@@ -1,0 +1,142 @@
+"""Shared fixtures: the collection import path and real swtpm instances."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _collection_root() -> Path:
+    """Make ``ansible_collections.confidential.kubernetes`` importable from the source tree."""
+    for parent in REPO.parents:
+        if parent.name == "ansible_collections":
+            return parent.parent
+    root = REPO / ".venv" / "collections"
+    link = root / "ansible_collections" / "confidential" / "kubernetes"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(REPO)
+    return root
+
+
+sys.path.insert(0, str(_collection_root()))
+
+
+def _write_ca_config(workdir: Path, ca_dir: Path) -> Path:
+    ca_dir.mkdir(parents=True, exist_ok=True)
+    (workdir / "localca.conf").write_text(
+        f"statedir = {ca_dir}\nsigningkey = {ca_dir}/signkey.pem\n"
+        f"issuercert = {ca_dir}/issuercert.pem\ncertserial = {ca_dir}/certserial\n")
+    (workdir / "localca.options").write_text("--platform-manufacturer confidential.kubernetes-tests\n--platform-version 2.1\n--platform-model swtpm\n")
+    setup = workdir / "swtpm_setup.conf"
+    setup.write_text(f"create_certs_tool = /usr/bin/swtpm_localca\ncreate_certs_tool_config = {workdir}/localca.conf\n"
+                     f"create_certs_tool_options = {workdir}/localca.options\n")
+    return setup
+
+
+class ManufacturedTpm:
+    """A TPM state with an EK certificate from a private CA, made once per test session."""
+
+    def __init__(self, workdir: Path, ca_dir: Path):
+        self.state = workdir / "state"
+        self.state.mkdir(parents=True)
+        self.ca_dir = ca_dir
+        setup = _write_ca_config(workdir, self.ca_dir)
+        subprocess.run(["swtpm_setup", "--tpm2", "--tpmstate", str(self.state), "--create-ek-cert",
+                        "--lock-nvram", "--config", str(setup)], check=True, capture_output=True)
+        # The CA file a verifier trusts: the issuing CA and its root.
+        self.ca_pem = (self.ca_dir / "issuercert.pem").read_bytes() + (self.ca_dir / "swtpm-localca-rootca-cert.pem").read_bytes()
+
+
+class SwtpmInstance:
+    def __init__(self, manufactured: ManufacturedTpm):
+        self.dir = Path(tempfile.mkdtemp(prefix="ck-swtpm-"))
+        shutil.copytree(manufactured.state, self.dir / "state")
+        self.socket = self.dir / "swtpm.sock"
+        self.tcti = f"swtpm:path={self.socket}"
+        self.ca_pem = manufactured.ca_pem
+        # A direct child (no --daemon), so stopping it reaps it instead of leaving a zombie.
+        self.process = subprocess.Popen(
+            ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={self.dir / 'state'}",
+             "--server", f"type=unixio,path={self.socket}",
+             "--ctrl", f"type=unixio,path={self.socket}.ctrl",
+             "--flags", "not-need-init,startup-clear"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.pid = self.process.pid
+        for _ in range(250):
+            if self._listening() or self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        if not self._listening():
+            raise RuntimeError(f"swtpm did not start: {self.process.stderr.read().decode() if self.process.poll() is not None else 'no socket'}")
+
+    def _listening(self) -> bool:
+        """Both sockets accept connections (a bound socket file alone is not enough)."""
+        for path in (self.socket, Path(f"{self.socket}.ctrl")):
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                return False
+            finally:
+                probe.close()
+        return True
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.process.wait(timeout=5)
+        self.process.stderr.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def manufactured_tpms(tmp_path_factory):
+    """Three TPMs: 'lab' and 'lab2' from the trusted manufacturer CA, 'other' from an untrusted one."""
+    if not shutil.which("swtpm") or not shutil.which("swtpm_setup"):
+        pytest.fail("swtpm and swtpm_setup are required (apt-get install swtpm swtpm-tools); run scripts/setup.sh")
+    trusted_ca = tmp_path_factory.mktemp("ca-trusted")
+    other_ca = tmp_path_factory.mktemp("ca-other")
+    return {name: ManufacturedTpm(tmp_path_factory.mktemp(f"tpm-{name}"), ca)
+            for name, ca in (("lab", trusted_ca), ("lab2", trusted_ca), ("other", other_ca))}
+
+
+def _swtpm(manufactured):
+    instance = SwtpmInstance(manufactured)
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def swtpm(manufactured_tpms):
+    """A fresh, running swtpm (PCRs reset) whose EK chains to the trusted test CA."""
+    yield from _swtpm(manufactured_tpms["lab"])
+
+
+@pytest.fixture
+def other_swtpm(manufactured_tpms):
+    """A second running swtpm: a different TPM from the same trusted manufacturer."""
+    yield from _swtpm(manufactured_tpms["lab2"])
+
+
+@pytest.fixture
+def foreign_swtpm(manufactured_tpms):
+    """A running swtpm whose EK certificate comes from an untrusted CA."""
+    yield from _swtpm(manufactured_tpms["other"])

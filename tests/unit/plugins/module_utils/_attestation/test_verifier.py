@@ -1,0 +1,268 @@
+"""The verifier against real swtpm quotes: golden quote and single-bit mutations (Keylime style)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import os
+
+import pytest
+from cryptography import x509
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceStore
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError, Verifier
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
+
+POLICY_PCRS = (0, 4, 8, 9, 15)
+
+
+def _quote(swtpm, nonce, user_data=None):
+    user_data = user_data or EphemeralKey.generate().public_bytes()
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        return issuer.issue_evidence(tpm, nonce, user_data)
+
+
+def _policy(evidence, ak_trust="pcrs-only", pcrs=POLICY_PCRS):
+    values = evidence.pcrs["sha256"]
+    return MeasurementPolicy("sha256", {i: PcrRule(i, (values[i],)) for i in pcrs}, ak_trust)
+
+
+def _verifier(policy, swtpm):
+    return Verifier(policy, x509.load_pem_x509_certificates(swtpm.ca_pem))
+
+
+def _flip(doc, field, byte_index=-1):
+    mutated = copy.deepcopy(doc)
+    raw = bytearray(base64.b64decode(mutated[field]))
+    raw[byte_index] ^= 0x01
+    mutated[field] = base64.b64encode(bytes(raw)).decode()
+    return mutated
+
+
+@pytest.fixture
+def golden(swtpm):
+    nonce = os.urandom(32)
+    evidence = _quote(swtpm, nonce)
+    return swtpm, nonce, evidence, _policy(evidence)
+
+
+def test_valid_quote_verifies(golden):
+    swtpm, nonce, evidence, policy = golden
+    result = _verifier(policy, swtpm).verify(evidence.to_json(), nonce)
+    assert result.challenge is None
+    assert result.pcrs[15] == bytes(32)
+    assert result.to_result()["verified"] is True
+
+
+def test_signature_bit_flip_fails(golden):
+    swtpm, nonce, evidence, policy = golden
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(_flip(evidence.to_document(), "signature"), nonce)
+    assert err.value.reason == "signature"
+
+
+@pytest.mark.parametrize("offset", [6, 40, 60, -40, -1], ids=["signer", "extraData", "clock", "selection", "pcrDigest"])
+def test_quote_bit_flip_fails_the_signature(golden, offset):
+    swtpm, nonce, evidence, policy = golden
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(_flip(evidence.to_document(), "quote", offset), nonce)
+    assert err.value.reason in ("signature", "malformed")
+
+
+@pytest.mark.parametrize("pcr", range(24))
+def test_each_pcr_value_bit_flip_fails_the_digest(golden, pcr):
+    swtpm, nonce, evidence, policy = golden
+    doc = evidence.to_document()
+    raw = bytearray(base64.b64decode(doc["pcrs"]["sha256"][str(pcr)]))
+    raw[0] ^= 0x80
+    doc["pcrs"]["sha256"][str(pcr)] = base64.b64encode(bytes(raw)).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(doc, nonce)
+    assert err.value.reason == "pcr-digest"
+
+
+def test_nonce_bit_flip_fails(golden):
+    swtpm, nonce, evidence, policy = golden
+    flipped = bytes([nonce[0] ^ 1]) + nonce[1:]
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(evidence.to_json(), flipped)
+    assert err.value.reason == "nonce"
+
+
+def test_swapped_ephemeral_key_fails(golden):
+    swtpm, nonce, evidence, policy = golden
+    doc = evidence.to_document()
+    doc["user_data"] = base64.b64encode(EphemeralKey.generate().public_bytes()).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(doc, nonce)
+    assert err.value.reason == "nonce"
+
+
+def test_stale_nonce_fails():
+    clock = [1000.0]
+    store = NonceStore(ttl=60, clock=lambda: clock[0])
+    nonce = store.issue()
+    clock[0] += 61
+    with pytest.raises(VerificationError) as err:
+        store.consume(nonce)
+    assert err.value.reason == "nonce-stale"
+
+
+def test_reused_nonce_fails(tmp_path):
+    store = NonceStore(path=str(tmp_path / "nonces.json"))
+    nonce = store.issue()
+    store.consume(nonce)
+    with pytest.raises(VerificationError) as err:
+        NonceStore(path=str(tmp_path / "nonces.json")).consume(nonce)
+    assert err.value.reason == "nonce-reused"
+    assert oct((tmp_path / "nonces.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_unknown_nonce_fails():
+    with pytest.raises(VerificationError) as err:
+        NonceStore().consume(os.urandom(32))
+    assert err.value.reason == "nonce-unknown"
+
+
+def test_quote_whose_selection_misses_a_policy_pcr_fails(swtpm):
+    nonce = os.urandom(32)
+    user_data = EphemeralKey.generate().public_bytes()
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        ak, ak_public = tpm.attestation_key()
+        values = tpm.read_pcrs()
+        attest, signature = tpm.quote(ak, issuer.qualifying_data(nonce, user_data), indices=(0, 4, 8))
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import Evidence
+    evidence = Evidence("tpm", ak_public, attest, signature, {"sha256": values}, user_data)
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence), swtpm).verify(evidence, nonce)
+    assert err.value.reason == "pcr-selection"
+    assert "9, 15" in str(err.value)
+
+
+def test_every_policy_mismatch_is_reported_and_warn_only_is_a_warning(golden):
+    swtpm, nonce, evidence, policy = golden
+    wrong = hashlib.sha256(b"other").digest()
+    policy = policy.with_rule(4, [wrong]).with_rule(9, [wrong]).with_rule(8, [wrong], warn_only=True)
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(evidence.to_json(), nonce)
+    assert err.value.reason == "pcr-policy"
+    assert [m["pcr"] for m in err.value.mismatches] == [4, 9]
+    assert [w["pcr"] for w in err.value.warnings] == [8]
+
+
+def test_warn_only_mismatch_alone_verifies_with_a_warning(golden):
+    swtpm, nonce, evidence, policy = golden
+    policy = policy.with_rule(8, [hashlib.sha256(b"other").digest()], warn_only=True)
+    result = _verifier(policy, swtpm).verify(evidence.to_json(), nonce)
+    assert [w["pcr"] for w in result.warnings] == [8]
+
+
+def test_several_allowed_values_per_pcr(golden):
+    swtpm, nonce, evidence, policy = golden
+    policy = policy.with_rule(0, [hashlib.sha256(b"old firmware").digest(), evidence.pcrs["sha256"][0]])
+    assert _verifier(policy, swtpm).verify(evidence.to_json(), nonce).warnings == []
+
+
+def test_node_locked_for_a_cluster_fails_a_fresh_node_policy(swtpm):
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        tpm.pcr_event(15, b"some cluster id")
+    nonce = os.urandom(32)
+    evidence = _quote(swtpm, nonce)
+    policy = _policy(evidence).with_rule(15, [bytes(32)])
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(evidence.to_json(), nonce)
+    assert [m["pcr"] for m in err.value.mismatches] == [15]
+
+
+def test_level2_ak_proven_by_credential_activation(golden):
+    swtpm, nonce, evidence, _ = golden
+    result = _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(evidence.to_json(), nonce)
+    assert result.challenge is not None and result.ak_trust_level == 2
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        secret = issuer.answer_challenge(tpm, result.challenge.credential.blob, result.challenge.credential.encrypted_seed)
+    result.challenge.check(secret)
+
+
+def test_level2_ak_from_another_tpm_is_not_proven(swtpm, other_swtpm):
+    """EK (and its certificate) of one TPM, AK and quote of another: activation must fail."""
+    nonce = os.urandom(32)
+    genuine = _quote(swtpm, nonce)
+    foreign = _quote(other_swtpm, nonce, genuine.user_data)
+    doc = foreign.to_document()
+    doc["ek_public"] = genuine.to_document()["ek_public"]
+    doc["ek_certificate"] = genuine.to_document()["ek_certificate"]
+    result = _verifier(_policy(foreign, "ek-certificate"), swtpm).verify(doc, nonce)
+    # The TPM that owns the EK cannot activate a credential for an AK it does not hold.
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        with pytest.raises(issuer.TpmError, match="credential activation"):
+            issuer.answer_challenge(tpm, result.challenge.credential.blob, result.challenge.credential.encrypted_seed)
+    # And a guessed answer is refused.
+    with pytest.raises(VerificationError) as err:
+        result.challenge.check(os.urandom(32))
+    assert err.value.reason == "credential-activation"
+
+
+def test_level2_ek_certificate_from_another_ca_fails(foreign_swtpm, swtpm):
+    nonce = os.urandom(32)
+    evidence = _quote(foreign_swtpm, nonce)
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(evidence.to_json(), nonce)
+    assert err.value.reason == "ek-certificate"
+    assert "does not chain" in str(err.value)
+
+
+def test_level2_without_ek_certificate_fails(golden):
+    swtpm, nonce, evidence, _ = golden
+    doc = evidence.to_document()
+    del doc["ek_certificate"], doc["ek_public"]
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
+    assert err.value.reason == "ek-certificate"
+
+
+def test_level2_ek_public_not_matching_certificate_fails(golden, other_swtpm):
+    swtpm, nonce, evidence, _ = golden
+    doc = evidence.to_document()
+    doc["ek_public"] = _quote(other_swtpm, nonce).to_document()["ek_public"]
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
+    assert "not the key of the EK certificate" in str(err.value)
+
+
+def test_software_make_credential_matches_the_tpm(swtpm):
+    """Our pure-Python TPM2_MakeCredential is activated by a real TPM."""
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        ak, ak_public = tpm.attestation_key()
+        _, ek, ek_public = tpm.endorsement_key()
+        credential = tpm2.make_credential(tpm2.parse_public(ek_public), tpm2.parse_public(ak_public).name, b"s" * 32)
+        assert tpm.activate_credential(ak, ek, credential.blob, credential.encrypted_seed) == b"s" * 32
+
+
+def test_ak_without_restricted_attribute_fails(golden):
+    swtpm, nonce, evidence, policy = golden
+    doc = evidence.to_document()
+    raw = bytearray(base64.b64decode(doc["ak_public"]))
+    raw[5] &= ~0x01  # objectAttributes is bytes 4..7 big-endian; 'restricted' is bit 16
+    doc["ak_public"] = base64.b64encode(bytes(raw)).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(doc, nonce)
+    assert err.value.reason == "ak-attributes"
+
+
+def test_rsa_signature_for_ecc_key_fails_the_scheme_check(golden):
+    swtpm, nonce, evidence, policy = golden
+    doc = evidence.to_document()
+    raw = bytearray(base64.b64decode(doc["signature"]))
+    raw[0:2] = b"\x00\x14"  # TPM_ALG_RSASSA
+    doc["signature"] = base64.b64encode(bytes(raw)).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(doc, nonce)
+    assert err.value.reason in ("signature-scheme", "malformed")
+
+
+def test_missing_tpm_is_a_clear_error(tmp_path):
+    with pytest.raises(issuer.TpmError, match="cannot open TPM"):
+        issuer.Tpm(f"swtpm:path={tmp_path}/absent.sock")
