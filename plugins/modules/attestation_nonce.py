@@ -1,0 +1,60 @@
+#!/usr/bin/python
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: attestation_nonce
+short_description: Draw a single-use, expiring verifier nonce on the controller
+version_added: 0.1.0
+description:
+  - Draws 32 random bytes and records them in the controller's nonce ledger (a 0600 JSON file), so that
+    M(confidential.kubernetes.verify_evidence) can refuse a stale or replayed nonce.
+  - Runs on the controller only.
+author: confidential.kubernetes contributors
+extends_documentation_fragment:
+  - confidential.kubernetes._attributes
+attributes:
+  action:
+    support: full
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+  check_mode:
+    support: full
+    details:
+      - Nonces are drawn in check mode too, so that a checked play can still verify evidence.
+  diff_mode:
+    support: N/A
+  idempotent:
+    support: full
+    details:
+      - The ledger is bookkeeping of the verifier; the task always reports no change.
+options:
+  nonce_ledger:
+    description: Path of the nonce ledger on the controller.
+    type: path
+    default: ~/.cache/confidential-kubernetes/nonce-ledger.json
+  nonce_ttl:
+    description: Lifetime of the nonce in seconds.
+    type: float
+    default: 60
+seealso:
+  - module: confidential.kubernetes.verify_evidence
+"""
+
+EXAMPLES = r"""
+- name: Draw a nonce
+  confidential.kubernetes.attestation_nonce:
+  register: attestation_nonce
+"""
+
+RETURN = r"""
+nonce:
+  description: The nonce, 64 hex characters.
+  returned: success
+  type: str
+expires_in:
+  description: Seconds until the nonce expires.
+  returned: success
+  type: float
+"""

@@ -1,0 +1,103 @@
+#!/usr/bin/python
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: measurements
+short_description: Read a node's current PCR values as a ready-to-use measurement policy
+version_added: 0.1.0
+description:
+  - Reads the TPM's PCRs and returns them as a measurement policy document in this collection's format,
+    for enrolling a golden node. Save the result on the controller and review it before trusting it.
+author: confidential.kubernetes contributors
+extends_documentation_fragment:
+  - confidential.kubernetes._attributes
+  - confidential.kubernetes._attributes.INFO_MODULE
+  - confidential.kubernetes._attributes.TPM
+attributes:
+  idempotent:
+    support: full
+options:
+  pcrs:
+    description: PCR indices to include. All 24 when omitted. PCR 15 (the node lock) is usually left out.
+    type: list
+    elements: int
+  bank:
+    description: The PCR bank to read.
+    type: str
+    choices: [sha256, sha384]
+    default: sha256
+  ak_trust:
+    description: The AK trust the policy demands; V(pcrs-only) is trust level 1 and must be chosen explicitly.
+    type: str
+    choices: [ek-certificate, pcrs-only]
+    default: ek-certificate
+  warn_only:
+    description: PCR indices whose mismatch is only reported as a warning.
+    type: list
+    elements: int
+    default: []
+"""
+
+EXAMPLES = r"""
+- name: Enrol the golden node's boot measurements
+  confidential.kubernetes.measurements:
+    pcrs: [0, 2, 4, 7, 8, 9]
+  register: golden
+
+- name: Store the policy on the controller
+  ansible.builtin.copy:
+    content: "{{ golden.policy | to_nice_yaml }}"
+    dest: measurement-policy.yml
+    mode: "0644"
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+policy:
+  description: The measurement policy (version, hash_algorithm, ak_trust, pcrs index -> allowed values and warn_only).
+  returned: success
+  type: dict
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+try:
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
+except ImportError:
+    IMPORT_ERROR = traceback.format_exc()
+else:
+    IMPORT_ERROR = None
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            tcti=dict(type="str", default="auto"),
+            pcrs=dict(type="list", elements="int"),
+            bank=dict(type="str", default="sha256", choices=["sha256", "sha384"]),
+            ak_trust=dict(type="str", default="ek-certificate", choices=["ek-certificate", "pcrs-only"]),
+            warn_only=dict(type="list", elements="int", default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    if IMPORT_ERROR:
+        module.fail_json(msg=missing_required_lib("cryptography >= 47 and tpm2-pytss"), exception=IMPORT_ERROR)
+    params = module.params
+    bad = [i for i in (params["pcrs"] or []) + params["warn_only"] if not 0 <= i <= 23]
+    if bad:
+        module.fail_json(msg=f"PCR indices must be 0..23, got {bad}")
+    try:
+        policy = node.read_measurements(params["tcti"], params["pcrs"] or [], params["bank"], params["ak_trust"], params["warn_only"])
+    except TpmError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, policy=policy)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+#!/usr/bin/python
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: verify_evidence
+short_description: Verify a node's TPM evidence against a measurement policy (runs on the controller)
+version_added: 0.1.0
+description:
+  - Runs on the controller in pure Python; no TSS library is needed there.
+  - Checks, in this order, each with its own reason code - document shape and size (V(malformed)); signature scheme
+    against the AK type (V(signature-scheme)); AK attributes restricted, sign, fixedTPM (V(ak-attributes)); the quote
+    signature (V(signature)); TPMS_ATTEST magic (V(magic)) and type (V(attest-type)); C(extraData) against
+    C(SHA-256(nonce || SHA-256(user_data))) in constant time (V(nonce)); the quote's PCR selection covers every policy
+    PCR (V(pcr-selection)); the recomputed PCR digest (V(pcr-digest)); each PCR against the policy (V(pcr-policy), with
+    every mismatch listed); then AK trust (V(ek-certificate), V(credential-activation)).
+  - At AK trust level 2 (policy C(ak_trust=ek-certificate), the default) the EK certificate must be issued by a CA in
+    O(ek_ca_file), and the AK is proven to sit in the same TPM by credential activation - this action makes a credential
+    for the AK name under the EK and has the host activate it with M(confidential.kubernetes.tpm_evidence).
+  - With O(nonce_ledger) the nonce must have been drawn by M(confidential.kubernetes.attestation_nonce) and is consumed,
+    so a stale (V(nonce-stale)) or replayed (V(nonce-reused)) nonce fails.
+  - The task fails when the evidence is not verified; the failure result still carries every mismatch and warning.
+author: confidential.kubernetes contributors
+extends_documentation_fragment:
+  - confidential.kubernetes._attributes
+  - confidential.kubernetes._attributes.INFO_MODULE
+attributes:
+  action:
+    support: full
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+  idempotent:
+    support: full
+options:
+  evidence:
+    description: The evidence document, as returned by M(confidential.kubernetes.tpm_evidence) (a dict or a JSON string).
+    type: raw
+    required: true
+  nonce:
+    description: The 32-byte nonce (64 hex characters) the evidence must be bound to.
+    type: str
+    required: true
+  policy:
+    description: Path (on the controller) of the measurement policy, JSON or YAML, this collection's format or Constellation's.
+    type: path
+  policy_content:
+    description: The measurement policy itself, as a dict or a JSON/YAML string. Mutually exclusive with O(policy).
+    type: raw
+  node_lock:
+    description:
+      - Expectation for PCR 15, the node lock. V(unlocked) requires 32 zero bytes (a fresh node); a 64-hex cluster ID
+        requires C(SHA-256(0^32 || SHA-256(cluster_id))). Overrides a PCR 15 rule of the policy.
+    type: str
+  ek_ca_file:
+    description: PEM file (on the controller) with the CA certificates that issue EK certificates. Needed at AK trust level 2.
+    type: path
+  nonce_ledger:
+    description: The controller's nonce ledger (0600 JSON file) to consume the nonce from; see M(confidential.kubernetes.attestation_nonce).
+    type: path
+  nonce_ttl:
+    description: Lifetime of a nonce in seconds, when O(nonce_ledger) is used.
+    type: float
+    default: 60
+  activate_credential:
+    description: At AK trust level 2, run the credential activation round trip with the host. Without it level 2 cannot pass.
+    type: bool
+    default: true
+  tcti:
+    description: The host's TCTI, for the credential activation round trip.
+    type: str
+    default: auto
+seealso:
+  - module: confidential.kubernetes.tpm_evidence
+  - module: confidential.kubernetes.attestation_nonce
+  - module: confidential.kubernetes.measurements
+"""
+
+EXAMPLES = r"""
+- name: Draw a nonce on the controller
+  confidential.kubernetes.attestation_nonce:
+    nonce_ledger: "{{ playbook_dir }}/.state/nonces.json"
+  register: attestation_nonce
+
+- name: Produce evidence on the node
+  confidential.kubernetes.tpm_evidence:
+    nonce: "{{ attestation_nonce.nonce }}"
+  register: node_evidence
+
+- name: Verify it on the controller, requiring a fresh (unlocked) node
+  confidential.kubernetes.verify_evidence:
+    evidence: "{{ node_evidence.evidence }}"
+    nonce: "{{ attestation_nonce.nonce }}"
+    nonce_ledger: "{{ playbook_dir }}/.state/nonces.json"
+    policy: measurement-policy.yml
+    ek_ca_file: ek-ca.pem
+    node_lock: unlocked
+"""
+
+RETURN = r"""
+verified:
+  description: Whether the evidence passed every check.
+  returned: always
+  type: bool
+reason:
+  description: V(ok), or the code of the first failed check (see the description).
+  returned: always
+  type: str
+mismatches:
+  description: Every PCR that does not match an enforced policy rule (pcr, actual, allowed, warn_only).
+  returned: always
+  type: list
+  elements: dict
+warnings:
+  description: PCRs that do not match a warn-only rule.
+  returned: always
+  type: list
+  elements: dict
+ak_name:
+  description: The TPM name of the attestation key (hex).
+  returned: when the signature checks passed
+  type: str
+ak_trust_level:
+  description: 1 (PCRs only) or 2 (EK certificate and credential activation).
+  returned: when the signature checks passed
+  type: int
+pcrs:
+  description: The quoted PCR values of the policy bank (index -> hex).
+  returned: when the PCR digest matched
+  type: dict
+"""

@@ -1,0 +1,49 @@
+"""Command line of the lab: `lab up|down|status|ssh`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import LabError, lab
+from .paths import LabPaths
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="lab", description="Kubernetes lab nodes (systemd-nspawn + swtpm) on this machine.")
+    commands = top.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="boot the lab nodes (reusing running ones) and write the inventory")
+    up.add_argument("--control-planes", type=int, default=1, metavar="N")
+    up.add_argument("--workers", type=int, default=2, metavar="M")
+    up.add_argument("--tamper", nargs="+", default=[], metavar="NODE",
+                    help="boot these nodes with a different kernel command line (PCR 8)")
+    commands.add_parser("down", help="stop every node and remove bridge, veths and node state")
+    commands.add_parser("status", help="table of the nodes")
+    ssh = commands.add_parser("ssh", help="ssh into a node, or run a command there")
+    ssh.add_argument("node")
+    ssh.add_argument("remote", nargs=argparse.REMAINDER, metavar="CMD")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    paths = LabPaths.from_environment()
+    try:
+        if args.command == "up":
+            lab.up(paths, args.control_planes, args.workers, args.tamper)
+            return 0
+        if args.command == "down":
+            lab.down(paths)
+            return 0
+        if args.command == "status":
+            return lab.status(paths)
+        return lab.ssh(paths, args.node, args.remote)
+    except LabError as exc:
+        print(f"lab {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"lab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

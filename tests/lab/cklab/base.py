@@ -1,0 +1,186 @@
+"""The base root every node boots over: Debian bookworm with sshd, the TPM stack and the node venv.
+
+Built once and cached under CK_LAB_CACHE/base-<key>, where the key hashes everything
+that goes into it (this file included). A build happens in a temporary directory that
+is renamed at the end, so a crash never leaves a half base that looks cached.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import LabError
+from .host import run
+from .paths import LabPaths
+
+IMAGE_VERSION = "cklab-base-1"
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+NODE_VENV = "/opt/confidential-kubernetes/venv"
+DOUBLES_MOUNT = "/opt/k8s-doubles"
+DOUBLE_TOOLS = ("kubeadm", "kubelet", "kubectl", "helm")
+PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
+    "iproute2", "cryptsetup-bin", "tpm2-tools", "libtss2-esys-3.0.2-0", "libtss2-tctildr0",
+    "libtss2-tcti-swtpm0", "libtss2-mu0", "libtss2-rc0", "libtss2-fapi1",
+    "ca-certificates", "procps",
+)
+NODE_IMPORT_CHECK = "import tpm2_pytss, cryptography.hazmat.primitives.hpke, grpc, yaml"
+
+SSHD_CONFIG = """\
+# confidential-kubernetes lab: root by key only, one host key made per node.
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+HostKey /etc/ssh/ssh_host_ed25519_key
+UseDNS no
+"""
+
+# Nodes get their host key from the lab before boot; this unit covers a node booted without one.
+HOSTKEY_UNIT = """\
+[Unit]
+Description=Make the SSH host key of this lab node
+ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
+Before=ssh.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# Units that only slow a disposable container's boot down.
+MASKED_UNITS = (
+    "apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
+    "fstrim.timer", "systemd-networkd-wait-online.service", "getty@.service",
+    "console-getty.service", "systemd-timesyncd.service",
+)
+
+
+@dataclass(frozen=True)
+class Base:
+    """A built base: the root directory and the image id the nodes measure."""
+
+    root: Path
+    image_id: str
+
+
+def cache_key(requirements: str, build_source: str | None = None) -> str:
+    """Hash of everything that goes into the base; equal keys mean an equal base."""
+    if build_source is None:
+        build_source = Path(__file__).read_text()
+    digest = hashlib.sha256()
+    for part in (IMAGE_VERSION, SUITE, "\n".join(PACKAGES), requirements, build_source):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def base_dir(paths: LabPaths, key: str) -> Path:
+    return paths.cache_dir / f"base-{key[:20]}"
+
+
+def cached_base(paths: LabPaths) -> Base | None:
+    key = cache_key(_requirements(paths))
+    directory = base_dir(paths, key)
+    if (directory / "image-id").is_file() and (directory / "root" / "usr").is_dir():
+        return Base(root=directory / "root", image_id=(directory / "image-id").read_text().strip())
+    return None
+
+
+def ensure_base(paths: LabPaths, log=print) -> Base:
+    """The cached base, built first when the cache has none for the current key."""
+    found = cached_base(paths)
+    if found is not None:
+        return found
+    key = cache_key(_requirements(paths))
+    started = time.monotonic()
+    log(f"building the lab base root {base_dir(paths, key)} (one time; a few minutes)")
+    _build(paths, key)
+    log(f"base root built in {time.monotonic() - started:.0f} s")
+    found = cached_base(paths)
+    if found is None:
+        raise LabError("the base build finished but left no usable base root")
+    return found
+
+
+def _requirements(paths: LabPaths) -> str:
+    try:
+        return paths.requirements_node.read_text()
+    except OSError as exc:
+        raise LabError(f"cannot read {paths.requirements_node}: {exc.strerror}") from exc
+
+
+def _build(paths: LabPaths, key: str) -> None:
+    if sys.version_info[:2] != (3, 11):
+        raise LabError("building the base needs Python 3.11 on the host (node wheels must match "
+                       f"bookworm's python3), this is {sys.version.split()[0]}")
+    paths.cache_dir.mkdir(parents=True, exist_ok=True)
+    work = paths.cache_dir / f".build-{key[:20]}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    root = work / "root"
+    wheelhouse = work / "wheelhouse"
+    try:
+        run([sys.executable, "-m", "pip", "wheel", "--quiet", "-r", paths.requirements_node,
+             "-w", wheelhouse], timeout=1200, what="pip wheel of requirements-node.txt")
+        run(["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, root, MIRROR],
+            timeout=1800, what="debootstrap")
+        _configure(root, key)
+        _install_venv(root, wheelhouse, paths.requirements_node)
+        run(_nspawn_pipe(root) + ["/usr/bin/apt-get", "clean"], what="apt-get clean in the base")
+        shutil.rmtree(wheelhouse)
+        (work / "image-id").write_text(key + "\n")
+        final = base_dir(paths, key)
+        try:
+            work.rename(final)
+        except OSError:
+            if not (final / "image-id").is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _configure(root: Path, key: str) -> None:
+    for old_key in (root / "etc" / "ssh").glob("ssh_host_*"):
+        old_key.unlink()
+    (root / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/ssh/sshd_config.d/cklab.conf").write_text(SSHD_CONFIG)
+    (root / "etc/systemd/system/cklab-ssh-hostkey.service").write_text(HOSTKEY_UNIT)
+    (root / "etc/hostname").write_text("localhost\n")
+    (root / "etc/machine-id").write_text("")
+    (root / "etc/confidential-kubernetes-lab-image").write_text(key + "\n")
+    for directory in (DOUBLES_MOUNT, "srv", "root/.ssh", "run/tpm"):
+        (root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    (root / "root/.ssh").chmod(0o700)
+    for tool in DOUBLE_TOOLS:
+        link = root / "usr/local/bin" / tool
+        link.unlink(missing_ok=True)
+        link.symlink_to(f"{DOUBLES_MOUNT}/bin/{tool}")
+    run(["systemctl", f"--root={root}", "enable", "systemd-networkd.service", "ssh.service",
+         "cklab-ssh-hostkey.service"], what="systemctl enable in the base")
+    run(["systemctl", f"--root={root}", "mask", *MASKED_UNITS], what="systemctl mask in the base")
+
+
+def _nspawn_pipe(root: Path, *extra: str) -> list[str]:
+    return ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--pipe",
+            f"--directory={root}", "--private-network", *extra]
+
+
+def _install_venv(root: Path, wheelhouse: Path, requirements: Path) -> None:
+    binds = [f"--bind-ro={wheelhouse}:/tmp/wheelhouse", f"--bind-ro={requirements}:/tmp/requirements-node.txt"]
+    run(_nspawn_pipe(root, *binds) + ["/usr/bin/python3", "-m", "venv", NODE_VENV],
+        timeout=300, what="python3 -m venv in the base")
+    run(_nspawn_pipe(root, *binds, "--setenv=PIP_DISABLE_PIP_VERSION_CHECK=1")
+        + [f"{NODE_VENV}/bin/pip", "install", "--quiet", "--no-index", "--find-links=/tmp/wheelhouse",
+           "-r", "/tmp/requirements-node.txt"],
+        timeout=600, what="pip install in the base")
+    run(_nspawn_pipe(root) + [f"{NODE_VENV}/bin/python", "-c", NODE_IMPORT_CHECK],
+        timeout=120, what="import check of the node venv")

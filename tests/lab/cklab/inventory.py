@@ -1,0 +1,62 @@
+"""The Ansible inventory the lab writes for its nodes (YAML, rendered without a YAML library)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .plan import NodeSpec
+
+NODE_PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
+NODE_TPM_TCTI = "swtpm:path=/run/tpm/swtpm.sock"
+NODE_STATE_DISK = "/srv/state-disk.img"
+NODE_EVENT_LOG = "/run/tpm/eventlog.json"
+
+
+def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
+    """ssh options that trust exactly the host keys the lab collected, never the user's ~/.ssh."""
+    batch_options = ["-o", "BatchMode=yes"] if batch else []
+    return [*batch_options,
+        "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "IdentitiesOnly=yes",
+        "-o", "LogLevel=ERROR",
+    ]
+
+
+def _scalar(value: str) -> str:
+    # A JSON string is a valid YAML double-quoted scalar.
+    return json.dumps(value)
+
+
+def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_hosts: Path) -> str:
+    common_args = " ".join(ssh_options(known_hosts))
+    variables = {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(ssh_key),
+        "ansible_ssh_common_args": common_args,
+        "ansible_python_interpreter": NODE_PYTHON,
+        "confidential_tpm_tcti": NODE_TPM_TCTI,
+        "confidential_ek_ca_file": str(lab_dir / "ca" / "ek-ca.pem"),
+        "confidential_measurement_policy_file": str(lab_dir / "measurement-policy.yml"),
+        "confidential_state_disk_path": NODE_STATE_DISK,
+        "confidential_tpm_event_log": NODE_EVENT_LOG,
+        "lab_dir": str(lab_dir),
+    }
+    lines = ["# Written by tests/lab/lab up; rewritten on every up.", "all:", "  vars:"]
+    lines += [f"    {key}: {_scalar(value)}" for key, value in variables.items()]
+    lines.append("  children:")
+    for group in ("control_plane", "workers"):
+        members = [node for node in nodes if node.group == group]
+        if not members:
+            lines.append(f"    {group}: {{}}")
+            continue
+        lines.append(f"    {group}:")
+        lines.append("      hosts:")
+        for node in members:
+            lines.append(f"        {node.name}:")
+            lines.append(f"          ansible_host: {_scalar(node.address)}")
+            if node.tampered:
+                lines.append("          lab_tampered: true")
+    lines += ["    cluster:", "      children:", "        control_plane: {}", "        workers: {}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,350 @@
+"""The lab's commands: up, down, status, ssh."""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import LabError, base as base_image, measure, network, nodes, tpm
+from .host import check_host, ensure_inotify_instances, run
+from .inventory import render_inventory, ssh_options
+from .paths import LabPaths
+from .plan import NodeSpec, is_lab_node_name, plan_nodes
+
+START_WORKERS = 8
+SSH_PORT = 22
+
+
+def log(message: str) -> None:
+    print(f"lab: {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def locked(paths: LabPaths) -> Iterator[None]:
+    """One lab command at a time per lab dir."""
+    paths.lab_dir.mkdir(parents=True, exist_ok=True)
+    with open(paths.lab_dir / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise LabError(f"another lab command is running on {paths.lab_dir}") from exc
+        yield
+
+
+def boot_timeout(node_count: int) -> float:
+    """Bound on the wait for SSH: generous for a loaded 2-core machine, still finite."""
+    configured = os.environ.get("CK_LAB_BOOT_TIMEOUT")
+    if configured:
+        return float(configured)
+    return 60.0 + 2.0 * node_count
+
+
+# ---- up ---------------------------------------------------------------------------------
+
+def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) -> None:
+    wanted = plan_nodes(control_planes, workers, set(tamper))
+    check_host()
+    # The nodes mount the Kubernetes tool doubles from here; they may not be written yet.
+    (paths.doubles_dir / "bin").mkdir(parents=True, exist_ok=True)
+    with locked(paths):
+        base = base_image.ensure_base(paths, log=log)
+        _ensure_lab_identity(paths)
+        started = time.monotonic()
+        try:
+            fresh = _converge(paths, wanted, base)
+            _write_outputs(paths, wanted, base)
+            _wait_for_ssh(paths, wanted, boot_timeout(len(fresh)))
+        except LabError:
+            log("tearing the lab down after the failure")
+            _teardown(paths)
+            raise
+    log(f"{len(wanted)} nodes up ({len(fresh)} started) in {time.monotonic() - started:.1f} s")
+    print(paths.inventory)
+
+
+def _ensure_lab_identity(paths: LabPaths) -> None:
+    """The lab SSH key and the lab EK CA, made once and kept across downs."""
+    paths.ssh_dir.mkdir(parents=True, exist_ok=True)
+    paths.ssh_dir.chmod(0o700)
+    if not paths.ssh_key.is_file():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "confidential-kubernetes-lab",
+             "-f", paths.ssh_key], what="ssh-keygen for the lab key")
+    tpm.write_ca_config(paths)
+
+
+def _converge(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base) -> list[NodeSpec]:
+    """Make the running nodes exactly `wanted`; return the nodes that were (re)started."""
+    wanted_names = {node.name for node in wanted}
+    surplus = [name for name in _recorded_names(paths) if name not in wanted_names]
+    if surplus:
+        log(f"removing nodes not asked for: {' '.join(surplus)}")
+        _stop_nodes(paths, surplus)
+        for name in surplus:
+            shutil.rmtree(paths.node_dir(name), ignore_errors=True)
+    to_start = []
+    for node in wanted:
+        record = nodes.recorded(paths, node.name)
+        same = (record is not None and record.get("image_id") == base.image_id
+                and record.get("tampered") == node.tampered and record.get("address") == node.address)
+        if same and nodes.is_running(paths, node.name):
+            continue
+        if record is not None and record.get("image_id") != base.image_id:
+            # A node over another base keeps nothing: its upper dir belongs to that base.
+            _stop_nodes(paths, [node.name])
+            shutil.rmtree(paths.node_dir(node.name), ignore_errors=True)
+        to_start.append(node)
+    if not to_start:
+        log("all nodes already running")
+        return []
+    _stop_nodes(paths, [node.name for node in to_start])
+    ensure_inotify_instances(len(wanted), log=log)
+    network.ensure_bridge()
+    setup_conf = paths.ca_dir / "swtpm_setup.conf"
+    if not tpm.ca_exists(paths):
+        # swtpm_localca makes the CA on first use; one node first so parallel setups share it.
+        tpm.manufacture(paths, to_start[0].name, setup_conf)
+    authorized_key = (paths.ssh_dir / "id_ed25519.pub").read_text()
+    log(f"starting {' '.join(node.name for node in to_start)}")
+    with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
+        results = list(pool.map(lambda n: _start_node(paths, n, base, setup_conf, authorized_key), to_start))
+    failures = [message for message in results if message]
+    if failures:
+        raise LabError("; ".join(failures))
+    return to_start
+
+
+def _start_node(paths: LabPaths, node: NodeSpec, base: base_image.Base, setup_conf: Path,
+                authorized_key: str) -> str | None:
+    """Manufacture (once), power on the TPM, measure the boot, boot the node. Return an error or None."""
+    try:
+        paths.node_dir(node.name).mkdir(parents=True, exist_ok=True)
+        new_tpm = not (tpm.tpm_state_dir(paths, node.name) / "tpm2-00.permall").is_file()
+        tpm.manufacture(paths, node.name, setup_conf)
+        tpm.start(paths, node.name)
+        if new_tpm:
+            tpm.export_ek_ca(paths)
+            tpm.verify_ek_certificate(paths, node.name)
+        events = measure.boot_events(base.image_id, node.tampered)
+        tpm.extend_events(paths, node.name, events)
+        (tpm.tpm_dir(paths, node.name) / "eventlog.json").write_text(measure.event_log_json(events))
+        expected = measure.replay(events)
+        actual = tpm.read_pcrs(paths, node.name, measure.MEASURED_PCRS)
+        if actual != expected:
+            return f"{node.name}: TPM PCRs {actual} differ from the replayed event log {expected}"
+        nodes.prepare(paths, node, base.image_id, authorized_key)
+        nodes.start(paths, node, base)
+    except LabError as exc:
+        return f"{node.name}: {exc}"
+    return None
+
+
+def _write_outputs(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base) -> None:
+    tpm.export_ek_ca(paths)
+    paths.measurement_policy.write_text(measure.golden_policy(base.image_id))
+    known_hosts = []
+    for node in wanted:
+        key = nodes.host_public_key(paths, node.name).read_text().split()
+        known_hosts.append(f"{node.address} {key[0]} {key[1]}\n")
+    paths.known_hosts.write_text("".join(known_hosts))
+    paths.inventory.write_text(render_inventory(wanted, paths.lab_dir, paths.ssh_key, paths.known_hosts))
+
+
+def _port_open(address: str) -> bool:
+    try:
+        with socket.create_connection((address, SSH_PORT), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def ssh_command(paths: LabPaths, address: str, *remote: str, connect_timeout: int = 5,
+                batch: bool = True) -> list[str]:
+    return ["ssh", "-i", str(paths.ssh_key), *ssh_options(paths.known_hosts, batch=batch),
+            "-o", f"ConnectTimeout={connect_timeout}", f"root@{address}", *remote]
+
+
+def ssh_ok(paths: LabPaths, address: str, timeout: float = 10.0) -> bool:
+    try:
+        done = subprocess.run(ssh_command(paths, address, "true"), stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+def _wait_for_ssh(paths: LabPaths, wanted: list[NodeSpec], seconds: float) -> None:
+    """Wait (bounded) until every node runs a command over SSH; report the ones that do not."""
+    deadline = time.monotonic() + seconds
+    waiting = {node.name: node for node in wanted}
+
+    def answers(node: NodeSpec) -> bool:
+        return _port_open(node.address) and ssh_ok(paths, node.address)
+
+    with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
+        while waiting and time.monotonic() < deadline:
+            dead = [name for name in waiting if nodes.live_pid(paths, name, "nspawn") is None]
+            if dead:
+                break
+            ready = dict(zip(waiting, pool.map(answers, waiting.values())))
+            for name, ok in ready.items():
+                if ok:
+                    del waiting[name]
+            if waiting:
+                time.sleep(0.2)
+    if waiting:
+        for name in waiting:
+            state = "exited" if nodes.live_pid(paths, name, "nspawn") is None else "no SSH answer"
+            log(f"{name} ({state}); console log tail:\n{nodes.console_tail(paths, name)}")
+        raise LabError(f"nodes did not answer SSH within {seconds:g} s: {' '.join(waiting)}")
+
+
+# ---- down -------------------------------------------------------------------------------
+
+def down(paths: LabPaths) -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root to tear nodes down")
+    started = time.monotonic()
+    with locked(paths):
+        _teardown(paths)
+    log(f"lab down in {time.monotonic() - started:.1f} s")
+
+
+def _recorded_names(paths: LabPaths) -> list[str]:
+    if not paths.nodes_dir.is_dir():
+        return []
+    return sorted(entry.name for entry in paths.nodes_dir.iterdir() if entry.is_dir())
+
+
+def _stop_nodes(paths: LabPaths, names: list[str]) -> None:
+    nspawn_pids = [pid for name in names if (pid := nodes.live_pid(paths, name, "nspawn"))]
+    swtpm_pids = [pid for name in names if (pid := nodes.live_pid(paths, name, "swtpm"))]
+    nodes.stop_processes(nspawn_pids, swtpm_pids)
+
+
+def _teardown(paths: LabPaths) -> None:
+    """Stop every node and remove what they leave on the host; keep the base, key and CA."""
+    names = _recorded_names(paths)
+    _stop_nodes(paths, names)
+    nspawn_leftovers, other_leftovers = lab_processes(paths)
+    if nspawn_leftovers or other_leftovers:
+        nodes.stop_processes(nspawn_leftovers, other_leftovers)
+    orphans = orphaned_containers(paths)
+    if orphans:
+        nodes.stop_processes([], [], orphans)
+    _unmount_under(paths.lab_dir)
+    network.remove_network()
+    shutil.rmtree(paths.nodes_dir, ignore_errors=True)
+    paths.inventory.unlink(missing_ok=True)
+    paths.known_hosts.unlink(missing_ok=True)
+
+
+# Programs the lab starts with the lab dir in their arguments; nothing else is ever killed.
+LAB_PROGRAMS = ("systemd-nspawn", "swtpm", "swtpm_setup", "swtpm_localca", "ssh", "ssh-keygen", "openssl")
+
+
+def _ancestors() -> set[int]:
+    found, pid = set(), os.getpid()
+    while pid > 1:
+        found.add(pid)
+        try:
+            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
+
+
+def lab_processes(paths: LabPaths) -> tuple[list[int], list[int]]:
+    """Lab programs whose command line names the lab dir: (nspawn ones, others). Never our callers."""
+    marker = str(paths.lab_dir) + "/"
+    nspawn_pids, other_pids = [], []
+    own = _ancestors()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in own:
+            continue
+        line = nodes.cmdline(int(entry.name))
+        program = os.path.basename(line.split(" ", 1)[0])
+        if marker not in line or not (program in LAB_PROGRAMS or program.startswith("tpm2_")):
+            continue
+        (nspawn_pids if program == "systemd-nspawn" else other_pids).append(int(entry.name))
+    return nspawn_pids, other_pids
+
+
+def orphaned_containers(paths: LabPaths) -> list[int]:
+    """Inits of containers whose nspawn died: pid-namespace inits whose mounts name the lab dir."""
+    marker = str(paths.lab_dir) + "/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            nspid = next(line for line in status.splitlines() if line.startswith("NSpid:")).split()
+            if len(nspid) < 3 or nspid[-1] != "1":
+                continue
+            if marker in (entry / "mountinfo").read_text():
+                found.append(int(entry.name))
+        except (OSError, StopIteration):
+            continue
+    return found
+
+
+def _unmount_under(directory: Path) -> None:
+    marker = str(directory) + "/"
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_point = line.split()[4].replace("\\040", " ")
+        if (mount_point + "/").startswith(marker):
+            mounts.append(mount_point)
+    for mount_point in sorted(mounts, key=len, reverse=True):
+        run(["umount", "--lazy", mount_point], what=f"umount {mount_point}")
+
+
+# ---- status and ssh ---------------------------------------------------------------------
+
+def status(paths: LabPaths) -> int:
+    names = _recorded_names(paths)
+    if not names:
+        print("no lab nodes")
+        return 0
+    rows = [("NAME", "ROLE", "ADDRESS", "TAMPERED", "NSPAWN", "SWTPM", "SSH")]
+    with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
+        records = {name: nodes.recorded(paths, name) or {} for name in names}
+        reachable = dict(zip(names, pool.map(
+            lambda n: bool(records[n].get("address")) and paths.known_hosts.is_file()
+            and _port_open(records[n]["address"]) and ssh_ok(paths, records[n]["address"], timeout=5), names)))
+    for name in sorted(names, key=_node_order):
+        record = records[name]
+        rows.append((
+            name, record.get("role", "?"), record.get("address", "?"),
+            "yes" if record.get("tampered") else "no",
+            str(nodes.live_pid(paths, name, "nspawn") or "-"), str(nodes.live_pid(paths, name, "swtpm") or "-"),
+            "ok" if reachable[name] else "no",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0 if all(reachable.values()) else 1
+
+
+def _node_order(name: str) -> tuple[int, int]:
+    role, _, index = name.rpartition("-")
+    return (0 if role == "cp" else 1, int(index) if index.isdigit() else 0)
+
+
+def ssh(paths: LabPaths, name: str, command: list[str]) -> int:
+    if not is_lab_node_name(name):
+        raise LabError(f"no lab node is called {name!r} (names are cp-N and worker-N)")
+    record = nodes.recorded(paths, name)
+    if record is None:
+        raise LabError(f"{name} is not part of the lab in {paths.lab_dir}; run 'lab up' first")
+    argv = ssh_command(paths, record["address"], *command, batch=bool(command))
+    os.execvp(argv[0], argv)
+    return 127

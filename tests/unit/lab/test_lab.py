@@ -1,0 +1,327 @@
+"""Tests of the lab tool (tests/lab): pure functions, and one real up/ssh/down run marked `lab`."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cklab import LabError, __main__ as cli, base, host, measure, plan, tpm
+from cklab.inventory import render_inventory, ssh_options
+
+LAB = Path(__file__).resolve().parents[2] / "lab" / "lab"
+IMAGE_ID = "7897f4d0de52b9cf38ee49621214c44fb3c93c38d33edd2f8eb43f6c280e867f"
+
+
+# ---- address plan -----------------------------------------------------------------------
+
+def test_default_lab_is_one_control_plane_and_two_workers_with_fixed_addresses():
+    nodes = plan.plan_nodes(1, 2)
+    assert [(n.name, n.role, n.address, n.tampered) for n in nodes] == [
+        ("cp-0", "control_plane", "10.77.0.10", False),
+        ("worker-0", "worker", "10.77.0.20", False),
+        ("worker-1", "worker", "10.77.0.21", False),
+    ]
+
+
+def test_thirty_node_lab_has_unique_addresses_inside_the_lab_network():
+    nodes = plan.plan_nodes(3, 27)
+    addresses = [n.address for n in nodes]
+    assert len(set(addresses)) == 30
+    assert all(a.startswith("10.77.0.") and 10 <= int(a.rsplit(".", 1)[1]) <= 254 for a in addresses)
+    assert plan.HOST_ADDRESS not in addresses
+
+
+def test_adding_a_worker_keeps_existing_addresses():
+    before = {n.name: n.address for n in plan.plan_nodes(1, 2)}
+    after = {n.name: n.address for n in plan.plan_nodes(1, 3)}
+    assert {name: after[name] for name in before} == before
+    assert after["worker-2"] == "10.77.0.22"
+
+
+@pytest.mark.parametrize("control_planes, workers, message", [
+    (0, 2, "--control-planes must be between 1 and 10"),
+    (11, 2, "--control-planes must be between 1 and 10"),
+    (1, -1, "--workers must be between 0 and 235"),
+    (1, 236, "--workers must be between 0 and 235"),
+])
+def test_lab_sizes_beyond_the_address_plan_are_rejected(control_planes, workers, message):
+    with pytest.raises(LabError, match=message):
+        plan.plan_nodes(control_planes, workers)
+
+
+def test_largest_lab_ends_at_the_last_host_address():
+    nodes = plan.plan_nodes(plan.MAX_CONTROL_PLANES, plan.MAX_WORKERS)
+    assert nodes[plan.MAX_CONTROL_PLANES - 1].address == "10.77.0.19"
+    assert nodes[-1].address == "10.77.0.254"
+
+
+def test_tamper_marks_only_the_named_node():
+    nodes = plan.plan_nodes(1, 2, {"worker-1"})
+    assert [n.name for n in nodes if n.tampered] == ["worker-1"]
+
+
+def test_tamper_of_a_node_outside_the_lab_is_rejected():
+    with pytest.raises(LabError, match="worker-5"):
+        plan.plan_nodes(1, 2, {"worker-5"})
+
+
+def test_network_unit_gives_host0_a_static_address_and_the_host_as_gateway():
+    unit = plan.network_unit(plan.NodeSpec("worker-3", "worker", "10.77.0.23"))
+    assert "Name=host0" in unit
+    assert "Address=10.77.0.23/24" in unit
+    assert "Gateway=10.77.0.1" in unit
+    assert "DHCP" not in unit
+
+
+@pytest.mark.parametrize("name, is_node", [
+    ("cp-0", True), ("worker-12", True), ("cp-", False), ("worker-x", False), ("eth0", False), ("cp-0a", False),
+])
+def test_lab_node_names_are_recognised_for_leftover_search(name, is_node):
+    assert plan.is_lab_node_name(name) is is_node
+
+
+# ---- measured boot ----------------------------------------------------------------------
+
+def test_extend_matches_a_value_read_from_swtpm():
+    # Known answer: swtpm's PCR 8 after `tpm2_pcrextend 8:sha256=<sha256("abc")>` from reset.
+    digest = hashlib.sha256(b"abc").hexdigest()
+    assert measure.extend(bytes(32), digest).hex() == (
+        "589f9ffed4c477966bfb8d41f37895b08c69047df8f911d6f3b57fbe08faee8d")
+
+
+def test_replay_chains_extensions_of_the_same_pcr():
+    first, second = "11" * 32, "22" * 32
+    events = [measure.BootEvent(8, first, "a"), measure.BootEvent(8, second, "b")]
+    chained = hashlib.sha256(hashlib.sha256(bytes(32) + bytes.fromhex(first)).digest() + bytes.fromhex(second))
+    assert measure.replay(events) == {8: chained.hexdigest()}
+
+
+def test_boot_events_extend_pcrs_4_8_9_in_that_order():
+    events = measure.boot_events(IMAGE_ID, tampered=False)
+    assert [e.pcr for e in events] == [4, 8, 9]
+    assert events[1].digest == hashlib.sha256(measure.KERNEL_COMMAND_LINE.encode()).hexdigest()
+    assert events[2].digest == hashlib.sha256(IMAGE_ID.encode()).hexdigest()
+    assert events[1].description == f"kernel command line: {measure.KERNEL_COMMAND_LINE}"
+
+
+def test_tampered_node_differs_from_the_policy_in_pcr_8_only():
+    good = measure.replay(measure.boot_events(IMAGE_ID, tampered=False))
+    bad = measure.replay(measure.boot_events(IMAGE_ID, tampered=True))
+    assert good[4] == bad[4] and good[9] == bad[9]
+    assert good[8] != bad[8]
+    assert measure.kernel_command_line(True).endswith(" lab.tamper=1")
+
+
+def test_another_image_changes_pcrs_4_and_9():
+    one = measure.replay(measure.boot_events(IMAGE_ID, tampered=False))
+    other = measure.replay(measure.boot_events("0" * 64, tampered=False))
+    assert one[4] != other[4] and one[9] != other[9] and one[8] == other[8]
+
+
+def test_event_log_is_a_json_list_in_extension_order():
+    events = measure.boot_events(IMAGE_ID, tampered=True)
+    log = json.loads(measure.event_log_json(events))
+    assert [entry["pcr"] for entry in log] == [4, 8, 9]
+    assert set(log[0]) == {"pcr", "digest", "description"}
+    assert log[1]["description"].endswith("lab.tamper=1")
+
+
+def test_policy_file_has_the_exact_documented_layout():
+    expected = {4: "a" * 64, 8: "b" * 64, 9: "c" * 64}
+    assert measure.render_policy(expected) == (
+        "version: 1\n"
+        "hash_algorithm: sha256\n"
+        "ak_trust: ek-certificate\n"
+        "pcrs:\n"
+        f'  "4": {{allowed: ["{"a" * 64}"], warn_only: false}}\n'
+        f'  "8": {{allowed: ["{"b" * 64}"], warn_only: false}}\n'
+        f'  "9": {{allowed: ["{"c" * 64}"], warn_only: false}}\n'
+    )
+
+
+def test_golden_policy_parses_and_holds_the_untampered_replay():
+    policy = yaml.safe_load(measure.golden_policy(IMAGE_ID))
+    replayed = measure.replay(measure.boot_events(IMAGE_ID, tampered=False))
+    assert policy["version"] == 1 and policy["hash_algorithm"] == "sha256"
+    assert policy["ak_trust"] == "ek-certificate"
+    assert {int(pcr): rule["allowed"] for pcr, rule in policy["pcrs"].items()} == {
+        pcr: [value] for pcr, value in replayed.items()}
+    assert all(rule["warn_only"] is False for rule in policy["pcrs"].values())
+
+
+def test_pcrread_output_is_parsed_to_lowercase_hex():
+    text = "  sha256:\n    4 : 0x00AB\n    8 : 0xFF01\n"
+    assert tpm.parse_pcrread(text) == {4: "00ab", 8: "ff01"}
+
+
+# ---- inventory --------------------------------------------------------------------------
+
+def _inventory(tmp_path: Path, nodes) -> dict:
+    text = render_inventory(nodes, tmp_path, tmp_path / "ssh/id_ed25519", tmp_path / "ssh/known_hosts")
+    return yaml.safe_load(text)
+
+
+def test_inventory_groups_and_hosts(tmp_path):
+    inventory = _inventory(tmp_path, plan.plan_nodes(1, 2))
+    children = inventory["all"]["children"]
+    assert children["control_plane"]["hosts"] == {"cp-0": {"ansible_host": "10.77.0.10"}}
+    assert children["workers"]["hosts"] == {
+        "worker-0": {"ansible_host": "10.77.0.20"}, "worker-1": {"ansible_host": "10.77.0.21"}}
+    assert set(children["cluster"]["children"]) == {"control_plane", "workers"}
+
+
+def test_inventory_vars_name_the_lab_files(tmp_path):
+    variables = _inventory(tmp_path, plan.plan_nodes(1, 0))["all"]["vars"]
+    assert variables["ansible_user"] == "root"
+    assert variables["ansible_python_interpreter"] == "/opt/confidential-kubernetes/venv/bin/python"
+    assert variables["confidential_tpm_tcti"] == "swtpm:path=/run/tpm/swtpm.sock"
+    assert variables["confidential_ek_ca_file"] == f"{tmp_path}/ca/ek-ca.pem"
+    assert variables["confidential_measurement_policy_file"] == f"{tmp_path}/measurement-policy.yml"
+    assert variables["confidential_state_disk_path"] == "/srv/state-disk.img"
+    assert variables["confidential_tpm_event_log"] == "/run/tpm/eventlog.json"
+    assert variables["ansible_ssh_private_key_file"] == f"{tmp_path}/ssh/id_ed25519"
+    assert variables["lab_dir"] == str(tmp_path)
+
+
+def test_inventory_ssh_trusts_only_the_lab_known_hosts(tmp_path):
+    args = _inventory(tmp_path, plan.plan_nodes(1, 0))["all"]["vars"]["ansible_ssh_common_args"]
+    assert f"UserKnownHostsFile={tmp_path}/ssh/known_hosts" in args
+    assert "StrictHostKeyChecking=yes" in args
+    assert "GlobalKnownHostsFile=/dev/null" in args
+    assert "~/.ssh" not in args
+
+
+def test_inventory_without_workers_has_an_empty_workers_group(tmp_path):
+    children = _inventory(tmp_path, plan.plan_nodes(1, 0))["all"]["children"]
+    assert children["workers"] == {}
+
+
+def test_inventory_marks_tampered_nodes(tmp_path):
+    hosts = _inventory(tmp_path, plan.plan_nodes(1, 1, {"worker-0"}))["all"]["children"]["workers"]["hosts"]
+    assert hosts["worker-0"]["lab_tampered"] is True
+
+
+def test_interactive_ssh_drops_batch_mode(tmp_path):
+    assert "BatchMode=yes" in ssh_options(tmp_path / "kh")
+    assert "BatchMode=yes" not in ssh_options(tmp_path / "kh", batch=False)
+
+
+# ---- host checks and base cache key ----------------------------------------------------
+
+def test_missing_host_packages_are_named_once_each():
+    present = {"ip", "ssh", "openssl", "debootstrap", "systemd-nspawn", "systemctl"}
+    missing = host.missing_packages(which=lambda command: command if command in present else None)
+    assert missing == ["swtpm", "swtpm-tools", "tpm2-tools", "openssh-client"]
+
+
+def test_no_missing_packages_when_every_command_exists():
+    assert host.missing_packages(which=lambda command: command) == []
+
+
+def test_kernel_without_overlayfs_is_reported(tmp_path):
+    filesystems = tmp_path / "filesystems"
+    filesystems.write_text("nodev\tsysfs\nnodev\ttmpfs\n\text4\n")
+    assert host.missing_kernel_features(filesystems) == ["overlayfs (no 'overlay' in /proc/filesystems)"]
+    filesystems.write_text("nodev\toverlay\n")
+    assert host.missing_kernel_features(filesystems) == []
+
+
+def test_inotify_limit_is_raised_only_when_too_low(tmp_path):
+    setting = tmp_path / "max_user_instances"
+    setting.write_text("128\n")
+    host.ensure_inotify_instances(30, setting, log=lambda message: None)
+    assert int(setting.read_text()) == 512 + 16 * 30
+    setting.write_text("100000\n")
+    host.ensure_inotify_instances(30, setting, log=lambda message: None)
+    assert setting.read_text() == "100000\n"
+
+
+def test_base_cache_key_follows_requirements_and_build_script():
+    key = base.cache_key("pyyaml>=6\n", "script")
+    assert key == base.cache_key("pyyaml>=6\n", "script")
+    assert key != base.cache_key("pyyaml>=7\n", "script")
+    assert key != base.cache_key("pyyaml>=6\n", "script v2")
+
+
+def test_cli_reports_bad_input_in_one_line(capsys):
+    assert cli.main(["up", "--tamper", "worker-9"]) == 1
+    err = capsys.readouterr().err
+    assert err == "lab up: error: --tamper names no node of this lab: worker-9\n"
+
+
+# ---- a real lab -------------------------------------------------------------------------
+
+def _lab_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    if host.missing_packages():
+        return "missing host packages: " + " ".join(host.missing_packages())
+    if Path("/sys/class/net", plan.BRIDGE).exists():
+        return f"a lab is already running (bridge {plan.BRIDGE} exists); not disturbing it"
+    return None
+
+
+def _leftovers(lab_dir: Path) -> list[str]:
+    found = []
+    if Path("/sys/class/net", plan.BRIDGE).exists():
+        found.append(f"bridge {plan.BRIDGE}")
+    found += [f"veth {name}" for name in os.listdir("/sys/class/net") if name.startswith("vb-")]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(lab_dir) in line:
+                found.append(f"process {entry.name}: {line[:80]}")
+    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if str(lab_dir) in line.split()[4]]
+    return found
+
+
+@pytest.mark.lab
+def test_lab_up_ssh_tpm_and_down_leave_nothing_behind(tmp_path):
+    reason = _lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    lab_dir = tmp_path / "lab"
+    env = {**os.environ, "CK_LAB_DIR": str(lab_dir)}
+
+    def lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        return subprocess.run([str(LAB), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+    try:
+        started = lab("up", "--workers", "1", "--control-planes", "1")
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == str(lab_dir / "inventory.yml")
+        inventory = yaml.safe_load((lab_dir / "inventory.yml").read_text())
+        assert set(inventory["all"]["children"]["workers"]["hosts"]) == {"worker-0"}
+
+        hostname = lab("ssh", "worker-0", "hostname", timeout=60)
+        assert hostname.returncode == 0, hostname.stderr
+        assert hostname.stdout.strip() == "worker-0"
+
+        socket_check = lab("ssh", "cp-0", "test", "-S", "/run/tpm/swtpm.sock", timeout=60)
+        assert socket_check.returncode == 0, socket_check.stderr
+
+        read_pcr = ("from tpm2_pytss import ESAPI, TCTILdr\n"
+                    "from tpm2_pytss.types import TPML_PCR_SELECTION\n"
+                    "with ESAPI(TCTILdr('swtpm', 'path=/run/tpm/swtpm.sock')) as esapi:\n"
+                    "    _, _, values = esapi.pcr_read(TPML_PCR_SELECTION.parse('sha256:8'))\n"
+                    "    print(bytes(values.digests[0]).hex())\n")
+        pcr = lab("ssh", "cp-0", "/opt/confidential-kubernetes/venv/bin/python", "-c", f'"{read_pcr}"', timeout=60)
+        assert pcr.returncode == 0, pcr.stderr
+        policy = yaml.safe_load((lab_dir / "measurement-policy.yml").read_text())
+        assert policy["pcrs"]["8"]["allowed"] == [pcr.stdout.strip()]
+    finally:
+        stopped = lab("down", timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _leftovers(lab_dir) == []
+    assert not (lab_dir / "nodes").exists()
+    shutil.rmtree(lab_dir, ignore_errors=True)
