@@ -39,6 +39,9 @@ class ActionModule(ActionBase):
         )
         params = validation.validated_parameters
         result["changed"] = False
+        if controller.CRYPTOGRAPHY_IMPORT_ERROR:
+            result.update(failed=True, msg=f"cryptography >= 47 is required on the controller: {controller.CRYPTOGRAPHY_IMPORT_ERROR}")
+            return result
         try:
             policy = controller.resolve_policy(params["policy"], params["policy_content"], params["node_lock"])
             ek_cas = controller.load_ek_cas(params["ek_ca_file"])

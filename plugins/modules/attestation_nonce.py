@@ -12,7 +12,8 @@ description:
   - Draws 32 random bytes and records them in the controller's nonce ledger (a 0600 JSON file), so that
     M(confidential.kubernetes.verify_evidence) can refuse a stale or replayed nonce.
   - Runs on the controller only.
-author: confidential.kubernetes contributors
+author:
+  - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
 attributes:

@@ -11,7 +11,8 @@ version_added: 0.1.0
 description:
   - Reads the TPM's PCRs and returns them as a measurement policy document in this collection's format,
     for enrolling a golden node. Save the result on the controller and review it before trusting it.
-author: confidential.kubernetes contributors
+author:
+  - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.INFO_MODULE
@@ -62,17 +63,10 @@ policy:
   type: dict
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-try:
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
-except ImportError:
-    IMPORT_ERROR = traceback.format_exc()
-else:
-    IMPORT_ERROR = None
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
 
 
 def main() -> None:
@@ -86,8 +80,8 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    if IMPORT_ERROR:
-        module.fail_json(msg=missing_required_lib("cryptography >= 47 and tpm2-pytss"), exception=IMPORT_ERROR)
+    if node.CRYPTOGRAPHY_IMPORT_ERROR:
+        module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
     params = module.params
     bad = [i for i in (params["pcrs"] or []) + params["warn_only"] if not 0 <= i <= 23]
     if bad:

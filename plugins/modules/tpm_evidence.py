@@ -16,7 +16,8 @@ description:
     level 2 (EK certificate chain plus credential activation).
   - With O(credential), answers a verifier's credential challenge instead (TPM2_ActivateCredential).
   - Every TPM handle and session this module creates is flushed before it returns.
-author: confidential.kubernetes contributors
+author:
+  - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.TPM
@@ -69,7 +70,6 @@ options:
         description: The TPM2B_ENCRYPTED_SECRET contents, base64.
         type: str
         required: true
-        no_log: false
 """
 
 EXAMPLES = r"""
@@ -101,18 +101,11 @@ activated_secret:
 """
 
 import base64
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-try:
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import EvidenceError
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
-except ImportError:
-    IMPORT_ERROR = traceback.format_exc()
-else:
-    IMPORT_ERROR = None
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import EvidenceError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
 
 
 def main() -> None:
@@ -133,8 +126,8 @@ def main() -> None:
         mutually_exclusive=[("nonce", "credential")],
         supports_check_mode=True,
     )
-    if IMPORT_ERROR:
-        module.fail_json(msg=missing_required_lib("cryptography >= 47 and tpm2-pytss"), exception=IMPORT_ERROR)
+    if node.CRYPTOGRAPHY_IMPORT_ERROR:
+        module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
     params = module.params
     try:
         if params["credential"]:

@@ -22,7 +22,8 @@ description:
   - With O(nonce_ledger) the nonce must have been drawn by M(confidential.kubernetes.attestation_nonce) and is consumed,
     so a stale (V(nonce-stale)) or replayed (V(nonce-reused)) nonce fails.
   - The task fails when the evidence is not verified; the failure result still carries every mismatch and warning.
-author: confidential.kubernetes contributors
+author:
+  - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.INFO_MODULE

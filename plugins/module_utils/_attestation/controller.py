@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 
+from .._crypto.seal import CRYPTOGRAPHY_IMPORT_ERROR
 from .nonces import DEFAULT_TTL, NonceStore
 from .policy import NODE_LOCK_PCR, MeasurementPolicy, PolicyError, load_policy, node_lock_mark, policy_from_document, parse_policy
 from .verifier import VerificationError, VerificationResult, Verifier, load_ca_certificates

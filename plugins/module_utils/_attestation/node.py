@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 
-from .._crypto.seal import MLKEM768_X25519, X25519, EphemeralKey
+from .._crypto.seal import CRYPTOGRAPHY_IMPORT_ERROR, MLKEM768_X25519, X25519, EphemeralKey
 from .evidence import EvidenceError
 from .issuer import ALL_PCRS, Tpm, answer_challenge, issue_evidence
 from .policy import MeasurementPolicy, PcrRule

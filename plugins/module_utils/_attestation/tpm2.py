@@ -14,14 +14,16 @@ import os
 import struct
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-
-try:  # TPM credential protection is AES-CFB, which cryptography files under 'decrepit'.
+try:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+    from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+    # TPM credential protection is AES-CFB, which cryptography files under 'decrepit'.
     from cryptography.hazmat.decrepit.ciphers.modes import CFB
-except ImportError:  # pragma: no cover - cryptography < 47
-    from cryptography.hazmat.primitives.ciphers.modes import CFB
+except ImportError:  # reported by the modules through missing_required_lib()
+    pass
 
 TPM_GENERATED_VALUE = 0xFF544347
 TPM_ST_ATTEST_QUOTE = 0x8018
@@ -54,8 +56,15 @@ ATTR_SIGN = 0x00040000
 
 HASHES = {ALG_SHA1: "sha1", ALG_SHA256: "sha256", ALG_SHA384: "sha384", ALG_SHA512: "sha512"}
 HASH_IDS = {name: alg for alg, name in HASHES.items()}
-_CRYPTO_HASHES = {ALG_SHA1: hashes.SHA1, ALG_SHA256: hashes.SHA256, ALG_SHA384: hashes.SHA384, ALG_SHA512: hashes.SHA512}
-_CURVES = {ECC_NIST_P256: ec.SECP256R1, ECC_NIST_P384: ec.SECP384R1}
+_CURVES = {ECC_NIST_P256: "SECP256R1", ECC_NIST_P384: "SECP384R1"}
+
+
+def _hash(alg: int):
+    return getattr(hashes, HASHES[alg].upper())()
+
+
+def _curve(curve_id: int):
+    return getattr(ec, _CURVES[curve_id])()
 
 
 class StructureError(ValueError):
@@ -124,7 +133,7 @@ class Public:
                 raise StructureError(f"ECC curve 0x{self.curve:04x} is not supported")
             x, y = self.unique
             try:
-                return ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"), _CURVES[self.curve]()).public_key()
+                return ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"), _curve(self.curve)).public_key()
             except ValueError:
                 raise StructureError("ECC public point is not on the curve") from None
         exponent = self.exponent or 65537
@@ -227,7 +236,6 @@ def parse_signature(data: bytes) -> Signature:
     alg = r.u16()
     hash_alg = r.u16()
     if alg == ALG_ECDSA:
-        from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
         sig_r, sig_s = r.tpm2b(), r.tpm2b()
         value = encode_dss_signature(int.from_bytes(sig_r, "big"), int.from_bytes(sig_s, "big"))
     elif alg in (ALG_RSASSA, ALG_RSAPSS):
@@ -240,10 +248,9 @@ def parse_signature(data: bytes) -> Signature:
 
 def verify_signature(public: Public, signature: Signature, message: bytes) -> bool:
     """True when ``signature`` by ``public`` over ``message`` is valid."""
-    from cryptography.exceptions import InvalidSignature
-    if signature.hash_alg not in _CRYPTO_HASHES:
+    if signature.hash_alg not in HASHES:
         return False
-    algorithm = _CRYPTO_HASHES[signature.hash_alg]()
+    algorithm = _hash(signature.hash_alg)
     key = public.public_key()
     try:
         if signature.alg == ALG_ECDSA:
@@ -288,10 +295,10 @@ def make_credential(ek: Public, object_name: bytes, secret: bytes) -> Credential
     digest_size = hashlib.new(HASHES[ek.name_alg]).digest_size
     if ek.type == ALG_RSA:
         seed = os.urandom(digest_size)
-        algorithm = _CRYPTO_HASHES[ek.name_alg]()
+        algorithm = _hash(ek.name_alg)
         encrypted_seed = ek.public_key().encrypt(seed, padding.OAEP(padding.MGF1(algorithm), algorithm, b"IDENTITY\x00"))
     else:
-        curve = _CURVES[ek.curve]()
+        curve = _curve(ek.curve)
         ephemeral = ec.generate_private_key(curve)
         z = ephemeral.exchange(ec.ECDH(), ek.public_key())
         numbers = ephemeral.public_key().public_numbers()

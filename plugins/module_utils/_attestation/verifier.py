@@ -14,8 +14,11 @@ import hmac
 import os
 from dataclasses import dataclass, field
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+try:
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+except ImportError:  # reported by the modules through missing_required_lib()
+    pass
 
 from . import tpm2
 from .evidence import Evidence, EvidenceError, parse_evidence, qualifying_data
@@ -55,7 +58,8 @@ class ActivationChallenge:
 
     def check(self, activated_secret: bytes) -> None:
         if not hmac.compare_digest(self.secret, activated_secret):
-            raise VerificationError("credential-activation", "the AK was not proven by credential activation: the TPM holding the EK did not release the credential")
+            raise VerificationError("credential-activation",
+                                    "the AK was not proven by credential activation: the TPM holding the EK did not release the credential")
 
 
 @dataclass(frozen=True)

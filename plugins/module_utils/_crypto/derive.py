@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import re
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+try:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+except ImportError:  # reported by the modules through missing_required_lib()
+    pass
 
 KEY_LENGTH = 32
 INFO_PREFIX = "key-"

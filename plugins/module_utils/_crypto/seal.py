@@ -16,9 +16,14 @@ import json
 import struct
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hpke
-from cryptography.hazmat.primitives.asymmetric import mlkem, x25519
+try:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives import hpke
+    from cryptography.hazmat.primitives.asymmetric import mlkem, x25519
+except ImportError as exc:  # reported by the modules through missing_required_lib()
+    CRYPTOGRAPHY_IMPORT_ERROR: ImportError | None = exc
+else:
+    CRYPTOGRAPHY_IMPORT_ERROR = None
 
 FLOWS = ("init", "join", "rejoin")
 ENVELOPE_VERSION = 1
@@ -37,18 +42,18 @@ class SealError(ValueError):
 @dataclass(frozen=True)
 class KemSuite:
     name: str
-    kem: hpke.KEM
+    kem: str
     public_length: int
     private_length: int
 
     @property
     def suite(self) -> hpke.Suite:
-        return hpke.Suite(self.kem, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
+        return hpke.Suite(getattr(hpke.KEM, self.kem), hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 
 
-MLKEM768_X25519 = KemSuite("MLKEM768_X25519/HKDF_SHA256/AES_256_GCM", hpke.KEM.MLKEM768_X25519,
+MLKEM768_X25519 = KemSuite("MLKEM768_X25519/HKDF_SHA256/AES_256_GCM", "MLKEM768_X25519",
                            _MLKEM768_PUBLIC + _X25519_PUBLIC, _MLKEM768_SEED + _X25519_PRIVATE)
-X25519 = KemSuite("X25519/HKDF_SHA256/AES_256_GCM", hpke.KEM.X25519, _X25519_PUBLIC, _X25519_PRIVATE)
+X25519 = KemSuite("X25519/HKDF_SHA256/AES_256_GCM", "X25519", _X25519_PUBLIC, _X25519_PRIVATE)
 SUITES = {s.name: s for s in (MLKEM768_X25519, X25519)}
 DEFAULT_SUITE = MLKEM768_X25519
 

@@ -178,7 +178,7 @@ def test_node_locked_for_a_cluster_fails_a_fresh_node_policy(swtpm):
 
 
 def test_level2_ak_proven_by_credential_activation(golden):
-    swtpm, nonce, evidence, _ = golden
+    swtpm, nonce, evidence, unused_policy = golden
     result = _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(evidence.to_json(), nonce)
     assert result.challenge is not None and result.ak_trust_level == 2
     with issuer.Tpm(swtpm.tcti) as tpm:
@@ -215,7 +215,7 @@ def test_level2_ek_certificate_from_another_ca_fails(foreign_swtpm, swtpm):
 
 
 def test_level2_without_ek_certificate_fails(golden):
-    swtpm, nonce, evidence, _ = golden
+    swtpm, nonce, evidence, unused_policy = golden
     doc = evidence.to_document()
     del doc["ek_certificate"], doc["ek_public"]
     with pytest.raises(VerificationError) as err:
@@ -224,7 +224,7 @@ def test_level2_without_ek_certificate_fails(golden):
 
 
 def test_level2_ek_public_not_matching_certificate_fails(golden, other_swtpm):
-    swtpm, nonce, evidence, _ = golden
+    swtpm, nonce, evidence, unused_policy = golden
     doc = evidence.to_document()
     doc["ek_public"] = _quote(other_swtpm, nonce).to_document()["ek_public"]
     with pytest.raises(VerificationError) as err:
@@ -236,7 +236,7 @@ def test_software_make_credential_matches_the_tpm(swtpm):
     """Our pure-Python TPM2_MakeCredential is activated by a real TPM."""
     with issuer.Tpm(swtpm.tcti) as tpm:
         ak, ak_public = tpm.attestation_key()
-        _, ek, ek_public = tpm.endorsement_key()
+        _certificate, ek, ek_public = tpm.endorsement_key()
         credential = tpm2.make_credential(tpm2.parse_public(ek_public), tpm2.parse_public(ak_public).name, b"s" * 32)
         assert tpm.activate_credential(ak, ek, credential.blob, credential.encrypted_seed) == b"s" * 32
 

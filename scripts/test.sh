@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite: unit tests (real swtpm), the lab's own test, ansible-doc,
+# ansible-lint, ansible-test sanity, and the molecule scenarios on the lab.
+# Set SKIP_SANITY=1 or SKIP_MOLECULE=1 to leave a stage out while iterating.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+bash scripts/setup.sh
+export PATH="$repo/.venv/bin:$PATH"
+export ANSIBLE_COLLECTIONS_PATH="$repo/.venv/collections"
+bash scripts/link-collection.sh
+
+stage() { printf '\n=== %s ===\n' "$*"; }
+
+stage "ansible-doc renders every module"
+for module in plugins/modules/*.py; do
+  name=$(basename "$module" .py)
+  ansible-doc "confidential.kubernetes.$name" >/dev/null
+  echo "ok: confidential.kubernetes.$name"
+done
+
+stage "ansible-lint (production profile)"
+ansible-lint --profile production --offline -q roles playbooks extensions/molecule
+
+if [ "${SKIP_SANITY:-0}" != 1 ]; then
+  stage "ansible-test sanity"
+  bash scripts/sanity.sh
+fi
+
+if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
+  stage "molecule test (lab scenarios)"
+  for scenario in extensions/molecule/*/; do
+    molecule test -s "$(basename "$scenario")"
+  done
+fi
+
+stage "pytest: unit tests on real swtpm, the lab tool and the test doubles"
+python -m pytest -p no:cacheprovider -q tests/unit
