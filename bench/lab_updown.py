@@ -59,7 +59,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="cklab-bench-") as lab_dir:
         env["CK_LAB_DIR"] = lab_dir
         try:
-            for _ in range(args.runs):
+            for _run in range(args.runs):
                 ups.append(timed([str(LAB), "up", "--control-planes", str(args.control_planes),
                                   "--workers", str(args.workers)], env))
                 downs.append(timed([str(LAB), "down"], env))

@@ -74,7 +74,7 @@ class SwtpmInstance:
              "--flags", "not-need-init,startup-clear"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.pid = self.process.pid
-        for _ in range(250):
+        for _attempt in range(250):
             if self._listening() or self.process.poll() is not None:
                 break
             time.sleep(0.02)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import re
 
-from .._crypto.seal import CRYPTOGRAPHY_IMPORT_ERROR
+from .._crypto import seal
 from .nonces import DEFAULT_TTL, NonceStore
 from .policy import NODE_LOCK_PCR, MeasurementPolicy, PolicyError, load_policy, node_lock_mark, policy_from_document, parse_policy
 from .verifier import VerificationError, VerificationResult, Verifier, load_ca_certificates
 
+CRYPTOGRAPHY_IMPORT_ERROR = seal.CRYPTOGRAPHY_IMPORT_ERROR
 DEFAULT_NONCE_LEDGER = "~/.cache/confidential-kubernetes/nonce-ledger.json"
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 

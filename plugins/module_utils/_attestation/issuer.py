@@ -101,7 +101,7 @@ class Tpm:
             batch = indices[start:start + PCR_READ_BATCH]
             selection = self._t.TPML_PCR_SELECTION.parse(f"{bank}:{','.join(map(str, batch))}")
             with self._call("PCR read"):
-                _, _, digests = self.esapi.pcr_read(selection)
+                digests = self.esapi.pcr_read(selection)[2]
             if len(digests) != len(batch):
                 raise TpmError(f"TPM returned {len(digests)} values for PCR(s) {batch} in bank {bank}")
             values.update({index: bytes(digest) for index, digest in zip(batch, digests)})
@@ -118,7 +118,7 @@ class Tpm:
                       | attrs.RESTRICTED | attrs.SIGN_ENCRYPT | attrs.NODA)
         template = self._t.TPM2B_PUBLIC.parse(AK_TEMPLATE, objectAttributes=attributes, nameAlg="sha256")
         with self._call("creating the attestation key"):
-            handle, public, *_ = self.esapi.create_primary(None, template, self._c.ESYS_TR.ENDORSEMENT)
+            handle, public = self.esapi.create_primary(None, template, self._c.ESYS_TR.ENDORSEMENT)[:2]
         return self._track(handle), public.publicArea.marshal()
 
     def endorsement_key(self):
@@ -146,7 +146,7 @@ class Tpm:
         if persistent is not None:
             return certificate, persistent[0], persistent[1]
         with self._call("creating the endorsement key"):
-            handle, public, *_ = self.esapi.create_primary(None, template, self._c.ESYS_TR.ENDORSEMENT)
+            handle, public = self.esapi.create_primary(None, template, self._c.ESYS_TR.ENDORSEMENT)[:2]
         return certificate, self._track(handle), public.publicArea.marshal()
 
     def _persistent_ek(self, template):
@@ -187,8 +187,8 @@ class Tpm:
         try:
             with self._call("PolicySecret for the EK"):
                 self.esapi.policy_secret(c.ESYS_TR.ENDORSEMENT, session, b"", b"", b"", 0)
-            id_object, _ = t.TPM2B_ID_OBJECT.unmarshal(len(blob).to_bytes(2, "big") + blob)
-            secret, _ = t.TPM2B_ENCRYPTED_SECRET.unmarshal(len(encrypted_seed).to_bytes(2, "big") + encrypted_seed)
+            id_object = t.TPM2B_ID_OBJECT.unmarshal(len(blob).to_bytes(2, "big") + blob)[0]
+            secret = t.TPM2B_ENCRYPTED_SECRET.unmarshal(len(encrypted_seed).to_bytes(2, "big") + encrypted_seed)[0]
             with self._call("credential activation"):
                 return bytes(self.esapi.activate_credential(ak, ek, id_object, secret,
                                                             session1=c.ESYS_TR.PASSWORD, session2=session))
@@ -209,7 +209,7 @@ def issue_evidence(tpm: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = 
     if include_ek:
         ek_certificate, ek, ek_public = tpm.endorsement_key()
         tpm.flush(ek)
-    for _ in range(3):
+    for _attempt in range(3):
         before = tpm.read_pcrs()
         attest, signature = tpm.quote(ak, qualifying_data(nonce, user_data))
         # A PCR extended between read and quote would make the digest check fail.
@@ -228,6 +228,6 @@ def issue_evidence(tpm: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = 
 
 def answer_challenge(tpm: Tpm, blob: bytes, encrypted_seed: bytes) -> bytes:
     """Activate a verifier's credential with this TPM's AK and EK."""
-    ak, _ = tpm.attestation_key()
-    _, ek, _ = tpm.endorsement_key()
+    ak = tpm.attestation_key()[0]
+    ek = tpm.endorsement_key()[1]
     return tpm.activate_credential(ak, ek, blob, encrypted_seed)

@@ -10,11 +10,13 @@ import json
 import os
 import tempfile
 
-from .._crypto.seal import CRYPTOGRAPHY_IMPORT_ERROR, MLKEM768_X25519, X25519, EphemeralKey
+from .._crypto import seal
+from .._crypto.seal import MLKEM768_X25519, X25519, EphemeralKey
 from .evidence import EvidenceError
 from .issuer import ALL_PCRS, Tpm, answer_challenge, issue_evidence
 from .policy import MeasurementPolicy, PcrRule
 
+CRYPTOGRAPHY_IMPORT_ERROR = seal.CRYPTOGRAPHY_IMPORT_ERROR
 SUITES = {"mlkem768-x25519": MLKEM768_X25519, "x25519": X25519}
 MAX_EVENT_LOG_BYTES = 256 * 1024
 

@@ -199,7 +199,7 @@ def parse_pcr_selection(r: _Reader) -> tuple[tuple[int, tuple[int, ...]], ...]:
     if count > 16:
         raise StructureError(f"PCR selection lists {count} banks")
     banks = []
-    for _ in range(count):
+    for _bank in range(count):
         alg = r.u16()
         size = r.u8()
         bitmap = r.take(size)

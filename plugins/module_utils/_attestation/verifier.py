@@ -152,7 +152,7 @@ class Verifier:
 
     def _check_pcr_selection_and_digest(self, evidence: Evidence, attest: tpm2.Attest, digest_alg: int) -> dict[int, bytes]:
         bank_id = tpm2.HASH_IDS[self.policy.hash_algorithm]
-        selected = {alg: indices for alg, indices in attest.pcr_selection}
+        selected = dict(attest.pcr_selection)
         missing = sorted(set(self.policy.rules) - set(selected.get(bank_id, ())))
         if missing:
             raise VerificationError("pcr-selection", f"quote does not cover policy PCR(s) {', '.join(map(str, missing))} in bank {self.policy.hash_algorithm}")

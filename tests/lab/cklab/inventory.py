@@ -15,7 +15,8 @@ NODE_EVENT_LOG = "/run/tpm/eventlog.json"
 def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
     """ssh options that trust exactly the host keys the lab collected, never the user's ~/.ssh."""
     batch_options = ["-o", "BatchMode=yes"] if batch else []
-    return [*batch_options,
+    return [
+        *batch_options,
         "-o", f"UserKnownHostsFile={known_hosts}",
         "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes",

@@ -335,7 +335,7 @@ def status(paths: LabPaths) -> int:
 
 
 def _node_order(name: str) -> tuple[int, int]:
-    role, _, index = name.rpartition("-")
+    role, index = name.rpartition("-")[::2]
     return (0 if role == "cp" else 1, int(index) if index.isdigit() else 0)
 
 

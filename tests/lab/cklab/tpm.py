@@ -163,4 +163,3 @@ def verify_ek_certificate(paths: LabPaths, name: str) -> None:
               what=f"openssl verify of the EK certificate of {name}")
     if not out.strip().endswith("OK"):
         raise LabError(f"the EK certificate of {name} does not chain to {paths.ek_ca}")
-

@@ -294,7 +294,7 @@ def test_lab_up_ssh_tpm_and_down_leave_nothing_behind(tmp_path):
     env = {**os.environ, "CK_LAB_DIR": str(lab_dir)}
 
     def lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return subprocess.run([str(LAB), *args], env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([str(LAB), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
     try:
         started = lab("up", "--workers", "1", "--control-planes", "1")
