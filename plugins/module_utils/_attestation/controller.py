@@ -33,7 +33,7 @@ def resolve_policy(policy_path: str | None, policy_content: object, node_lock: s
     if node_lock is None:
         return policy
     if node_lock == "unlocked":
-        return policy.with_rule(NODE_LOCK_PCR, [bytes(32)])
+        return policy.with_rule(NODE_LOCK_PCR, [bytes(len(node_lock_mark(b'', policy.hash_algorithm)))])
     if not _HEX64.match(node_lock):
         raise PolicyError(f"node_lock must be 'unlocked' or a 64-hex cluster ID, got {node_lock!r}")
     return policy.with_rule(NODE_LOCK_PCR, [node_lock_mark(bytes.fromhex(node_lock), policy.hash_algorithm)])

@@ -15,6 +15,7 @@ VARIANTS = ("tpm",)
 MAX_DOCUMENT_BYTES = 64 * 1024
 MAX_EVENTS = 512
 PCR_INDICES = range(24)
+_PCR_INDEX_NAMES = {str(i): i for i in PCR_INDICES}
 _FIELD_LIMITS = {
     "ak_public": 1024,
     "quote": 1024,
@@ -81,7 +82,7 @@ def _decode_b64(name: str, value: object, limit: int) -> bytes:
     if len(value) > (limit * 4) // 3 + 4:
         raise EvidenceError(f"evidence field {name!r} is larger than {limit} bytes")
     try:
-        decoded = base64.b64decode(value, validate=True)
+        decoded = binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError):
         raise EvidenceError(f"evidence field {name!r} is not valid base64") from None
     if not decoded:
@@ -99,13 +100,15 @@ def _parse_pcrs(value: object) -> dict[str, dict[int, bytes]]:
         if not isinstance(entries, dict):
             raise EvidenceError(f"evidence PCR bank {bank!r} must be an object of index -> value")
         parsed: dict[int, bytes] = {}
+        size = _BANKS[bank]
         for index, pcr_value in entries.items():
-            if not isinstance(index, str) or not index.isdigit() or int(index) not in PCR_INDICES:
+            number = _PCR_INDEX_NAMES.get(index) if isinstance(index, str) else None
+            if number is None:
                 raise EvidenceError(f"evidence PCR index {index!r} in bank {bank!r} is not 0..23")
-            raw = _decode_b64(f"pcrs.{bank}.{index}", pcr_value, _BANKS[bank])
-            if len(raw) != _BANKS[bank]:
-                raise EvidenceError(f"evidence PCR {bank}:{index} has {len(raw)} bytes, expected {_BANKS[bank]}")
-            parsed[int(index)] = raw
+            raw = _decode_b64(f"pcrs.{bank}.{index}", pcr_value, size)
+            if len(raw) != size:
+                raise EvidenceError(f"evidence PCR {bank}:{index} has {len(raw)} bytes, expected {size}")
+            parsed[number] = raw
         banks[bank] = parsed
     return banks
 
@@ -128,8 +131,15 @@ def parse_evidence(document: object) -> Evidence:
             document = document.decode()
         except UnicodeDecodeError:
             raise EvidenceError("evidence document is not UTF-8") from None
+    elif isinstance(document, dict):
+        try:
+            size = len(json.dumps(document, ensure_ascii=False).encode())
+        except (TypeError, ValueError, RecursionError):
+            raise EvidenceError("evidence document holds values that are not JSON") from None
+        if size > MAX_DOCUMENT_BYTES:
+            raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
     if isinstance(document, str):
-        if len(document) > MAX_DOCUMENT_BYTES:
+        if len(document) > MAX_DOCUMENT_BYTES // 4 and len(document.encode()) > MAX_DOCUMENT_BYTES:
             raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
         try:
             document = json.loads(document)

@@ -18,7 +18,8 @@ POLICY_VERSION = 1
 AK_TRUST_LEVELS = {"pcrs-only": 1, "ek-certificate": 2}
 MAX_POLICY_BYTES = 256 * 1024
 NODE_LOCK_PCR = 15
-_HEX = re.compile(r"^[0-9a-fA-F]+$")
+_HEX = re.compile(r"[0-9a-fA-F]+")
+_PCR_INDEX = re.compile(r"0|[1-9][0-9]?")
 _DIGEST_SIZES = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
 
 
@@ -67,14 +68,14 @@ def node_lock_mark(cluster_id: bytes, hash_algorithm: str = "sha256") -> bytes:
 
 
 def _hex_value(where: str, value: object, size: int) -> bytes:
-    if not isinstance(value, str) or not _HEX.match(value) or len(value) != size * 2:
+    if not isinstance(value, str) or not _HEX.fullmatch(value) or len(value) != size * 2:
         raise PolicyError(f"{where}: {value!r} is not a {size}-byte hex digest")
     return bytes.fromhex(value)
 
 
 def _index(where: str, key: object) -> int:
-    text = str(key)
-    if not text.isdigit() or not 0 <= int(text) <= 23:
+    text = str(key) if isinstance(key, (str, int)) and not isinstance(key, bool) else ""
+    if not _PCR_INDEX.fullmatch(text) or int(text) > 23:
         raise PolicyError(f"{where}: PCR index {key!r} is not 0..23")
     return int(text)
 
@@ -89,7 +90,7 @@ def _from_own(doc: dict) -> MeasurementPolicy:
     unknown = sorted(set(doc) - {"version", "hash_algorithm", "ak_trust", "pcrs"})
     if unknown:
         raise PolicyError(f"policy has unknown key(s): {', '.join(unknown)}")
-    if doc.get("version") != POLICY_VERSION:
+    if isinstance(doc.get("version"), bool) or doc.get("version") != POLICY_VERSION:
         raise PolicyError(f"policy version {doc.get('version')!r} is not supported (expected {POLICY_VERSION})")
     hash_algorithm = doc.get("hash_algorithm", "sha256")
     if hash_algorithm not in _DIGEST_SIZES:

@@ -13,6 +13,7 @@ import hmac
 import os
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 try:
     from cryptography.exceptions import InvalidSignature
@@ -71,6 +72,9 @@ class StructureError(ValueError):
     """A TPM structure is truncated, has trailing bytes or an unsupported algorithm."""
 
 
+_U8, _U16, _U32, _U64 = (struct.Struct(f) for f in (">B", ">H", ">I", ">Q"))
+
+
 class _Reader:
     def __init__(self, data: bytes, what: str):
         self.data = data
@@ -84,20 +88,34 @@ class _Reader:
         self.pos += n
         return out
 
+    def _unpack(self, fmt: struct.Struct) -> int:
+        try:
+            value = fmt.unpack_from(self.data, self.pos)[0]
+        except struct.error:
+            raise StructureError(f"{self.what} is truncated at byte {self.pos}") from None
+        self.pos += fmt.size
+        return value
+
     def u8(self) -> int:
-        return self.take(1)[0]
+        return self._unpack(_U8)
 
     def u16(self) -> int:
-        return struct.unpack(">H", self.take(2))[0]
+        return self._unpack(_U16)
 
     def u32(self) -> int:
-        return struct.unpack(">I", self.take(4))[0]
+        return self._unpack(_U32)
 
     def u64(self) -> int:
-        return struct.unpack(">Q", self.take(8))[0]
+        return self._unpack(_U64)
 
     def tpm2b(self) -> bytes:
-        return self.take(self.u16())
+        size = self._unpack(_U16)
+        end = self.pos + size
+        if end > len(self.data):
+            raise StructureError(f"{self.what} is truncated at byte {self.pos}")
+        value = self.data[self.pos:end]
+        self.pos = end
+        return value
 
     def done(self) -> None:
         if self.pos != len(self.data):
@@ -120,7 +138,7 @@ class Public:
     exponent: int
     unique: tuple[bytes, ...]
 
-    @property
+    @cached_property
     def name(self) -> bytes:
         """TPM object name: nameAlg || H(TPMT_PUBLIC)."""
         if self.name_alg not in HASHES:
@@ -128,6 +146,11 @@ class Public:
         return struct.pack(">H", self.name_alg) + hashlib.new(HASHES[self.name_alg], self.raw).digest()
 
     def public_key(self):
+        return self._key
+
+    @cached_property
+    def _key(self):
+        """The cryptography public key, built once per structure."""
         if self.type == ALG_ECC:
             if self.curve not in _CURVES:
                 raise StructureError(f"ECC curve 0x{self.curve:04x} is not supported")
@@ -137,7 +160,10 @@ class Public:
             except ValueError:
                 raise StructureError("ECC public point is not on the curve") from None
         exponent = self.exponent or 65537
-        return rsa.RSAPublicNumbers(exponent, int.from_bytes(self.unique[0], "big")).public_key()
+        try:
+            return rsa.RSAPublicNumbers(exponent, int.from_bytes(self.unique[0], "big")).public_key()
+        except ValueError as exc:
+            raise StructureError(f"RSA public key is invalid: {exc}") from None
 
 
 def _sym_def(r: _Reader) -> tuple[int, int, int]:

@@ -129,6 +129,12 @@ class Verifier:
                 parsed.append(parser(raw))
             except tpm2.StructureError as exc:
                 raise VerificationError("malformed", f"evidence field {name!r}: {exc}") from None
+        try:
+            # ak_public is not covered by the signature: prove now that it names a usable key.
+            parsed[0].public_key()
+            parsed[0].name
+        except tpm2.StructureError as exc:
+            raise VerificationError("malformed", f"evidence field 'ak_public': {exc}") from None
         return parsed
 
     @staticmethod
