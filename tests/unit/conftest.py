@@ -140,3 +140,17 @@ def other_swtpm(manufactured_tpms):
 def foreign_swtpm(manufactured_tpms):
     """A running swtpm whose EK certificate comes from an untrusted CA."""
     yield from _swtpm(manufactured_tpms["other"])
+
+
+@pytest.fixture
+def start_swtpm(manufactured_tpms):
+    """Start another instance of a manufactured TPM (e.g. the same TPM after a reboot); stopped at teardown."""
+    started = []
+
+    def start(name: str = "lab") -> SwtpmInstance:
+        started.append(SwtpmInstance(manufactured_tpms[name]))
+        return started[-1]
+
+    yield start
+    for instance in started:
+        instance.stop()
