@@ -20,7 +20,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         params = validation.validated_parameters
         try:
             nonce = controller.nonce_store(params["nonce_ledger"], params["nonce_ttl"]).issue()

@@ -1,0 +1,54 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller side of an attestation, shared by the actions that verify evidence before they hand out anything."""
+
+from __future__ import annotations
+
+import base64
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError, VerificationResult
+
+# Options every attesting action takes, in its argument spec.
+ATTESTATION_OPTIONS = dict(
+    evidence=dict(type="raw", required=True),
+    nonce=dict(type="str", required=True),
+    ek_ca_file=dict(type="path"),
+    nonce_ledger=dict(type="path"),
+    nonce_ttl=dict(type="float", default=60.0),
+    activate_credential=dict(type="bool", default=True),
+    tcti=dict(type="str", default="auto"),
+)
+
+
+def attest(action, params: dict, policy: MeasurementPolicy, task_vars: dict) -> VerificationResult:
+    """Verify the evidence and, at AK trust level 2, prove the AK by credential activation on the task's host.
+
+    Raises VerificationError for every refusal.
+    """
+    if controller.CRYPTOGRAPHY_IMPORT_ERROR:
+        raise VerificationError("dependency", f"cryptography >= 47 is required on the controller: {controller.CRYPTOGRAPHY_IMPORT_ERROR}")
+    verified = controller.verify(params["evidence"], params["nonce"], policy, controller.load_ek_cas(params["ek_ca_file"]),
+                                 params["nonce_ledger"], params["nonce_ttl"])
+    if verified.challenge is None:
+        return verified
+    if not params["activate_credential"]:
+        raise VerificationError("activation-required",
+                                "AK trust level 2 needs credential activation on the node, which activate_credential=false skips")
+    credential = verified.challenge.credential
+    answer = action._execute_module(
+        module_name="confidential.kubernetes.tpm_evidence",
+        module_args={"tcti": params["tcti"], "credential": {
+            "blob": base64.b64encode(credential.blob).decode(),
+            "encrypted_seed": base64.b64encode(credential.encrypted_seed).decode()}},
+        task_vars=task_vars,
+    )
+    if answer.get("failed"):
+        raise VerificationError("credential-activation", f"the node could not activate the AK credential: {answer.get('msg')}")
+    try:
+        activated = base64.b64decode(answer.get("activated_secret", ""), validate=True)
+    except ValueError:
+        activated = b""
+    verified.challenge.check(activated)
+    return VerificationResult(verified.evidence, verified.ak_name, verified.ak_trust_level, verified.pcrs, verified.warnings)
