@@ -29,9 +29,10 @@ attributes:
   diff_mode:
     support: none
   idempotent:
-    support: none
+    support: full
     details:
-      - Every run draws a new ephemeral key and a new quote.
+      - Every run draws a new ephemeral key and a new quote, but reports no change - the only state it leaves, the kept
+        ephemeral key, is consumed and deleted by the next task of the hand-over.
 options:
   nonce:
     description:

@@ -86,10 +86,10 @@ def produce_evidence(tcti: str, nonce_hex: str, suite: str, include_ek: bool, ev
     key = EphemeralKey.generate(SUITES[suite])
     with Tpm(tcti) as tpm:
         evidence = issue_evidence(tpm, nonce, key.public_bytes(), include_ek, read_event_log(event_log_path))
-    changed = bool(ephemeral_key_path)
     if ephemeral_key_path and not check_mode:
         write_private_file(ephemeral_key_path, key.private_bytes())
-    return {"changed": changed, "evidence": evidence.to_document(), "ephemeral_key_path": ephemeral_key_path,
+    # The kept key is transient: the next task of the hand-over consumes and deletes it.
+    return {"changed": False, "evidence": evidence.to_document(), "ephemeral_key_path": ephemeral_key_path,
             "ak_trust_material": evidence.ek_certificate is not None}
 
 

@@ -1,0 +1,63 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Runs on the controller: attest the first node, then seal the cluster's init secrets to its ephemeral key."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import NODE_LOCK_PCR, PolicyError, node_lock_mark
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive, seal
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load_or_create
+
+ARGUMENT_SPEC = dict(
+    ATTESTATION_OPTIONS,
+    policy=dict(type="path", required=True),
+    secrets_file=dict(type="path", required=True),
+    verifier_id=dict(type="str", default="confidential.kubernetes/controller"),
+    cluster_config=dict(type="dict", default={}),
+)
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        params = validation.validated_parameters
+        result["changed"] = False
+        try:
+            secrets, created = load_or_create(params["secrets_file"], self._loader)
+            measurement_secret = derive.measurement_secret(secrets.master_key, secrets.master_salt)
+            cluster_id = derive.cluster_id(measurement_secret, secrets.measurement_salt)
+            policy = controller.resolve_policy(params["policy"], None, None)
+            # A first node is fresh (PCR 15 zero), or already locked for this very cluster on a re-run.
+            policy = policy.with_rule(NODE_LOCK_PCR, [bytes(32), node_lock_mark(cluster_id)])
+            verified = attest(self, params, policy, task_vars)
+            payload = dict(secrets.to_payload(), cluster_config=params["cluster_config"])
+            sealed = seal.seal(json.dumps(payload).encode(), verified.evidence.user_data, "init",
+                               bytes.fromhex(params["nonce"]), params["verifier_id"])
+        except (ClusterSecretsError, PolicyError, seal.SealError) as exc:
+            result.update(failed=True, msg=str(exc))
+            return result
+        except VerificationError as exc:
+            result.update(failed=True, **exc.to_result())
+            result["msg"] = f"attestation of {task_vars.get('inventory_hostname')} failed, no secret was sealed: {exc}"
+            return result
+        result.update(
+            changed=created,
+            secrets_created=created,
+            cluster_id=cluster_id.hex(),
+            sealed=base64.b64encode(sealed).decode(),
+            verifier_id=params["verifier_id"],
+            attestation=verified.to_result(),
+        )
+        return result

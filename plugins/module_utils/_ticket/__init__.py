@@ -1,0 +1,95 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node side of a sealed hand-over (init secrets or a join ticket).
+
+Open the sealed payload with the ephemeral key the evidence was bound to, derive
+the cluster ID, take the node lock, then write the files the payload carries.
+The same steps serve init and join; only the flow name and the payload differ.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+
+from .._attestation.node import write_private_file
+from .._crypto import derive
+from .._crypto.seal import EphemeralKey, SealError
+
+SECRETS_FILE = "/etc/confidential-kubernetes/cluster-secrets.json"
+
+
+class TicketError(RuntimeError):
+    """The sealed payload cannot be opened or applied; the message says why."""
+
+
+def take_ephemeral_key(path: str, check_mode: bool) -> EphemeralKey:
+    """Read the ephemeral private key and delete it: a key opens one hand-over only."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(4096)
+    except FileNotFoundError:
+        raise TicketError(f"ephemeral key {path} does not exist: it was already used, or tpm_evidence did not keep it") from None
+    except OSError as exc:
+        raise TicketError(f"cannot read ephemeral key {path}: {exc.strerror}") from None
+    finally:
+        if not check_mode and os.path.exists(path):
+            os.unlink(path)
+    try:
+        return EphemeralKey.from_private_bytes(raw)
+    except SealError as exc:
+        raise TicketError(f"ephemeral key {path}: {exc}") from None
+
+
+def open_sealed(key: EphemeralKey, sealed_b64: str, flow: str, nonce_hex: str, verifier_id: str) -> dict:
+    try:
+        envelope = base64.b64decode(sealed_b64, validate=True)
+        nonce = bytes.fromhex(nonce_hex)
+    except (binascii.Error, ValueError):
+        raise TicketError("sealed payload must be base64 and the nonce 64 hex characters") from None
+    try:
+        payload = json.loads(key.open(envelope, flow, nonce, verifier_id))
+    except SealError as exc:
+        raise TicketError(str(exc)) from None
+    except ValueError:
+        raise TicketError("sealed payload is not JSON") from None
+    if not isinstance(payload, dict):
+        raise TicketError("sealed payload must be a JSON object")
+    return payload
+
+
+def secret_bytes(payload: dict, name: str, length: int = 32) -> bytes:
+    try:
+        value = base64.b64decode(payload.get(name, ""), validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise TicketError(f"sealed payload field {name!r} is not base64") from None
+    if len(value) != length:
+        raise TicketError(f"sealed payload field {name!r} must be {length} bytes")
+    return value
+
+
+def cluster_id_of(payload: dict) -> bytes:
+    """From the init secrets (master key, salts) or a join ticket (measurement secret + salt)."""
+    if "master_key" in payload:
+        measurement_secret = derive.measurement_secret(secret_bytes(payload, "master_key"), secret_bytes(payload, "master_salt"))
+    else:
+        measurement_secret = secret_bytes(payload, "measurement_secret")
+    return derive.cluster_id(measurement_secret, secret_bytes(payload, "measurement_salt"))
+
+
+def write_if_changed(path: str, content: bytes, mode: int, check_mode: bool) -> bool:
+    """Write a file atomically with ``mode`` unless it already holds ``content`` with that mode."""
+    try:
+        with open(path, "rb") as handle:
+            same = hashlib.sha256(handle.read()).digest() == hashlib.sha256(content).digest()
+        if same and os.stat(path).st_mode & 0o777 == mode:
+            return False
+    except FileNotFoundError:
+        pass
+    if not check_mode:
+        write_private_file(path, content)
+        os.chmod(path, mode)
+    return True

@@ -1,0 +1,77 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The cluster's root secrets on the controller: generated once, 0600, ansible-vault aware, never overwritten."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from dataclasses import dataclass
+
+SECRET_BYTES = 32
+FIELDS = ("master_key", "master_salt", "measurement_salt")
+
+
+class ClusterSecretsError(RuntimeError):
+    """The secrets file cannot be read, is malformed, or is readable by others."""
+
+
+@dataclass(frozen=True, repr=False)
+class ClusterSecrets:
+    master_key: bytes
+    master_salt: bytes
+    measurement_salt: bytes
+
+    def to_payload(self) -> dict:
+        return {name: base64.b64encode(getattr(self, name)).decode() for name in FIELDS}
+
+    @classmethod
+    def from_payload(cls, payload: object, source: str) -> "ClusterSecrets":
+        if not isinstance(payload, dict):
+            raise ClusterSecretsError(f"{source} must be a mapping of {', '.join(FIELDS)}")
+        values = {}
+        for name in FIELDS:
+            try:
+                value = base64.b64decode(payload.get(name, ""), validate=True)
+            except (binascii.Error, ValueError, TypeError):
+                raise ClusterSecretsError(f"{source}: {name} is not base64") from None
+            if len(value) != SECRET_BYTES:
+                raise ClusterSecretsError(f"{source}: {name} must be {SECRET_BYTES} bytes")
+            values[name] = value
+        return cls(**values)
+
+
+def load_or_create(path: str, loader) -> tuple[ClusterSecrets, bool]:
+    """Load the secrets (decrypting an ansible-vault file through ``loader``) or create them once.
+
+    Returns (secrets, created). A new file is created with O_EXCL and mode 0600,
+    so two concurrent plays can never both create (and one overwrite) the secrets.
+    """
+    path = os.path.expanduser(path)
+    if not os.path.exists(path):
+        secrets = ClusterSecrets(*(os.urandom(SECRET_BYTES) for _name in FIELDS))
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return _load(path, loader), False
+        try:
+            os.write(fd, (json.dumps(secrets.to_payload(), indent=2) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return secrets, True
+    return _load(path, loader), False
+
+
+def _load(path: str, loader) -> ClusterSecrets:
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        raise ClusterSecretsError(f"cluster secrets file {path} has mode {mode:04o}; it must not be readable by group or others (chmod 600)")
+    try:
+        payload = loader.load_from_file(path)
+    except Exception as exc:  # noqa: BLE001 - the loader raises AnsibleError, vault errors and OSError alike
+        raise ClusterSecretsError(f"cannot read cluster secrets file {path}: {type(exc).__name__}") from None
+    return ClusterSecrets.from_payload(payload, f"cluster secrets file {path}")
