@@ -12,6 +12,10 @@ bash scripts/link-collection.sh
 
 stage() { printf '\n=== %s ===\n' "$*"; }
 
+# molecule installs the collection into ~/.ansible/collections; a copy left by an
+# earlier run would shadow the tree under test for ansible-lint and molecule.
+rm -rf "$HOME/.ansible/collections/ansible_collections/confidential/kubernetes"
+
 stage "ansible-doc renders every module"
 for module in plugins/modules/*.py; do
   name=$(basename "$module" .py)
