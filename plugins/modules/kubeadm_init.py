@@ -1,0 +1,238 @@
+#!/usr/bin/python
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kubeadm_init
+short_description: Initialise the first Kubernetes control plane with kubeadm
+version_added: 0.1.0
+description:
+  - Renders an InitConfiguration, a ClusterConfiguration and a KubeletConfiguration (kubeadm config API V(v1beta4), or
+    V(v1beta3) for kubeadm older than 1.31), validates them with C(kubeadm config validate) and runs C(kubeadm init).
+  - Nothing changes when the node is already initialised (C(/etc/kubernetes/admin.conf) exists).
+  - The 24-hour bootstrap token C(kubeadm init) mints is deleted again: in this collection nodes join only with
+    single-use tokens that the attested join service mints. Tokens and certificate keys are masked in all output.
+  - If C(kubeadm init) fails, the task fails with kubeadm's error and V(needs_reset=true); a node that already took the
+    node lock must be reset (C(kubeadm reset) and a reboot) before it can be initialised again.
+author:
+  - confidential.kubernetes contributors (@confidential-kubernetes)
+extends_documentation_fragment:
+  - confidential.kubernetes._attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Renders and, where kubeadm is installed, validates the configuration; runs nothing else.
+  diff_mode:
+    support: full
+    details:
+      - Shows the rendered configuration against the one of the last run.
+  idempotent:
+    support: full
+options:
+  node_name:
+    description: The node name (defaults to the host name, as kubeadm does).
+    type: str
+  advertise_address:
+    description: The address the API server advertises on this node.
+    type: str
+  bind_port:
+    description: The API server's port on this node.
+    type: int
+    default: 6443
+  control_plane_endpoint:
+    description: A stable address (DNS name or load balancer, with port) for all control planes.
+    type: str
+  kubernetes_version:
+    description: The Kubernetes version, for example V(v1.31.4).
+    type: str
+  cluster_name:
+    description: The cluster name in the kubeconfigs.
+    type: str
+  cert_sans:
+    description: Extra Subject Alternative Names for the API server certificate.
+    type: list
+    elements: str
+    default: []
+  pod_subnet:
+    description: The pod network CIDR.
+    type: str
+  service_subnet:
+    description: The service network CIDR.
+    type: str
+  cri_socket:
+    description: The CRI socket, when kubeadm cannot detect it.
+    type: str
+  api_server_extra_args:
+    description: Extra flags for kube-apiserver.
+    type: dict
+    default: {}
+  controller_manager_extra_args:
+    description: Extra flags for kube-controller-manager.
+    type: dict
+    default: {}
+  scheduler_extra_args:
+    description: Extra flags for kube-scheduler.
+    type: dict
+    default: {}
+  kubelet_extra_args:
+    description: Extra flags for the kubelet of this node.
+    type: dict
+    default: {}
+  kubelet_config:
+    description: Fields of the KubeletConfiguration.
+    type: dict
+    default: {}
+  skip_phases:
+    description: kubeadm init phases to skip.
+    type: list
+    elements: str
+    default: []
+  ignore_preflight_errors:
+    description: Preflight checks whose errors are shown as warnings.
+    type: list
+    elements: str
+    default: []
+  upload_certs:
+    description: Upload the control-plane certificates to the kubeadm-certs Secret (not needed with the join service).
+    type: bool
+    default: false
+  config_api_version:
+    description: The kubeadm config API; V(auto) picks V(v1beta4) for kubeadm 1.31 and later, else V(v1beta3).
+    type: str
+    choices: [auto, v1beta3, v1beta4]
+    default: auto
+  config_path:
+    description: Where the rendered configuration is kept (mode 0600).
+    type: path
+    default: /etc/kubernetes/kubeadm-init.yaml
+  binary_path:
+    description: The kubeadm binary.
+    type: path
+    default: kubeadm
+"""
+
+EXAMPLES = r"""
+- name: Initialise the control plane
+  confidential.kubernetes.kubeadm_init:
+    control_plane_endpoint: "{{ ansible_host }}:6443"
+    advertise_address: "{{ ansible_host }}"
+    kubernetes_version: v1.31.4
+    pod_subnet: 10.244.0.0/16
+    service_subnet: 10.96.0.0/12
+    cert_sans: ["{{ ansible_host }}"]
+  register: kubeadm_init
+"""
+
+RETURN = r"""
+admin_kubeconfig:
+  description: Path of the admin kubeconfig on the node (mode 0600).
+  returned: success
+  type: str
+ca_cert_hash:
+  description: The CA pin joining nodes use, C(sha256:) and the hex SHA-256 of the CA's SubjectPublicKeyInfo.
+  returned: when the node is initialised
+  type: str
+config_api_version:
+  description: The kubeadm config API used.
+  returned: success
+  type: str
+deleted_default_tokens:
+  description: How many default bootstrap tokens of C(kubeadm init) were deleted.
+  returned: when kubeadm init ran
+  type: int
+stdout:
+  description: kubeadm's output, tokens and certificate keys masked.
+  returned: when kubeadm init ran
+  type: str
+"""
+
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
+    ADMIN_CONF, CA_CERT, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version, render_init_config)
+
+OPTION_NAMES = [name for name in InitOptions.__dataclass_fields__]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return ""
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            node_name=dict(type="str"),
+            advertise_address=dict(type="str"),
+            bind_port=dict(type="int", default=6443),
+            control_plane_endpoint=dict(type="str"),
+            kubernetes_version=dict(type="str"),
+            cluster_name=dict(type="str"),
+            cert_sans=dict(type="list", elements="str", default=[]),
+            pod_subnet=dict(type="str"),
+            service_subnet=dict(type="str"),
+            cri_socket=dict(type="str"),
+            api_server_extra_args=dict(type="dict", default={}),
+            controller_manager_extra_args=dict(type="dict", default={}),
+            scheduler_extra_args=dict(type="dict", default={}),
+            kubelet_extra_args=dict(type="dict", default={}),
+            kubelet_config=dict(type="dict", default={}),
+            skip_phases=dict(type="list", elements="str", default=[]),
+            ignore_preflight_errors=dict(type="list", elements="str", default=[]),
+            upload_certs=dict(type="bool", default=False),
+            config_api_version=dict(type="str", default="auto", choices=["auto", "v1beta3", "v1beta4"]),
+            config_path=dict(type="path", default="/etc/kubernetes/kubeadm-init.yaml"),
+            binary_path=dict(type="path", default="kubeadm"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    kubeadm = Kubeadm(params["binary_path"])
+    result = dict(changed=False, admin_kubeconfig=ADMIN_CONF)
+    try:
+        api_version = config_api_version(kubeadm.version(), params["config_api_version"])
+        rendered = render_init_config(InitOptions(**{name: params[name] for name in OPTION_NAMES}), api_version)
+        result["config_api_version"] = api_version
+        previous = _read(params["config_path"])
+        if module._diff:
+            result["diff"] = dict(before=previous, after=rendered, before_header=params["config_path"], after_header="rendered")
+        if os.path.exists(ADMIN_CONF):
+            result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())
+            module.exit_json(**result)
+        with tempfile.NamedTemporaryFile("w", prefix="kubeadm-init-", suffix=".yaml", delete=False) as candidate:
+            os.fchmod(candidate.fileno(), 0o600)
+            candidate.write(rendered)
+        try:
+            kubeadm.validate(candidate.name)
+        finally:
+            os.unlink(candidate.name)
+        result["changed"] = True
+        if module.check_mode:
+            module.exit_json(**result)
+        os.makedirs(os.path.dirname(params["config_path"]), exist_ok=True)
+        fd = os.open(params["config_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(rendered)
+        try:
+            result["stdout"] = kubeadm.init(params["config_path"], params["ignore_preflight_errors"], params["upload_certs"])
+        except KubeadmError as exc:
+            module.fail_json(msg=f"{exc}. The node needs a reset (kubeadm reset and a reboot) before it can be initialised again.",
+                             needs_reset=True, **result)
+        result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
+        result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())
+    except (KubeadmError, OSError, ValueError) as exc:
+        module.fail_json(msg=str(exc), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
