@@ -12,8 +12,9 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import NODE_LOCK_PCR, PolicyError, node_lock_mark
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
-from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive, seal
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._identity import cluster_id as derive_cluster_id
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load_or_create
 
 ARGUMENT_SPEC = dict(
@@ -36,8 +37,7 @@ class ActionModule(ActionBase):
         result["changed"] = False
         try:
             secrets, created = load_or_create(params["secrets_file"], self._loader)
-            measurement_secret = derive.measurement_secret(secrets.master_key, secrets.master_salt)
-            cluster_id = derive.cluster_id(measurement_secret, secrets.measurement_salt)
+            cluster_id = derive_cluster_id(secrets)
             policy = controller.resolve_policy(params["policy"], None, None)
             # A first node is fresh (PCR 15 zero), or already locked for this very cluster on a re-run.
             policy = policy.with_rule(NODE_LOCK_PCR, [bytes(32), node_lock_mark(cluster_id)])

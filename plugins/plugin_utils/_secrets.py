@@ -66,6 +66,14 @@ def load_or_create(path: str, loader) -> tuple[ClusterSecrets, bool]:
     return _load(path, loader), False
 
 
+def load(path: str, loader) -> ClusterSecrets:
+    """Load existing secrets; a missing file is an error (only the init flow creates it)."""
+    path = os.path.expanduser(path)
+    if not os.path.exists(path):
+        raise ClusterSecretsError(f"cluster secrets file {path} does not exist: initialise the cluster first (playbook init.yml)")
+    return _load(path, loader)
+
+
 def _load(path: str, loader) -> ClusterSecrets:
     mode = os.stat(path).st_mode & 0o777
     if mode & 0o077:
