@@ -11,8 +11,9 @@ version_added: 0.1.0
 description:
   - The node side of the init hand-over. Opens the secrets that M(confidential.kubernetes.seal_init_secrets) sealed
     to the ephemeral key of this node's evidence (HPKE, flow V(init)), deletes that key, derives the cluster ID, takes
-    the node lock (PCR 15 mark, see M(confidential.kubernetes.nodelock)) and keeps the secrets in a 0600 file for the
-    join service of this control plane.
+    the node lock (PCR 15 mark, see M(confidential.kubernetes.nodelock)), re-keys the LUKS2 state disk to its derived
+    key (C(key-) + the disk's lower-case LUKS UUID, see M(confidential.kubernetes.state_disk)) and keeps the secrets in
+    a 0600 file for the join service of this control plane.
   - Past this point the node belongs to the cluster until it is reset and rebooted (the point of no return).
   - Nothing secret is returned or logged.
 author:
@@ -54,6 +55,35 @@ options:
     description: The node lock record.
     type: path
     default: /var/lib/confidential-kubernetes/nodelock.json
+  state_disk:
+    description:
+      - The LUKS2 state disk. Formatted with a throw-away key if it is not LUKS yet, then re-keyed to the key derived
+        from the master secret and its UUID. Omit to leave disks alone.
+    type: dict
+    suboptions:
+      device:
+        description: Block device or file.
+        type: path
+        required: true
+      state:
+        description: V(formatted), or also V(opened) (mapped) or V(mounted); mapping needs device-mapper.
+        type: str
+        choices: [formatted, opened, mounted]
+        default: formatted
+      name:
+        description: The device-mapper name.
+        type: str
+        default: state
+      mount_path:
+        description: Where the filesystem is mounted for V(mounted).
+        type: path
+        default: /var/lib/confidential-kubernetes/state
+      pbkdf_memory:
+        description: argon2id memory cost in KiB (cryptsetup's default when omitted).
+        type: int
+      pbkdf_iterations:
+        description: argon2id iterations (cryptsetup's default when omitted).
+        type: int
 """
 
 EXAMPLES = r"""
@@ -76,6 +106,10 @@ cluster_config:
   description: The non-secret cluster configuration that travelled with the secrets.
   returned: success
   type: dict
+state_disk:
+  description: The state disk after the task (uuid, keyslots, keyed, mapped, mapping_available, mount_path).
+  returned: when O(state_disk) is given
+  type: dict
 """
 
 import json
@@ -83,10 +117,13 @@ import json
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive
+from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
-    TicketError, cluster_id_of, open_sealed, secret_bytes, take_ephemeral_key, write_if_changed)
+    STATE_DISK_OPTIONS, TicketError, cluster_id_of, disk_uuid, key_state_disk, open_sealed, secret_bytes, take_ephemeral_key,
+    write_if_changed)
 
 
 def main() -> None:
@@ -99,6 +136,7 @@ def main() -> None:
             secrets_file=dict(type="path", default="/etc/confidential-kubernetes/cluster-secrets.json", no_log=False),
             lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
             tcti=dict(type="str", default="auto"),
+            state_disk=dict(type="dict", options=STATE_DISK_OPTIONS),
         ),
         supports_check_mode=True,
     )
@@ -111,12 +149,24 @@ def main() -> None:
         secrets = {name: secret_bytes(payload, name) for name in ("master_key", "master_salt", "measurement_salt")}
         cluster_id = cluster_id_of(payload)
         locked, lock_state = NodeLock.for_tcti(params["tcti"], params["lock_record"]).take(cluster_id, module.check_mode)
+        disk = {}
+        if params["state_disk"]:
+            uuid, formatted = disk_uuid(params["state_disk"], module.check_mode)
+            if uuid is None:  # check mode on a blank disk: formatting would come first
+                disk = {"changed": formatted}
+            else:
+                disk = key_state_disk(params["state_disk"], derive.state_disk_key(secrets["master_key"], secrets["master_salt"], uuid),
+                                      module.check_mode)
+                disk["changed"] = disk["changed"] or formatted
         stored = {name: payload[name] for name in secrets}
         kept = write_if_changed(params["secrets_file"], (json.dumps(stored, sort_keys=True) + "\n").encode(), 0o600, module.check_mode)
+    except StateDiskError as exc:
+        module.fail_json(msg=f"{exc} (the node is locked for cluster {cluster_id.hex()}; it needs a reset before another try)",
+                         needs_reset=True)
     except (TicketError, NodeLockError, TpmError, OSError) as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=locked or kept, cluster_id=cluster_id.hex(), node_lock=lock_state.to_result(),
-                     cluster_config=payload.get("cluster_config", {}))
+    module.exit_json(changed=locked or kept or disk.get("changed", False), cluster_id=cluster_id.hex(), node_lock=lock_state.to_result(),
+                     cluster_config=payload.get("cluster_config", {}), **({"state_disk": disk} if disk else {}))
 
 
 if __name__ == "__main__":

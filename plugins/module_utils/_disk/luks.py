@@ -264,13 +264,19 @@ class StateDisk:
             wipe_file(self.initial_key_path)
             raise
 
-    def _change_key(self, old_key: bytes, new_key: bytes) -> None:
-        """Replace the keyslot that ``old_key`` opens with one for ``new_key``: the slot count stays the same."""
+    def _change_key(self, old_key: bytes, new_key: bytes) -> bool:
+        """Replace the keyslot that ``old_key`` opens with one for ``new_key`` (the slot count stays the same).
+
+        False when ``old_key`` opens no keyslot.
+        """
         with private_key_file(new_key) as new_key_file:
             result = self._cryptsetup(["luksChangeKey", "--batch-mode", *self._pbkdf_args(), "--key-file=-",
                                        self.device, new_key_file], old_key)
+        if result.rc == _CRYPTSETUP_NO_KEY:
+            return False
         if result.rc != 0:
             raise StateDiskError(f"cryptsetup luksChangeKey {self.device} failed: {result.message()}")
+        return True
 
     def _remove_key(self, key: bytes) -> None:
         result = self._cryptsetup(["luksRemoveKey", "--batch-mode", "--key-file=-", self.device], key)
@@ -294,21 +300,23 @@ class StateDisk:
                 wipe_file(self.initial_key_path)
             return True, True
         initial_key = self._initial_key()
-        if initial_key is None or not self.opens(initial_key):
-            if os.path.exists(self.initial_key_path):
-                where = f"the initial key in {self.initial_key_path}"
-            else:
-                where = f"an initial key (there is none at {self.initial_key_path})"
-            raise StateDiskError(
-                f"the LUKS header on {self.device} (UUID {uuid}) opens neither with the given disk key nor with {where}: "
-                "it was keyed for another cluster, or its initial key was lost (for example by a reboot before re-keying). "
-                f"Nothing was changed. The node needs a reset: erase the disk (cryptsetup erase {self.device}; "
-                f"wipefs --all {self.device}) and run again.")
-        if self.check_mode:
-            return True, False
-        self._change_key(initial_key, disk_key)
-        wipe_file(self.initial_key_path)
-        return True, True
+        if initial_key is not None:
+            if self.check_mode:
+                if self.opens(initial_key):
+                    return True, False
+            # luksChangeKey says itself when the initial key opens nothing: one argon2id run less.
+            elif self._change_key(initial_key, disk_key):
+                wipe_file(self.initial_key_path)
+                return True, True
+        if os.path.exists(self.initial_key_path):
+            where = f"the initial key in {self.initial_key_path}"
+        else:
+            where = f"an initial key (there is none at {self.initial_key_path})"
+        raise StateDiskError(
+            f"the LUKS header on {self.device} (UUID {uuid}) opens neither with the given disk key nor with {where}: "
+            "it was keyed for another cluster, or its initial key was lost (for example by a reboot before re-keying). "
+            f"Nothing was changed. The node needs a reset: erase the disk (cryptsetup erase {self.device}; "
+            f"wipefs --all {self.device}) and run again.")
 
     def _mapping_owner(self) -> set[str] | None:
         """The devices behind /dev/mapper/<name>, None when that mapping is not active."""
@@ -396,6 +404,15 @@ class StateDisk:
         self.check_device()
         result = {"changed": False, "uuid": None, "keyslots": 0, "keyed": None, "mapped": False,
                   "mapping_available": self.mapping_available, "mount_path": None}
+        try:
+            return self._ensure(state, disk_key, uuid_only, allow_format, result)
+        except StateDiskError as exc:
+            # A failure after a change must still report it (for example a mount after the re-key).
+            if not exc.result:
+                exc.result = dict(result)
+            raise
+
+    def _ensure(self, state: str, disk_key: bytes | None, uuid_only: bool, allow_format: bool, result: dict) -> dict:
         result["changed"] = self._ensure_formatted(allow_format, disk_key)
         if result["changed"] and self.check_mode:
             return result

@@ -93,3 +93,33 @@ def write_if_changed(path: str, content: bytes, mode: int, check_mode: bool) -> 
         write_private_file(path, content)
         os.chmod(path, mode)
     return True
+
+
+# Options of the state disk inside init_ticket and join_ticket (see the state_disk module).
+STATE_DISK_OPTIONS = dict(
+    device=dict(type="path", required=True),
+    state=dict(type="str", default="formatted", choices=["formatted", "opened", "mounted"]),
+    name=dict(type="str", default="state"),
+    mount_path=dict(type="path", default="/var/lib/confidential-kubernetes/state"),
+    pbkdf_memory=dict(type="int"),
+    pbkdf_iterations=dict(type="int"),
+)
+
+
+def state_disk_of(options: dict, check_mode: bool):
+    from .._disk.luks import StateDisk
+    return StateDisk(options["device"], name=options["name"], mount_path=options["mount_path"],
+                     pbkdf_memory=options.get("pbkdf_memory"), pbkdf_iterations=options.get("pbkdf_iterations"),
+                     check_mode=check_mode)
+
+
+def disk_uuid(options: dict, check_mode: bool) -> tuple[str | None, bool]:
+    """Format the state disk with a throw-away key if it is not LUKS yet; returns (LUKS UUID, changed)."""
+    result = state_disk_of(options, check_mode).ensure("formatted", uuid_only=True)
+    return result["uuid"], result["changed"]
+
+
+def key_state_disk(options: dict, disk_key: bytes, check_mode: bool) -> dict:
+    """Re-key the state disk to ``disk_key`` (and map/mount it where asked); returns the state_disk result."""
+    result = state_disk_of(options, check_mode).ensure(options["state"], disk_key)
+    return {k: v for k, v in result.items() if k in ("changed", "uuid", "keyslots", "keyed", "mapped", "mapping_available", "mount_path")}

@@ -40,7 +40,8 @@ def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_
         "confidential_tpm_tcti": NODE_TPM_TCTI,
         "confidential_ek_ca_file": str(lab_dir / "ca" / "ek-ca.pem"),
         "confidential_measurement_policy_file": str(lab_dir / "measurement-policy.yml"),
-        "confidential_state_disk_path": NODE_STATE_DISK,
+        # Lab-only: a cheap argon2id cost keeps keyslot operations fast on this 2-core machine.
+        "confidential_state_disk": {"device": NODE_STATE_DISK, "state": "formatted", "pbkdf_memory": 32768, "pbkdf_iterations": 4},
         "confidential_tpm_event_log": NODE_EVENT_LOG,
         "lab_dir": str(lab_dir),
     }

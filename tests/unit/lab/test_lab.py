@@ -183,7 +183,7 @@ def test_inventory_vars_name_the_lab_files(tmp_path):
     assert variables["confidential_tpm_tcti"] == "swtpm:path=/run/tpm/swtpm.sock"
     assert variables["confidential_ek_ca_file"] == f"{tmp_path}/ca/ek-ca.pem"
     assert variables["confidential_measurement_policy_file"] == f"{tmp_path}/measurement-policy.yml"
-    assert variables["confidential_state_disk_path"] == "/srv/state-disk.img"
+    assert variables["confidential_state_disk"]["device"] == "/srv/state-disk.img"
     assert variables["confidential_tpm_event_log"] == "/run/tpm/eventlog.json"
     assert variables["ansible_ssh_private_key_file"] == f"{tmp_path}/ssh/id_ed25519"
     assert variables["lab_dir"] == str(tmp_path)
