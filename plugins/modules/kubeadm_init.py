@@ -12,7 +12,7 @@ description:
   - Renders an InitConfiguration, a ClusterConfiguration and a KubeletConfiguration (kubeadm config API V(v1beta4), or
     V(v1beta3) for kubeadm older than 1.31), validates them with C(kubeadm config validate) and runs C(kubeadm init).
   - Nothing changes when the node is already initialised (C(/etc/kubernetes/admin.conf) exists).
-  - The 24-hour bootstrap token C(kubeadm init) mints is deleted again: in this collection nodes join only with
+  - The 24-hour bootstrap token C(kubeadm init) mints is deleted again, because in this collection nodes join only with
     single-use tokens that the attested join service mints. Tokens and certificate keys are masked in all output.
   - If C(kubeadm init) fails, the task fails with kubeadm's error and V(needs_reset=true); a node that already took the
     node lock must be reset (C(kubeadm reset) and a reboot) before it can be initialised again.
@@ -157,7 +157,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
     ADMIN_CONF, CA_CERT, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version, render_init_config)
 
-OPTION_NAMES = [name for name in InitOptions.__dataclass_fields__]
+OPTION_NAMES = list(InitOptions.__dataclass_fields__)
 
 
 def _read(path: str) -> str:

@@ -163,7 +163,7 @@ class Kubeadm:
         deleted = 0
         for document in _json_stream(out):
             if document.get("description") == DEFAULT_TOKEN_DESCRIPTION:
-                token_id = str(document.get("token", "")).split(".")[0]
+                token_id = str(document.get("token", "")).split(".", maxsplit=1)[0]
                 self.run("token", "delete", token_id, "--kubeconfig", kubeconfig, what="kubeadm token delete")
                 deleted += 1
         return deleted

@@ -12,7 +12,6 @@ from pathlib import Path
 from . import BUILD_DATE, GIT_COMMIT, GO_VERSION, KUBERNETES_VERSION
 
 DOUBLES_DIR = Path(__file__).resolve().parent.parent
-BIN_DIR = DOUBLES_DIR / "bin"
 
 KUBERNETES_DIR = "/etc/kubernetes"
 MANIFESTS_DIR = "/etc/kubernetes/manifests"

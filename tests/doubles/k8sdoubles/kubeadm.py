@@ -31,7 +31,7 @@ from .common import (
     APISERVER_STATE_FILE,
     APISERVER_UNIT,
     APISERVER_UNIT_FILE,
-    BIN_DIR,
+    DOUBLES_DIR,
     DEFAULT_PKI_DIR,
     KUBELET_DIR,
     KUBERNETES_DIR,
@@ -330,7 +330,7 @@ def start_apiserver(advertise: str, port: int, pki_dir: str, service_subnet: str
         f"--double-state-file={APISERVER_STATE_FILE}",
         f"--double-pid-file={APISERVER_PID_FILE}",
     ]
-    program = [sys.executable, str(BIN_DIR / "kube-apiserver")]
+    program = [sys.executable, str(DOUBLES_DIR / "k8sdoubles" / "run.py"), "kube-apiserver"]
     if use_systemd():
         atomic_write(host_path(APISERVER_UNIT_FILE), apiserver_unit(program + args), 0o644)
         _systemctl("reset-failed", APISERVER_UNIT)

@@ -81,6 +81,7 @@ class Node:
                 "K8S_DOUBLES_ROOT": str(self.root),
                 "K8S_DOUBLES_APISERVER_BIND_ADDRESS": "127.0.0.1",
                 "K8S_DOUBLES_NO_SYSTEMD": "1",
+                "K8S_DOUBLES_PYTHON": sys.executable,
             }
         )
         env.update(extra or {})
@@ -90,7 +91,7 @@ class Node:
         self, tool: str, *args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, str(BIN / tool), *args],
+            [str(BIN / tool), *args],
             input=stdin,
             capture_output=True,
             text=True,

@@ -36,7 +36,7 @@ def test_systemd_mode_installs_an_enabled_unit_and_reset_removes_it(monkeypatch,
     kubeadm.start_apiserver("10.0.0.1", 6443, "/etc/kubernetes/pki", "10.96.0.0/12")
     unit_file = tmp_path / "etc/systemd/system/kube-apiserver-double.service"
     unit = unit_file.read_text()
-    assert f"ExecStart={sys.executable} {BIN}/kube-apiserver --advertise-address=10.0.0.1 --secure-port=6443 " in unit
+    assert f"ExecStart={sys.executable} {BIN.parent}/k8sdoubles/run.py kube-apiserver --advertise-address=10.0.0.1 --secure-port=6443 " in unit
     assert "Restart=always\n" in unit and "WantedBy=multi-user.target\n" in unit
     assert systemd.calls[-2:] == [("daemon-reload",), ("enable", "--now", f"{UNIT}.service")]
 
