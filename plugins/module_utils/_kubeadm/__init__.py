@@ -182,3 +182,54 @@ def _json_stream(text: str) -> list[dict]:
         while position < len(text) and text[position].isspace():
             position += 1
     return documents
+
+
+@dataclass
+class JoinOptions:
+    api_server_endpoint: str
+    ca_cert_hashes: list
+    node_name: str | None = None
+    control_plane: bool = False
+    advertise_address: str | None = None
+    bind_port: int = 6443
+    cri_socket: str | None = None
+    kubelet_extra_args: dict | None = None
+    skip_phases: list | None = None
+
+
+# Control planes get their PKI in the join ticket, so kubeadm must not fetch it.
+CONTROL_PLANE_SKIP_PHASES = ["control-plane-prepare/download-certs"]
+
+
+def render_join_config(options: JoinOptions, api_version: str, token: str) -> str:
+    """JoinConfiguration with bootstrap-token discovery pinned to the CA; never unsafeSkipCAVerification."""
+    if not options.ca_cert_hashes:
+        raise KubeadmError("a join needs at least one CA pin (sha256:<hex>); unpinned discovery is never used")
+    skip = list(options.skip_phases or [])
+    if options.control_plane:
+        skip += [phase for phase in CONTROL_PLANE_SKIP_PHASES if phase not in skip]
+    join = _prune({
+        "apiVersion": f"{KUBEADM_API_GROUP}/{api_version}",
+        "kind": "JoinConfiguration",
+        "discovery": {"bootstrapToken": {
+            "apiServerEndpoint": options.api_server_endpoint,
+            "token": token,
+            "caCertHashes": list(options.ca_cert_hashes),
+        }},
+        "nodeRegistration": _prune({
+            "name": options.node_name,
+            "criSocket": options.cri_socket,
+            "kubeletExtraArgs": extra_args(api_version, options.kubelet_extra_args or {}),
+        }),
+        "controlPlane": {"localAPIEndpoint": _prune({"advertiseAddress": options.advertise_address, "bindPort": options.bind_port})}
+        if options.control_plane else None,
+        "skipPhases": skip,
+    })
+    return yaml.safe_dump(join, sort_keys=False)
+
+
+def join(kubeadm: Kubeadm, config_path: str, ignore_preflight_errors: list[str]) -> str:
+    args = ["join", "--config", config_path]
+    if ignore_preflight_errors:
+        args.append("--ignore-preflight-errors=" + ",".join(ignore_preflight_errors))
+    return scrub(kubeadm.run(*args, what="kubeadm join"))

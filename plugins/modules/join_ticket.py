@@ -1,0 +1,192 @@
+#!/usr/bin/python
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: join_ticket
+short_description: Get an attested join ticket from the join service and prepare the node for kubeadm join
+version_added: 0.1.0
+description:
+  - The node side of the join service (DESIGN section 1, Join). Formats the LUKS2 state disk with a throw-away key if it
+    is not LUKS yet (its UUID names the disk key), makes the kubelet's key and CSR, then tries the join endpoints in
+    order with retries and backoff - get a nonce, send evidence bound to it and to a fresh ephemeral key that never
+    leaves memory, activate the AK credential, open the sealed ticket.
+  - Then derives the cluster ID, takes the node lock (PCR 15 mark), re-keys the state disk to the key in the ticket,
+    writes the cluster CA, the kubelet client certificate and key (0600) and, for control planes, the PKI files with
+    their modes, and leaves the bootstrap token in a 0600 file for M(confidential.kubernetes.kubeadm_join).
+  - Nothing secret is returned. A node that has joined (C(/etc/kubernetes/kubelet.conf) exists) is left alone.
+author:
+  - confidential.kubernetes contributors (@confidential-kubernetes)
+extends_documentation_fragment:
+  - confidential.kubernetes._attributes
+  - confidential.kubernetes._attributes.TPM
+attributes:
+  check_mode:
+    support: partial
+    details:
+      - In check mode no ticket is requested (a ticket mints a token); the task reports whether the node would join.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  endpoints:
+    description: Join service endpoints (host:port), tried in order.
+    type: list
+    elements: str
+    required: true
+  cluster_ca:
+    description: PEM of the cluster CA, which issued the join services' TLS certificates.
+    type: str
+    required: true
+  node_name:
+    description: The Kubernetes node name; the kubelet certificate is issued for C(system:node:<node_name>).
+    type: str
+    required: true
+  control_plane:
+    description: Join as a control plane (the ticket then carries the control-plane PKI).
+    type: bool
+    default: false
+  state_disk:
+    description: The LUKS2 state disk (see M(confidential.kubernetes.init_ticket) for the suboptions).
+    type: dict
+    required: true
+    suboptions:
+      device:
+        description: Block device or file.
+        type: path
+        required: true
+      state:
+        description: V(formatted), or also V(opened) or V(mounted) where device-mapper exists.
+        type: str
+        choices: [formatted, opened, mounted]
+        default: formatted
+      name:
+        description: The device-mapper name.
+        type: str
+        default: state
+      mount_path:
+        description: Where the filesystem is mounted for V(mounted).
+        type: path
+        default: /var/lib/confidential-kubernetes/state
+      pbkdf_memory:
+        description: argon2id memory cost in KiB (cryptsetup's default when omitted).
+        type: int
+      pbkdf_iterations:
+        description: argon2id iterations (cryptsetup's default when omitted).
+        type: int
+  attempts:
+    description: How many rounds over all endpoints before giving up.
+    type: int
+    default: 8
+  timeout:
+    description: Seconds allowed for one request.
+    type: float
+    default: 30
+  token_file:
+    description: Where the bootstrap token is left for kubeadm_join (mode 0600, on tmpfs).
+    type: path
+    default: /run/confidential-kubernetes/join-token
+  lock_record:
+    description: The node lock record.
+    type: path
+    default: /var/lib/confidential-kubernetes/nodelock.json
+  join_record:
+    description: The non-secret record of the join (endpoint, CA pins, cluster ID) used on re-runs.
+    type: path
+    default: /etc/confidential-kubernetes/join.json
+"""
+
+EXAMPLES = r"""
+- name: Get a join ticket
+  confidential.kubernetes.join_ticket:
+    endpoints: ["10.77.0.10:30090"]
+    cluster_ca: "{{ lookup('ansible.builtin.file', 'secrets/ca.crt') }}"
+    node_name: "{{ inventory_hostname }}"
+    state_disk:
+      device: /dev/vdb
+  register: join_ticket
+"""
+
+RETURN = r"""
+cluster_id:
+  description: The cluster ID (hex).
+  returned: success
+  type: str
+api_server_endpoint:
+  description: Where kubeadm join discovers the cluster.
+  returned: success
+  type: str
+ca_cert_hashes:
+  description: The CA pins for kubeadm join.
+  returned: success
+  type: list
+  elements: str
+joined:
+  description: Whether the node had already joined before this task.
+  returned: success
+  type: bool
+state_disk:
+  description: The state disk after the task.
+  returned: when a ticket was applied
+  type: dict
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import KUBELET_CONF
+from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
+    STATE_DISK_OPTIONS, TicketError, disk_uuid)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import apply_join_ticket, kubelet_csr, request
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            endpoints=dict(type="list", elements="str", required=True),
+            cluster_ca=dict(type="str", required=True),
+            node_name=dict(type="str", required=True),
+            control_plane=dict(type="bool", default=False),
+            state_disk=dict(type="dict", required=True, options=STATE_DISK_OPTIONS),
+            attempts=dict(type="int", default=8),
+            timeout=dict(type="float", default=30),
+            token_file=dict(type="path", default="/run/confidential-kubernetes/join-token", no_log=False),
+            lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
+            join_record=dict(type="path", default="/etc/confidential-kubernetes/join.json"),
+            tcti=dict(type="str", default="auto"),
+        ),
+        supports_check_mode=True,
+    )
+    if node.CRYPTOGRAPHY_IMPORT_ERROR:
+        module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
+    params = module.params
+    if os.path.exists(KUBELET_CONF) and os.path.exists(params["join_record"]):
+        with open(params["join_record"], encoding="utf-8") as handle:
+            module.exit_json(changed=False, joined=True, **json.load(handle))
+    if module.check_mode:
+        module.exit_json(changed=True, joined=False)
+    lock = NodeLock.for_tcti(params["tcti"], params["lock_record"])
+    try:
+        if lock.state().locked:
+            raise TicketError(f"the node is locked (lock record {params['lock_record']}) but has not joined: a join failed after the "
+                              "point of no return; the node needs a reset (kubeadm reset, remove the lock record, reboot)")
+        uuid = disk_uuid(params["state_disk"], False)[0]
+        private_key_pem, csr_pem = kubelet_csr(params["node_name"])
+        payload = request(params, uuid, csr_pem)
+        result = apply_join_ticket(payload, params, lock, private_key_pem)
+    except (TicketError, NodeLockError, TpmError, StateDiskError, OSError) as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=True, joined=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+#!/usr/bin/python
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kubeadm_join
+short_description: Join a node to the cluster with kubeadm, pinned to the cluster CA
+version_added: 0.1.0
+description:
+  - Renders a JoinConfiguration (kubeadm config API V(v1beta4), or V(v1beta3) for kubeadm older than 1.31) with
+    bootstrap-token discovery pinned to the cluster CA (C(caCertHashes); C(unsafeSkipCAVerification) is never used),
+    validates it with C(kubeadm config validate) and runs C(kubeadm join).
+  - The bootstrap token is read from O(token_file) on the node (written 0600 by M(confidential.kubernetes.join_ticket))
+    and travels to kubeadm in a 0600 configuration file, never on the command line. Both files are deleted after the join.
+  - Control planes join with C(controlPlane.localAPIEndpoint) and skip kubeadm's C(control-plane-prepare/download-certs)
+    phase, because the join ticket already placed their PKI files.
+  - Nothing changes on a node that has joined (C(/etc/kubernetes/kubelet.conf) exists).
+author:
+  - confidential.kubernetes contributors (@confidential-kubernetes)
+extends_documentation_fragment:
+  - confidential.kubernetes._attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+    details:
+      - The configuration holds the bootstrap token, so it is not shown.
+  idempotent:
+    support: full
+options:
+  api_server_endpoint:
+    description: The control-plane endpoint (host:port) to discover the cluster at.
+    type: str
+    required: true
+  ca_cert_hashes:
+    description: CA pins, C(sha256:) and the hex SHA-256 of the CA's SubjectPublicKeyInfo.
+    type: list
+    elements: str
+    required: true
+  token_file:
+    description: File on the node holding the bootstrap token (mode 0600). Deleted after a successful join.
+    type: path
+    default: /run/confidential-kubernetes/join-token
+  node_name:
+    description: The node name (defaults to the host name, as kubeadm does).
+    type: str
+  control_plane:
+    description: Join as a control plane.
+    type: bool
+    default: false
+  advertise_address:
+    description: For control planes, the address this node's API server advertises.
+    type: str
+  bind_port:
+    description: For control planes, this node's API server port.
+    type: int
+    default: 6443
+  cri_socket:
+    description: The CRI socket, when kubeadm cannot detect it.
+    type: str
+  kubelet_extra_args:
+    description: Extra flags for the kubelet of this node.
+    type: dict
+    default: {}
+  skip_phases:
+    description: Further kubeadm join phases to skip.
+    type: list
+    elements: str
+    default: []
+  ignore_preflight_errors:
+    description: Preflight checks whose errors are shown as warnings.
+    type: list
+    elements: str
+    default: []
+  config_api_version:
+    description: The kubeadm config API; V(auto) picks V(v1beta4) for kubeadm 1.31 and later, else V(v1beta3).
+    type: str
+    choices: [auto, v1beta3, v1beta4]
+    default: auto
+  binary_path:
+    description: The kubeadm binary.
+    type: path
+    default: kubeadm
+"""
+
+EXAMPLES = r"""
+- name: Join the node
+  confidential.kubernetes.kubeadm_join:
+    api_server_endpoint: "{{ join_ticket.api_server_endpoint }}"
+    ca_cert_hashes: "{{ join_ticket.ca_cert_hashes }}"
+    control_plane: "{{ inventory_hostname in groups['control_plane'] }}"
+    advertise_address: "{{ ansible_host }}"
+"""
+
+RETURN = r"""
+kubelet_kubeconfig:
+  description: The kubelet kubeconfig of the joined node.
+  returned: success
+  type: str
+config_api_version:
+  description: The kubeadm config API used.
+  returned: success
+  type: str
+stdout:
+  description: kubeadm's output, tokens and certificate keys masked.
+  returned: when kubeadm join ran
+  type: str
+"""
+
+import os
+import re
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
+    KUBELET_CONF, JoinOptions, Kubeadm, KubeadmError, config_api_version, join, render_join_config)
+
+OPTION_NAMES = list(JoinOptions.__dataclass_fields__)
+_TOKEN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
+
+
+def _read_token(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as handle:
+            token = handle.read().strip()
+    except FileNotFoundError:
+        raise KubeadmError(f"bootstrap token file {path} does not exist: get a join ticket first (join_ticket)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KubeadmError(f"cannot read bootstrap token file {path}: {exc}") from None
+    if not _TOKEN.fullmatch(token):
+        raise KubeadmError(f"bootstrap token file {path} does not hold a kubeadm token ([a-z0-9]{{6}}.[a-z0-9]{{16}})")
+    return token
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            api_server_endpoint=dict(type="str", required=True),
+            ca_cert_hashes=dict(type="list", elements="str", required=True),
+            token_file=dict(type="path", default="/run/confidential-kubernetes/join-token", no_log=False),
+            node_name=dict(type="str"),
+            control_plane=dict(type="bool", default=False),
+            advertise_address=dict(type="str"),
+            bind_port=dict(type="int", default=6443),
+            cri_socket=dict(type="str"),
+            kubelet_extra_args=dict(type="dict", default={}),
+            skip_phases=dict(type="list", elements="str", default=[]),
+            ignore_preflight_errors=dict(type="list", elements="str", default=[]),
+            config_api_version=dict(type="str", default="auto", choices=["auto", "v1beta3", "v1beta4"]),
+            binary_path=dict(type="path", default="kubeadm"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    result = dict(changed=False, kubelet_kubeconfig=KUBELET_CONF)
+    bad_pins = [pin for pin in params["ca_cert_hashes"] if not re.fullmatch(r"sha256:[0-9a-f]{64}", pin)]
+    if bad_pins:
+        module.fail_json(msg=f"CA pins must be sha256:<64 hex>, got {bad_pins}")
+    if os.path.exists(KUBELET_CONF):
+        module.exit_json(**result)
+    kubeadm = Kubeadm(params["binary_path"])
+    try:
+        token = _read_token(params["token_file"])
+        api_version = config_api_version(kubeadm.version(), params["config_api_version"])
+        result["config_api_version"] = api_version
+        rendered = render_join_config(JoinOptions(**{name: params[name] for name in OPTION_NAMES}), api_version, token)
+        fd, config_path = tempfile.mkstemp(prefix="kubeadm-join-", suffix=".yaml")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(rendered)
+            kubeadm.validate(config_path)
+            result["changed"] = True
+            if not module.check_mode:
+                result["stdout"] = join(kubeadm, config_path, params["ignore_preflight_errors"])
+        finally:
+            os.unlink(config_path)
+        if not module.check_mode:
+            os.unlink(params["token_file"])
+    except KubeadmError as exc:
+        module.fail_json(msg=str(exc), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
