@@ -97,6 +97,10 @@ options:
     description: The non-secret record of the join (endpoint, CA pins, cluster ID) used on re-runs.
     type: path
     default: /etc/confidential-kubernetes/join.json
+  secrets_file:
+    description: Where a control plane keeps the cluster secrets for its own join service (mode 0600).
+    type: path
+    default: /etc/confidential-kubernetes/cluster-secrets.json
 """
 
 EXAMPLES = r"""
@@ -162,6 +166,7 @@ def main() -> None:
             token_file=dict(type="path", default="/run/confidential-kubernetes/join-token", no_log=False),
             lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
             join_record=dict(type="path", default="/etc/confidential-kubernetes/join.json"),
+            secrets_file=dict(type="path", default="/etc/confidential-kubernetes/cluster-secrets.json", no_log=False),
             tcti=dict(type="str", default="auto"),
         ),
         supports_check_mode=True,

@@ -4,49 +4,69 @@
 # source: joinservice.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import descriptor_pool as _descriptor_pool
-from google.protobuf import runtime_version as _runtime_version
-from google.protobuf import symbol_database as _symbol_database
-from google.protobuf.internal import builder as _builder
-_runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC,
-    7,
-    35,
-    1,
-    '',
-    'joinservice.proto'
-)
-# @@protoc_insertion_point(imports)
+# Post-processed by scripts/gen-proto.sh: relative import, guarded imports, PEP 8 layout.
+try:
+    from google.protobuf import descriptor as _descriptor
+    from google.protobuf import descriptor_pool as _descriptor_pool
+    from google.protobuf import runtime_version as _runtime_version
+    from google.protobuf import symbol_database as _symbol_database
+    from google.protobuf.internal import builder as _builder
+except ImportError as exc:  # reported by the join service and its client
+    IMPORT_ERROR = exc
+else:
+    IMPORT_ERROR = None
+    _runtime_version.ValidateProtobufRuntimeVersion(
+        _runtime_version.Domain.PUBLIC,
+        7,
+        35,
+        1,
+        '',
+        'joinservice.proto'
+    )
+    # @@protoc_insertion_point(imports)
 
-_sym_db = _symbol_database.Default()
+    _sym_db = _symbol_database.Default()
 
+    DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
+        b'\n\x11joinservice.proto\x12\x1fconfidential.kubernetes.join.v1"\x11\n\x0fGetNonceRequest"6\n\x10GetNonceRes'
+        b'ponse\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x13\n\x0bverifier_id\x18\x02 \x01(\t"\x8b\x01\n\x16IssueJoinTi'
+        b'cketRequest\x12\x10\n\x08evidence\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\tnode_name'
+        b'\x18\x03 \x01(\t\x12\x15\n\rcontrol_plane\x18\x04 \x01(\x08\x12\x13\n\x0bkubelet_csr\x18\x05 \x01(\x0c\x12'
+        b'\x11\n\tdisk_uuid\x18\x06 \x01(\t"l\n\x17IssueJoinTicketResponse\x12\x15\n\rsealed_ticket\x18\x01 \x01(\x0c'
+        b'\x12\x17\n\x0fcredential_blob\x18\x02 \x01(\x0c\x12!\n\x19credential_encrypted_seed\x18\x03 \x01(\x0c"a\n'
+        b'\x18IssueRejoinTicketRequest\x12\x10\n\x08evidence\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12'
+        b'\x11\n\tnode_name\x18\x03 \x01(\t\x12\x11\n\tdisk_uuid\x18\x04 \x01(\t"n\n\x19IssueRejoinTicketResponse\x12'
+        b'\x15\n\rsealed_ticket\x18\x01 \x01(\x0c\x12\x17\n\x0fcredential_blob\x18\x02 \x01(\x0c\x12!\n\x19credential'
+        b'_encrypted_seed\x18\x03 \x01(\x0c"\x0f\n\rHealthRequest" \n\x0eHealthResponse\x12\x0e\n\x06status\x18\x01 '
+        b'\x01(\t2\xfd\x03\n\x0bJoinService\x12o\n\x08GetNonce\x120.confidential.kubernetes.join.v1.GetNonceRequest'
+        b'\x1a1.confidential.kubernetes.join.v1.GetNonceResponse\x12\x84\x01\n\x0fIssueJoinTicket\x127.confidential.k'
+        b'ubernetes.join.v1.IssueJoinTicketRequest\x1a8.confidential.kubernetes.join.v1.IssueJoinTicketResponse\x12'
+        b'\x8a\x01\n\x11IssueRejoinTicket\x129.confidential.kubernetes.join.v1.IssueRejoinTicketRequest\x1a:.confiden'
+        b'tial.kubernetes.join.v1.IssueRejoinTicketResponse\x12i\n\x06Health\x12..confidential.kubernetes.join.v1.Hea'
+        b'lthRequest\x1a/.confidential.kubernetes.join.v1.HealthResponseb\x06proto3'
+    )
 
-
-
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11joinservice.proto\x12\x1f\x63onfidential.kubernetes.join.v1\"\x11\n\x0fGetNonceRequest\"6\n\x10GetNonceResponse\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x13\n\x0bverifier_id\x18\x02 \x01(\t\"\x8b\x01\n\x16IssueJoinTicketRequest\x12\x10\n\x08\x65vidence\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x15\n\rcontrol_plane\x18\x04 \x01(\x08\x12\x13\n\x0bkubelet_csr\x18\x05 \x01(\x0c\x12\x11\n\tdisk_uuid\x18\x06 \x01(\t\"l\n\x17IssueJoinTicketResponse\x12\x15\n\rsealed_ticket\x18\x01 \x01(\x0c\x12\x17\n\x0f\x63redential_blob\x18\x02 \x01(\x0c\x12!\n\x19\x63redential_encrypted_seed\x18\x03 \x01(\x0c\"a\n\x18IssueRejoinTicketRequest\x12\x10\n\x08\x65vidence\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x11\n\tdisk_uuid\x18\x04 \x01(\t\"n\n\x19IssueRejoinTicketResponse\x12\x15\n\rsealed_ticket\x18\x01 \x01(\x0c\x12\x17\n\x0f\x63redential_blob\x18\x02 \x01(\x0c\x12!\n\x19\x63redential_encrypted_seed\x18\x03 \x01(\x0c\"\x0f\n\rHealthRequest\" \n\x0eHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t2\xfd\x03\n\x0bJoinService\x12o\n\x08GetNonce\x12\x30.confidential.kubernetes.join.v1.GetNonceRequest\x1a\x31.confidential.kubernetes.join.v1.GetNonceResponse\x12\x84\x01\n\x0fIssueJoinTicket\x12\x37.confidential.kubernetes.join.v1.IssueJoinTicketRequest\x1a\x38.confidential.kubernetes.join.v1.IssueJoinTicketResponse\x12\x8a\x01\n\x11IssueRejoinTicket\x12\x39.confidential.kubernetes.join.v1.IssueRejoinTicketRequest\x1a:.confidential.kubernetes.join.v1.IssueRejoinTicketResponse\x12i\n\x06Health\x12..confidential.kubernetes.join.v1.HealthRequest\x1a/.confidential.kubernetes.join.v1.HealthResponseb\x06proto3')
-
-_globals = globals()
-_builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'joinservice_pb2', _globals)
-if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_GETNONCEREQUEST']._serialized_start=54
-  _globals['_GETNONCEREQUEST']._serialized_end=71
-  _globals['_GETNONCERESPONSE']._serialized_start=73
-  _globals['_GETNONCERESPONSE']._serialized_end=127
-  _globals['_ISSUEJOINTICKETREQUEST']._serialized_start=130
-  _globals['_ISSUEJOINTICKETREQUEST']._serialized_end=269
-  _globals['_ISSUEJOINTICKETRESPONSE']._serialized_start=271
-  _globals['_ISSUEJOINTICKETRESPONSE']._serialized_end=379
-  _globals['_ISSUEREJOINTICKETREQUEST']._serialized_start=381
-  _globals['_ISSUEREJOINTICKETREQUEST']._serialized_end=478
-  _globals['_ISSUEREJOINTICKETRESPONSE']._serialized_start=480
-  _globals['_ISSUEREJOINTICKETRESPONSE']._serialized_end=590
-  _globals['_HEALTHREQUEST']._serialized_start=592
-  _globals['_HEALTHREQUEST']._serialized_end=607
-  _globals['_HEALTHRESPONSE']._serialized_start=609
-  _globals['_HEALTHRESPONSE']._serialized_end=641
-  _globals['_JOINSERVICE']._serialized_start=644
-  _globals['_JOINSERVICE']._serialized_end=1153
-# @@protoc_insertion_point(module_scope)
+    _globals = globals()
+    _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
+    _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'joinservice_pb2', _globals)
+    if not _descriptor._USE_C_DESCRIPTORS:
+        DESCRIPTOR._loaded_options = None
+        _globals['_GETNONCEREQUEST']._serialized_start = 54
+        _globals['_GETNONCEREQUEST']._serialized_end = 71
+        _globals['_GETNONCERESPONSE']._serialized_start = 73
+        _globals['_GETNONCERESPONSE']._serialized_end = 127
+        _globals['_ISSUEJOINTICKETREQUEST']._serialized_start = 130
+        _globals['_ISSUEJOINTICKETREQUEST']._serialized_end = 269
+        _globals['_ISSUEJOINTICKETRESPONSE']._serialized_start = 271
+        _globals['_ISSUEJOINTICKETRESPONSE']._serialized_end = 379
+        _globals['_ISSUEREJOINTICKETREQUEST']._serialized_start = 381
+        _globals['_ISSUEREJOINTICKETREQUEST']._serialized_end = 478
+        _globals['_ISSUEREJOINTICKETRESPONSE']._serialized_start = 480
+        _globals['_ISSUEREJOINTICKETRESPONSE']._serialized_end = 590
+        _globals['_HEALTHREQUEST']._serialized_start = 592
+        _globals['_HEALTHREQUEST']._serialized_end = 607
+        _globals['_HEALTHRESPONSE']._serialized_start = 609
+        _globals['_HEALTHRESPONSE']._serialized_end = 641
+        _globals['_JOINSERVICE']._serialized_start = 644
+        _globals['_JOINSERVICE']._serialized_end = 1153
+    # @@protoc_insertion_point(module_scope)

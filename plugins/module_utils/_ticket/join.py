@@ -61,7 +61,9 @@ def apply_join_ticket(payload: dict, params: dict, lock, kubelet_key_pem: bytes)
     cluster_id = cluster_id_of(payload)
     lock.take(cluster_id)
     disk = key_state_disk(params["state_disk"], secret_bytes(payload, "state_disk_key"), False)
-    write_if_changed(os.path.join(PKI_DIR, "ca.crt"), _text(payload, "ca_crt").encode(), 0o644, False)
+    # kubeadm writes ca.crt itself on workers (its preflight refuses an existing one); control planes get
+    # it with the rest of their PKI below.
+    _text(payload, "ca_crt")
     kubelet_pem = _text(payload, "kubelet_client_crt").encode() + kubelet_key_pem
     write_if_changed(os.path.join(KUBELET_PKI_DIR, KUBELET_CLIENT), kubelet_pem, 0o600, False)
     files = payload.get("control_plane_files") or {}
@@ -75,6 +77,13 @@ def apply_join_ticket(payload: dict, params: dict, lock, kubelet_key_pem: bytes)
         except (binascii.Error, ValueError):
             raise TicketError(f"control-plane file {relative!r} in the join ticket is not base64") from None
         write_if_changed(os.path.join(PKI_DIR, relative), content, int(entry["mode"], 8), False)
+    secrets = payload.get("cluster_secrets")
+    if params["control_plane"]:
+        # A control plane runs a join service of its own, which needs the root secrets.
+        if not isinstance(secrets, dict):
+            raise TicketError("a control-plane join ticket must carry the cluster secrets for the node's join service")
+        stored = {name: base64.b64encode(secret_bytes(secrets, name)).decode() for name in ("master_key", "master_salt", "measurement_salt")}
+        write_if_changed(params["secrets_file"], (json.dumps(stored, sort_keys=True) + "\n").encode(), 0o600, False)
     write_if_changed(params["token_file"], _text(payload, "bootstrap_token").encode(), 0o600, False)
     hashes_ = payload.get("ca_cert_hashes")
     if not isinstance(hashes_, list) or not hashes_:

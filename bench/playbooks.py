@@ -1,0 +1,78 @@
+"""Benchmark of the playbooks on the lab: wall time of init.yml (first run and idempotent re-runs)
+and site.yml, beside a floor playbook on the same node (fact gathering plus one command).
+
+Run as root: .venv/bin/python bench/playbooks.py [--runs N]
+Brings up its own lab (own CK_LAB_DIR, 1 control plane + 1 worker) and tears it down after;
+refuses to run while another lab bridge exists.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = REPO / "tests" / "lab" / "lab"
+PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+FLOOR = """---
+- name: Floor
+  hosts: control_plane[0]
+  gather_facts: true
+  tasks:
+    - name: One command
+      ansible.builtin.command: "true"
+      changed_when: false
+"""
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    started = time.monotonic()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    elapsed = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
+    return elapsed
+
+
+def row(name: str, times: list[float]) -> str:
+    return f"{name:<34} {statistics.median(times):8.2f} {min(times):8.2f} {max(times):8.2f}   ({len(times)} runs)"
+
+
+def main() -> int:
+    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options.add_argument("--runs", type=int, default=3)
+    args = options.parse_args()
+    if Path("/sys/class/net/cklab0").exists():
+        raise SystemExit("a lab is running (bridge cklab0): tear it down first")
+    subprocess.run(["bash", str(REPO / "scripts" / "link-collection.sh")], check=True)
+    with tempfile.TemporaryDirectory(prefix="ck-bench-playbooks-") as lab_dir:
+        env = dict(os.environ, CK_LAB_DIR=lab_dir, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+                   ANSIBLE_HOST_KEY_CHECKING="True")
+        inventory = f"{lab_dir}/inventory.yml"
+        floor = Path(lab_dir) / "floor.yml"
+        floor.write_text(FLOOR)
+        try:
+            timed([str(LAB), "up", "--control-planes", "1", "--workers", "1"], env)
+            floor_times = [timed([str(PLAYBOOK), "-i", inventory, str(floor)], env) for _run in range(args.runs)]
+            first = [timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.init"], env)]
+            rerun = [timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.init"], env) for _run in range(args.runs)]
+            site = [timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.site"], env) for _run in range(args.runs)]
+        finally:
+            subprocess.run([str(LAB), "down"], env=env, capture_output=True, check=False)
+    print(f"{'playbook on the lab':<34} {'median s':>8} {'min s':>8} {'max s':>8}")
+    print(row("floor (facts + one command)", floor_times))
+    print(row("init.yml, first run", first))
+    print(row("init.yml, re-run (changed=0)", rerun))
+    print(row("site.yml, re-run (changed=0)", site))
+    ratio = statistics.median(rerun) / statistics.median(floor_times)
+    print(f"init re-run / floor = {ratio:.2f}x   (target < 2x: {'met' if ratio < 2 else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

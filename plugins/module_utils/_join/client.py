@@ -1,0 +1,156 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node side of the join protocol: ask a join service for a ticket, prove the TPM, open the ticket.
+
+Each attempt tries the endpoints in order; a transient failure (UNAVAILABLE,
+DEADLINE_EXCEEDED, ABORTED, RESOURCE_EXHAUSTED, an expired or unknown nonce) moves on to the next
+endpoint and, after the last, to the next attempt after an exponential backoff
+with jitter. A refusal (PERMISSION_DENIED, INVALID_ARGUMENT, ...) ends at once
+with a JoinError carrying the service's reason. Every attempt uses a new nonce
+and a new ephemeral key whose private half never leaves this process.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from . import joinservice_pb2 as pb2
+from . import joinservice_pb2_grpc as pb2_grpc
+
+try:
+    import grpc
+except ImportError as exc:  # reported by request_ticket()
+    GRPC_IMPORT_ERROR: ImportError | None = exc
+else:
+    GRPC_IMPORT_ERROR = pb2.IMPORT_ERROR or pb2_grpc.IMPORT_ERROR
+
+from .._attestation.issuer import Tpm, TpmError, answer_challenge, issue_evidence
+from .._crypto import seal
+from .._crypto.seal import EphemeralKey, SealError
+from . import credential
+
+FLOWS = ("join", "rejoin")
+RETRYABLE_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED")
+RETRYABLE_REASONS = ("nonce-stale", "nonce-unknown")
+REASON_METADATA = "confidential-kubernetes-reason"
+TICKET_VERSION = 1
+
+
+class JoinError(RuntimeError):
+    """No ticket: the service refused (``reason`` is its code), no endpoint answered, or the ticket did not open."""
+
+    def __init__(self, reason: str, message: str, code: str | None = None, retryable: bool = False):
+        super().__init__(message)
+        self.reason = reason
+        self.code = code
+        self.retryable = retryable
+
+
+def request_ticket(endpoints: list[str], ca_pem: bytes, tcti: str, node_name: str, control_plane: bool = False, disk_uuid: str = "",
+                   kubelet_csr_pem: bytes = b"", flow: str = "join", attempts: int = 5, backoff: float = 1.0, max_backoff: float = 30.0,
+                   timeout: float = 30.0, total_timeout: float = 300.0, server_name: str | None = None,
+                   sleep=time.sleep, clock=time.monotonic) -> dict:
+    """Return the opened ticket payload (a dict). ``ca_pem`` is the cluster CA that issued the services' TLS certificates."""
+    if GRPC_IMPORT_ERROR is not None:
+        raise JoinError("dependency", f"grpcio and protobuf are required on the node: {GRPC_IMPORT_ERROR}")
+    if seal.CRYPTOGRAPHY_IMPORT_ERROR is not None:
+        raise JoinError("dependency", f"cryptography >= 47 is required on the node: {seal.CRYPTOGRAPHY_IMPORT_ERROR}")
+    if flow not in FLOWS:
+        raise JoinError("flow", f"flow must be one of {', '.join(FLOWS)}, got {flow!r}")
+    if not endpoints:
+        raise JoinError("endpoints", "no join service endpoint given")
+    if not ca_pem:
+        raise JoinError("tls", "the cluster CA certificate is required to authenticate the join service (no trust on first use)")
+    deadline = clock() + total_timeout
+    last: JoinError | None = None
+    for attempt in range(max(1, attempts)):
+        for endpoint in endpoints:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                break
+            try:
+                return _attempt(endpoint, ca_pem, tcti, node_name, control_plane, disk_uuid, kubelet_csr_pem, flow,
+                                min(timeout, remaining), server_name)
+            except JoinError as exc:
+                if not exc.retryable:
+                    raise
+                last = exc
+        remaining = deadline - clock()
+        if attempt + 1 >= attempts or remaining <= 0:
+            break
+        delay = min(max_backoff, backoff * 2 ** attempt) * (0.5 + random.random() / 2)  # nosec B311 - jitter, not a secret
+        sleep(min(delay, remaining))
+    raise JoinError(last.reason if last else "timeout", f"no join service issued a ticket after {attempt + 1} attempt(s) "
+                    f"within {total_timeout:g} s; last failure: {last}", last.code if last else None)
+
+
+def _channel(endpoint: str, ca_pem: bytes, server_name: str | None):
+    # A private subchannel pool: a new attempt must not inherit the connection backoff of a failed one.
+    options = [("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0)]
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=ca_pem), options=options)
+
+
+def _call(method, request, timeout: float, endpoint: str):
+    try:
+        return method(request, timeout=timeout)
+    except grpc.RpcError as exc:
+        code = exc.code().name if exc.code() else "UNKNOWN"
+        details = exc.details() or ""
+        # Refusals name their reason in trailing metadata; transport failures have none.
+        reason = dict(exc.trailing_metadata() or ()).get(REASON_METADATA) or code.lower()
+        retryable = code in RETRYABLE_CODES or reason in RETRYABLE_REASONS
+        raise JoinError(reason, f"join service {endpoint}: {code}: {details}", code, retryable) from None
+
+
+def _attempt(endpoint: str, ca_pem: bytes, tcti: str, node_name: str, control_plane: bool, disk_uuid: str, kubelet_csr_pem: bytes,
+             flow: str, timeout: float, server_name: str | None) -> dict:
+    with _channel(endpoint, ca_pem, server_name) as channel:
+        stub = pb2_grpc.JoinServiceStub(channel)
+        challenge = _call(stub.GetNonce, pb2.GetNonceRequest(), timeout, endpoint)
+        nonce, verifier_id = challenge.nonce, challenge.verifier_id
+        if len(nonce) != 32:
+            raise JoinError("nonce", f"join service {endpoint} sent a {len(nonce)}-byte nonce, not 32 bytes")
+        key = EphemeralKey.generate()
+        try:
+            with Tpm(tcti) as tpm:
+                evidence = issue_evidence(tpm, nonce, key.public_bytes()).to_json().encode()
+        except TpmError as exc:
+            raise JoinError("tpm", f"cannot produce evidence: {exc}") from None
+        if flow == "join":
+            response = _call(stub.IssueJoinTicket, pb2.IssueJoinTicketRequest(
+                evidence=evidence, nonce=nonce, node_name=node_name, control_plane=control_plane,
+                kubelet_csr=kubelet_csr_pem, disk_uuid=disk_uuid), timeout, endpoint)
+        else:
+            response = _call(stub.IssueRejoinTicket, pb2.IssueRejoinTicketRequest(
+                evidence=evidence, nonce=nonce, node_name=node_name, disk_uuid=disk_uuid), timeout, endpoint)
+    return open_ticket(key, response.sealed_ticket, response.credential_blob, response.credential_encrypted_seed,
+                       flow, nonce, verifier_id, tcti)
+
+
+def open_ticket(key: EphemeralKey, sealed_ticket: bytes, credential_blob: bytes, credential_encrypted_seed: bytes, flow: str,
+                nonce: bytes, verifier_id: str, tcti: str) -> dict:
+    """Activate the credential (AK trust level 2) to unwrap, then open the HPKE envelope with the ephemeral key."""
+    envelope = sealed_ticket
+    if credential_blob or credential_encrypted_seed:
+        try:
+            with Tpm(tcti) as tpm:
+                secret = answer_challenge(tpm, credential_blob, credential_encrypted_seed)
+        except TpmError as exc:
+            raise JoinError("credential-activation", f"this TPM cannot activate the service's credential: {exc}") from None
+        try:
+            envelope = credential.unwrap(sealed_ticket, secret, nonce)
+        except credential.CredentialWrapError as exc:
+            raise JoinError("credential-activation", str(exc)) from None
+    try:
+        payload = json.loads(key.open(envelope, flow, nonce, verifier_id))
+    except SealError as exc:
+        raise JoinError("ticket-open", f"the ticket does not open: {exc}") from None
+    except ValueError:
+        raise JoinError("ticket-open", "the opened ticket is not JSON") from None
+    if not isinstance(payload, dict) or payload.get("version") != TICKET_VERSION:
+        raise JoinError("ticket-open", f"the opened ticket is not a version {TICKET_VERSION} ticket")
+    return payload

@@ -1,0 +1,604 @@
+"""The join service end to end: in-process gRPC over real TLS, real swtpm evidence, the real client."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import os
+import threading
+import time
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceStore
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import node_lock_mark
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey, SealError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join import credential
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, open_ticket, request_ticket
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TokenMintError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import ca_cert_hash
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import cluster_id_of
+
+from join_harness import API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeMinter, evidence_for, join_request, make_csr
+
+
+def _join(lab, service, node_name="worker-1", control_plane=False, csr=None, tcti=None, **kwargs):
+    return request_ticket([service.endpoint], lab.ca_pem, tcti or lab.swtpm.tcti, node_name, control_plane=control_plane,
+                          disk_uuid=DISK_UUID, kubelet_csr_pem=csr or make_csr(node_name), **kwargs)
+
+
+def test_valid_join_returns_a_ticket_the_client_opens(join_lab):
+    service = join_lab.start("pcrs-only")
+    payload = _join(join_lab, service)
+    secrets = join_lab.secrets
+    assert payload["version"] == 1
+    assert base64.b64decode(payload["state_disk_key"]) == derive.state_disk_key(secrets["master_key"], secrets["master_salt"], DISK_UUID)
+    measurement_secret = derive.measurement_secret(secrets["master_key"], secrets["master_salt"])
+    assert base64.b64decode(payload["measurement_secret"]) == measurement_secret
+    assert payload["cluster_id"] == derive.cluster_id(measurement_secret, secrets["measurement_salt"]).hex()
+    # The node side derives the same cluster ID from the ticket.
+    assert cluster_id_of(payload).hex() == payload["cluster_id"]
+    assert payload["api_server_endpoint"] == API_SERVER
+    assert payload["kubernetes_version"] == K8S_VERSION
+    assert payload["ca_cert_hashes"] == [ca_cert_hash(join_lab.ca_pem)]
+    assert payload["ca_crt"] == join_lab.ca_pem.decode()
+    assert payload["control_plane_files"] == {}
+    assert [t for n, t in service.minter.tokens] == [payload["bootstrap_token"]]
+
+
+def test_kubelet_certificate_chains_to_the_cluster_ca_with_the_node_identity(join_lab):
+    service = join_lab.start("pcrs-only")
+    node_key = ec.generate_private_key(ec.SECP384R1())
+    payload = _join(join_lab, service, "worker-7", csr=make_csr("worker-7", node_key))
+    certificate = x509.load_pem_x509_certificate(payload["kubelet_client_crt"].encode())
+    certificate.verify_directly_issued_by(join_lab.pki["ca_cert"])
+    assert certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:worker-7"
+    assert certificate.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
+    assert len(list(certificate.subject)) == 2
+    assert certificate.public_key().public_numbers() == node_key.public_key().public_numbers()
+    assert certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])
+    usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value
+    assert usage.digital_signature and usage.key_encipherment and not usage.key_cert_sign
+    assert not certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    lifetime = certificate.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)
+    assert datetime.timedelta(days=364) < lifetime <= datetime.timedelta(days=365)
+
+
+def test_control_plane_join_carries_the_pki_files_with_modes(join_lab):
+    service = join_lab.start("pcrs-only")
+    payload = _join(join_lab, service, "cp-2", control_plane=True)
+    files = payload["control_plane_files"]
+    assert sorted(files) == sorted(["ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key",
+                                    "etcd/ca.crt", "etcd/ca.key"])
+    for name, entry in files.items():
+        assert base64.b64decode(entry["content"]) == (join_lab.pki_dir / name).read_bytes()
+        assert entry["mode"] == ("0600" if name.endswith(".key") else "0644")
+    # The new control plane runs a join service of its own.
+    assert {name: base64.b64decode(value) for name, value in payload["cluster_secrets"].items()} == join_lab.secrets
+
+
+def test_tickets_meet_the_node_side_contract(join_lab):
+    """What the join_ticket module's node side (module_utils._ticket.join) accepts."""
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import join as node_side
+    service = join_lab.start("pcrs-only")
+    worker = _join(join_lab, service, "worker-1")
+    control_plane = _join(join_lab, service, "cp-2", control_plane=True)
+    assert "cluster_secrets" not in worker and worker["control_plane_files"] == {}
+    assert set(control_plane["control_plane_files"]) == node_side.CONTROL_PLANE_FILES
+    assert all(node_side._MODE.fullmatch(entry["mode"]) for entry in control_plane["control_plane_files"].values())
+    for payload in (worker, control_plane):
+        for name in ("ca_crt", "kubelet_client_crt", "bootstrap_token", "api_server_endpoint"):
+            assert node_side._text(payload, name)
+        assert cluster_id_of(payload).hex() == payload["cluster_id"]
+
+
+def test_level1_response_has_no_credential(join_lab):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        key = EphemeralKey.generate()
+        response = stub.IssueJoinTicket(join_request(evidence_for(join_lab.swtpm.tcti, nonce, key.public_bytes()), nonce))
+    assert response.credential_blob == b"" and response.credential_encrypted_seed == b""
+    assert open_ticket(key, response.sealed_ticket, b"", b"", "join", nonce, service.issuer.verifier_id, join_lab.swtpm.tcti)["version"] == 1
+
+
+def test_level2_ticket_is_wrapped_and_opens_after_credential_activation(join_lab):
+    service = join_lab.start("ek-certificate")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        key = EphemeralKey.generate()
+        response = stub.IssueJoinTicket(join_request(evidence_for(join_lab.swtpm.tcti, nonce, key.public_bytes()), nonce))
+    assert response.credential_blob and response.credential_encrypted_seed
+    # Without the activated credential the HPKE envelope is not even reachable.
+    with pytest.raises(SealError):
+        key.open(response.sealed_ticket, "join", nonce, service.issuer.verifier_id)
+    payload = open_ticket(key, response.sealed_ticket, response.credential_blob, response.credential_encrypted_seed, "join", nonce,
+                          service.issuer.verifier_id, join_lab.swtpm.tcti)
+    assert payload["bootstrap_token"] == service.minter.tokens[0][1]
+    # And the client does all of it by itself.
+    assert _join(join_lab, service, "worker-2")["version"] == 1
+
+
+def test_level2_ak_from_another_tpm_cannot_open_the_ticket(join_lab, other_swtpm):
+    """EK (and certificate) of the genuine TPM, AK and quote of another: the service answers, but nobody can open it."""
+    service = join_lab.start("ek-certificate")
+    stub, channel = join_lab.stub(service)
+    key = EphemeralKey.generate()
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
+            genuine = issuer.issue_evidence(tpm, nonce, key.public_bytes()).to_document()
+        with issuer.Tpm(other_swtpm.tcti) as tpm:
+            mixed = issuer.issue_evidence(tpm, nonce, key.public_bytes()).to_document()
+        mixed["ek_public"], mixed["ek_certificate"] = genuine["ek_public"], genuine["ek_certificate"]
+        response = stub.IssueJoinTicket(join_request(_json(mixed), nonce))
+    for tcti in (other_swtpm.tcti, join_lab.swtpm.tcti):
+        with pytest.raises(JoinError) as err:
+            open_ticket(key, response.sealed_ticket, response.credential_blob, response.credential_encrypted_seed, "join", nonce,
+                        service.issuer.verifier_id, tcti)
+        assert err.value.reason == "credential-activation"
+    with pytest.raises(credential.CredentialWrapError):
+        credential.unwrap(response.sealed_ticket, os.urandom(32), nonce)
+
+
+def _json(document: dict) -> bytes:
+    import json
+    return json.dumps(document).encode()
+
+
+def _refused(stub_call, code, reason):
+    with pytest.raises(grpc.RpcError) as err:
+        stub_call()
+    assert err.value.code() == code, err.value.details()
+    assert err.value.details().startswith(f"{reason}: "), err.value.details()
+    assert dict(err.value.trailing_metadata())["confidential-kubernetes-reason"] == reason
+    return err.value
+
+
+def test_replayed_nonce_is_refused(join_lab):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()), nonce)
+        stub.IssueJoinTicket(request)
+        _refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-reused")
+    assert len(service.minter.tokens) == 1
+
+
+def test_expired_nonce_is_refused(join_lab):
+    clock = Clock()
+    service = join_lab.start("pcrs-only", nonces=NonceStore(ttl=60, clock=clock))
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()), nonce)
+        clock.now += 61
+        _refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-stale")
+    assert service.minter.tokens == []
+
+
+def test_nonce_not_issued_by_the_service_is_refused(join_lab):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    nonce = os.urandom(32)
+    with channel:
+        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()), nonce)
+        _refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-unknown")
+    assert service.minter.tokens == []
+
+
+def test_relayed_evidence_gives_the_relay_nothing_it_can_open(join_lab):
+    """A third party forwards a genuine node's evidence and nonce first: the ticket is sealed to the node's key."""
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    node_key = EphemeralKey.generate()
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, node_key.public_bytes()), nonce)
+        relayed = stub.IssueJoinTicket(request)
+        for relay_key in (EphemeralKey.generate(), EphemeralKey.generate()):
+            with pytest.raises(SealError):
+                relay_key.open(relayed.sealed_ticket, "join", nonce, service.issuer.verifier_id)
+        # The genuine node's own request now finds its nonce used.
+        _refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-reused")
+
+
+def test_swapped_ephemeral_key_is_refused(join_lab):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
+            document = issuer.issue_evidence(tpm, nonce, EphemeralKey.generate().public_bytes()).to_document()
+        document["user_data"] = base64.b64encode(EphemeralKey.generate().public_bytes()).decode()
+        _refused(lambda: stub.IssueJoinTicket(join_request(_json(document), nonce)), grpc.StatusCode.PERMISSION_DENIED, "nonce")
+    assert service.minter.tokens == []
+
+
+def test_csr_for_another_node_name_is_refused(join_lab):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()), nonce,
+                               node_name="worker-1", csr=make_csr("cp-1"))
+        error = _refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "csr-subject")
+    assert "system:node:cp-1" in error.details()
+    assert service.minter.tokens == []
+
+
+def test_tampered_pcr_fails_the_policy(join_lab):
+    service = join_lab.start("pcrs-only")
+    with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
+        tpm.pcr_event(9, b"tampered kernel command line")
+    with pytest.raises(JoinError) as err:
+        _join(join_lab, service, attempts=3, backoff=0.01)
+    assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "pcr-policy")
+    assert "PCR(s) 9" in str(err.value)
+    assert service.minter.tokens == []
+    refusal = [entry for entry in join_lab.logs() if entry.get("result") == "refused"][0]
+    assert refusal["reason"] == "pcr-policy" and refusal["mismatches"][0]["pcr"] == 9
+
+
+def test_node_locked_for_another_cluster_is_refused(join_lab):
+    service = join_lab.start("pcrs-only")
+    with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
+        tpm.pcr_event(15, os.urandom(32))
+    with pytest.raises(JoinError) as err:
+        _join(join_lab, service)
+    assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "pcr-policy")
+    assert "locked for another cluster" in str(err.value)
+    assert service.minter.tokens == []
+
+
+def test_malformed_evidence_is_an_invalid_argument(join_lab):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        _refused(lambda: stub.IssueJoinTicket(join_request(b"{not json", nonce)), grpc.StatusCode.INVALID_ARGUMENT, "malformed")
+    assert service.minter.tokens == []
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("node_name", "Worker_1", "node-name"),
+    ("disk_uuid", "not-a-uuid", "disk-uuid"),
+    ("kubelet_csr", b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n", "csr-malformed"),
+], ids=["node name not DNS-1123", "disk UUID", "CSR garbage"])
+def test_bad_request_fields_are_invalid_arguments(join_lab, field, value, reason):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()), nonce)
+        setattr(request, field, value)
+        _refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.INVALID_ARGUMENT, reason)
+    assert service.minter.tokens == []
+
+
+def test_second_concurrent_control_plane_join_is_aborted(join_lab, other_swtpm):
+    gate = threading.Event()
+    service = join_lab.start("pcrs-only", minter=FakeMinter(gate=gate, gated=("cp-2",)))
+    first = {}
+    worker = threading.Thread(target=lambda: first.update(payload=_join(join_lab, service, "cp-2", control_plane=True)))
+    worker.start()
+    try:
+        assert service.minter.entered.wait(10)
+        with pytest.raises(JoinError) as err:
+            _join(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=1)
+        assert (err.value.code, err.value.reason) == ("ABORTED", "control-plane-busy")
+        assert "another control-plane join is in progress" in str(err.value)
+        # Workers are not serialised.
+        assert _join(join_lab, service, "worker-9", tcti=other_swtpm.tcti)["version"] == 1
+    finally:
+        gate.set()
+        worker.join(30)
+    assert first["payload"]["control_plane_files"]
+    # The slot is free again once the first response went out.
+    assert _join(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti)["control_plane_files"]
+    assert [node for node, token in service.minter.tokens] == ["worker-9", "cp-2", "cp-3"]
+
+
+def test_aborted_control_plane_join_is_retried_by_the_client(join_lab, other_swtpm):
+    gate = threading.Event()
+    service = join_lab.start("pcrs-only", minter=FakeMinter(gate=gate))
+    worker = threading.Thread(target=lambda: _join(join_lab, service, "cp-2", control_plane=True))
+    worker.start()
+    assert service.minter.entered.wait(10)
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        gate.set()
+        time.sleep(0.2)
+
+    payload = _join(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=5, backoff=0.05, sleep=sleep)
+    worker.join(30)
+    assert payload["control_plane_files"] and len(sleeps) >= 1
+
+
+def test_health_reports_serving(join_lab):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        assert stub.Health(pb2.HealthRequest()).status == "SERVING"
+
+
+def test_rejoin_gives_disk_key_and_measurement_secret_only(join_lab):
+    service = join_lab.start("pcrs-only")
+    payload = request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID.upper(), flow="rejoin")
+    assert sorted(payload) == ["cluster_id", "measurement_salt", "measurement_secret", "state_disk_key", "version"]
+    secrets = join_lab.secrets
+    assert base64.b64decode(payload["state_disk_key"]) == derive.state_disk_key(secrets["master_key"], secrets["master_salt"], DISK_UUID)
+    assert service.minter.tokens == []
+    # A member already re-marked for this cluster may rejoin too; a node of another cluster may not.
+    with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
+        tpm.pcr_event(15, service.issuer.cluster_id)
+        assert tpm.read_pcrs("sha256", (15,))[15] == node_lock_mark(service.issuer.cluster_id)
+    assert request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID, flow="rejoin")
+    with pytest.raises(JoinError) as err:
+        _join(join_lab, service)
+    assert err.value.reason == "pcr-policy" and "already a member of this cluster" in str(err.value)
+
+
+def test_rejoin_of_a_node_of_another_cluster_is_refused(join_lab):
+    service = join_lab.start("pcrs-only")
+    with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
+        tpm.pcr_event(15, os.urandom(32))
+    with pytest.raises(JoinError) as err:
+        request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID, flow="rejoin")
+    assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "pcr-policy")
+
+
+def test_policy_file_replaced_by_garbage_keeps_the_old_policy_and_a_good_change_leaves_a_backup(join_lab):
+    service = join_lab.start("pcrs-only", policy_check_interval=0)
+    original = join_lab.policy_file.read_bytes()
+    join_lab.policy_file.write_text("pcrs: [this is: not a policy")
+    assert _join(join_lab, service, "worker-1")["version"] == 1
+    rejected = [e for e in join_lab.logs() if e["event"] == "policy-reload"]
+    assert [(e["result"], e["reason"]) for e in rejected] == [("rejected", "malformed")]
+    assert not os.path.exists(f"{join_lab.policy_file}.previous")
+    # A good new policy that this node does not meet: it takes effect, and the old one is kept as the backup.
+    with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
+        expected_pcr9 = tpm.read_pcrs("sha256", (9,))[9]
+    join_lab.policy_file.write_text(original.decode().replace(expected_pcr9.hex(), "ab" * 32))
+    with pytest.raises(JoinError) as err:
+        _join(join_lab, service, "worker-2")
+    assert err.value.reason == "pcr-policy"
+    assert open(f"{join_lab.policy_file}.previous", "rb").read() == original
+    assert [e["result"] for e in join_lab.logs() if e["event"] == "policy-reload"] == ["rejected", "loaded"]
+
+
+def test_client_gets_its_ticket_across_a_service_restart(join_lab):
+    """The service dies while minting; a new one comes up on the same port; the client's retry gets the ticket."""
+    gate = threading.Event()
+    first = join_lab.start("pcrs-only", minter=FakeMinter(gate=gate))
+    result, sleeps = {}, []
+
+    def join():
+        try:
+            result["payload"] = _join(join_lab, first, "worker-1", attempts=8, backoff=0.2, timeout=10,
+                                      sleep=lambda seconds: (sleeps.append(seconds), time.sleep(seconds)))
+        except JoinError as exc:
+            result["error"] = exc
+
+    client = threading.Thread(target=join)
+    client.start()
+    assert first.minter.entered.wait(10)
+    first.stop_now()
+    second = join_lab.start(None, port=first.port)
+    gate.set()
+    client.join(60)
+    assert "error" not in result, result.get("error")
+    assert sleeps, "the client never had to retry: the restart did not happen mid-join"
+    # The token minted for the lost response was never delivered; the ticket carries the new service's token.
+    assert len(first.minter.tokens) <= 1
+    assert [t for n, t in second.minter.tokens] == [result["payload"]["bootstrap_token"]]
+    restarted = [e for e in join_lab.logs() if e["event"] == "start"]
+    assert [e["port"] for e in restarted] == [first.port, first.port]
+
+
+def test_graceful_shutdown_finishes_the_join_in_flight(join_lab, other_swtpm):
+    service = join_lab.start("pcrs-only", minter=FakeMinter(delay=1.5), drain_delay=0.5)
+    result = {}
+    client = threading.Thread(target=lambda: result.update(payload=_join(join_lab, service, "worker-1", attempts=1)))
+    client.start()
+    assert service.minter.entered.wait(10)
+    stopper = threading.Thread(target=service.shutdown, args=(30,))
+    stopper.start()
+    assert service.draining.wait(5)
+    stub, channel = join_lab.stub(service)
+    with channel:
+        assert stub.Health(pb2.HealthRequest()).status == "NOT_SERVING"
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GetNonce(pb2.GetNonceRequest())
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    stopper.join(60)
+    client.join(60)
+    assert result["payload"]["bootstrap_token"] == service.minter.tokens[0][1]
+    assert [e["result"] for e in join_lab.logs() if e["event"] == "shutdown"] == ["draining", "stopped"]
+    # A node arriving now finds nobody and says so.
+    with pytest.raises(JoinError) as err:
+        _join(join_lab, service, "worker-2", tcti=other_swtpm.tcti, attempts=2, backoff=0.01)
+    assert err.value.code == "UNAVAILABLE"
+
+
+def test_no_secret_in_the_logs(join_lab):
+    service = join_lab.start("ek-certificate")
+    payloads = [_join(join_lab, service, "worker-1"), _join(join_lab, service, "cp-2", control_plane=True)]
+    with pytest.raises(JoinError):
+        _join(join_lab, service, "worker-3", csr=make_csr("worker-4"))
+    text = join_lab.log_stream.getvalue()
+    assert '"result": "issued"' in text and '"result": "refused"' in text
+    forbidden = [value for name, value in join_lab.secrets.items()]
+    for payload in payloads:
+        forbidden += [payload["bootstrap_token"], payload["bootstrap_token"].split(".")[1], base64.b64decode(payload["state_disk_key"]),
+                      base64.b64decode(payload["measurement_secret"])]
+        forbidden += [base64.b64decode(entry["content"]) for name, entry in payload["control_plane_files"].items() if name.endswith(".key")]
+        forbidden += [base64.b64decode(value) for value in payload.get("cluster_secrets", {}).values()]
+    for value in forbidden:
+        raw = value.encode() if isinstance(value, str) else value
+        for form in (raw, raw.hex().encode(), base64.b64encode(raw), raw[:16].hex().encode()):
+            assert form.decode(errors="replace") not in text
+
+
+def test_client_tries_the_next_endpoint_when_one_is_down(join_lab):
+    service = join_lab.start("pcrs-only")
+    sleeps = []
+    payload = request_ticket(["127.0.0.1:1", service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
+                             kubelet_csr_pem=make_csr("worker-1"), sleep=sleeps.append)
+    assert payload["version"] == 1 and sleeps == []
+
+
+def test_client_gives_up_after_bounded_attempts_with_growing_backoff(join_lab):
+    sleeps = []
+    with pytest.raises(JoinError) as err:
+        request_ticket(["127.0.0.1:1"], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
+                       kubelet_csr_pem=make_csr("worker-1"), attempts=4, backoff=1.0, sleep=sleeps.append)
+    assert err.value.code == "UNAVAILABLE" and "after 4 attempt(s)" in str(err.value)
+    assert len(sleeps) == 3
+    for attempt, seconds in enumerate(sleeps):
+        assert 0.5 * 2 ** attempt <= seconds <= 2 ** attempt
+
+
+def test_client_stops_at_the_total_time_budget(join_lab):
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    with pytest.raises(JoinError):
+        request_ticket(["127.0.0.1:1"], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
+                       kubelet_csr_pem=make_csr("worker-1"), attempts=100, backoff=10, total_timeout=25, sleep=sleep, clock=lambda: now[0])
+    assert now[0] <= 25
+
+
+def test_client_does_not_retry_a_refusal(join_lab):
+    service = join_lab.start("pcrs-only")
+    sleeps = []
+    with pytest.raises(JoinError) as err:
+        _join(join_lab, service, "worker-1", csr=make_csr("cp-1"), attempts=5, sleep=sleeps.append)
+    assert (err.value.code, err.value.reason, sleeps) == ("PERMISSION_DENIED", "csr-subject", [])
+    assert len([e for e in join_lab.logs() if e["event"] == "join"]) == 1
+
+
+def test_client_gets_a_new_nonce_when_its_nonce_went_stale(join_lab):
+    clock = Clock()
+
+    class ExpiresOnce(NonceStore):
+        expired = False
+
+        def consume(self, nonce):
+            if not self.expired:
+                self.expired = True
+                clock.now += 61
+            super().consume(nonce)
+
+    service = join_lab.start("pcrs-only", nonces=ExpiresOnce(ttl=60, clock=clock))
+    sleeps = []
+    assert _join(join_lab, service, "worker-1", sleep=sleeps.append, backoff=0.01)["version"] == 1
+    assert [e["reason"] for e in join_lab.logs() if e.get("result") == "refused"] == ["nonce-stale"]
+    assert len(service.minter.tokens) == 1
+
+
+def test_client_requires_the_cluster_ca(join_lab):
+    with pytest.raises(JoinError) as err:
+        request_ticket(["127.0.0.1:1"], None, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID, kubelet_csr_pem=b"")
+    assert err.value.reason == "tls"
+
+
+def test_client_refuses_a_service_whose_certificate_the_cluster_ca_did_not_issue(join_lab):
+    from join_harness import make_ca
+    service = join_lab.start("pcrs-only")
+    other_ca = make_ca("someone-else")[0].public_bytes(serialization.Encoding.PEM)
+    with pytest.raises(JoinError) as err:
+        request_ticket([service.endpoint], other_ca, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
+                       kubelet_csr_pem=make_csr("worker-1"), attempts=1)
+    assert err.value.code == "UNAVAILABLE"
+    assert service.minter.tokens == []
+
+
+def _daemon(join_lab, **overrides):
+    import json
+    import subprocess
+    import sys
+    from dataclasses import asdict
+    settings = asdict(join_lab.config(0, **overrides))
+    path = join_lab.dir / "joinservice.json"
+    path.write_text(json.dumps(settings))
+    collections = [p for p in sys.path if p.endswith("collections")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(collections))
+    return subprocess.Popen([sys.executable, "-m", "ansible_collections.confidential.kubernetes.plugins.module_utils._join.service",
+                             "--config", str(path)], stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_daemon_serves_and_exits_0_on_sigterm(join_lab):
+    import json
+    import signal
+    join_lab.write_policy("pcrs-only")
+    # Stands in for kubeadm on this host (no cluster here): accepts exactly the token create command line.
+    kubeadm = join_lab.dir / "kubeadm"
+    kubeadm.write_text('#!/bin/sh\n[ "$1 $2" = "token create" ] && [ "$4 $5" = "--ttl 15m0s" ] && [ "$8" = "--kubeconfig" ] || exit 3\n'
+                       'echo "$3" | grep -Eq "^[a-z0-9]{6}\\.[a-z0-9]{16}$" || exit 4\necho "$3"\n')
+    kubeadm.chmod(0o755)
+    process = _daemon(join_lab, kubeadm_binary=str(kubeadm))
+    try:
+        started = json.loads(process.stderr.readline())
+        assert (started["event"], started["result"]) == ("start", "serving"), started
+        endpoint = f"127.0.0.1:{started['port']}"
+        payload = request_ticket([endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
+                                 kubelet_csr_pem=make_csr("worker-1"), attempts=1)
+        assert payload["version"] == 1 and payload["bootstrap_token"] is not None
+    except JoinError:
+        process.kill()
+        raise
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    events = [json.loads(line) for line in process.stderr.read().splitlines()]
+    assert [e["event"] for e in events][-3:] == ["signal", "shutdown", "shutdown"]
+
+
+def test_daemon_refuses_to_start_with_secrets_readable_by_others(join_lab):
+    import json
+    join_lab.write_policy("pcrs-only")
+    os.chmod(join_lab.secrets_file, 0o644)
+    process = _daemon(join_lab)
+    assert process.wait(30) == 2
+    failure = json.loads(process.stderr.read().splitlines()[-1])
+    assert failure["result"] == "failed" and "chmod 600" in failure["msg"]
+
+
+@pytest.mark.parametrize("user_data", [b"\x01" * 16, b"\xff" * (1184 + 32)], ids=["no suite of that length", "not an ML-KEM key"])
+def test_evidence_bound_to_an_unusable_key_is_refused_before_any_token(join_lab, user_data):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, user_data), nonce)
+        _refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.INVALID_ARGUMENT, "ephemeral-key")
+    assert service.minter.tokens == []
+
+
+def test_token_registration_failure_is_retryable_and_leaves_nothing_usable(join_lab):
+    class Failing(FakeMinter):
+        def mint(self, token, node_name):
+            raise TokenMintError("kubeadm token create for node worker-1 failed (exit 1): the API server is not reachable")
+
+    service = join_lab.start("pcrs-only", minter=Failing())
+    sleeps = []
+    with pytest.raises(JoinError) as err:
+        _join(join_lab, service, attempts=2, backoff=0.01, sleep=sleeps.append)
+    assert (err.value.code, err.value.reason, len(sleeps)) == ("UNAVAILABLE", "token-mint", 1)
