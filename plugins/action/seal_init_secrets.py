@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 
 from ansible.plugins.action import ActionBase
 
@@ -15,7 +16,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._identity import cluster_id as derive_cluster_id
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load_or_create
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load, load_or_create
 
 ARGUMENT_SPEC = dict(
     ATTESTATION_OPTIONS,
@@ -36,12 +37,14 @@ class ActionModule(ActionBase):
         params = validation.validated_parameters
         result["changed"] = False
         try:
-            secrets, created = load_or_create(params["secrets_file"], self._loader)
-            cluster_id = derive_cluster_id(secrets)
+            existing = load(params["secrets_file"], self._loader) if os.path.exists(os.path.expanduser(params["secrets_file"])) else None
             policy = controller.resolve_policy(params["policy"], None, None)
             # A first node is fresh (PCR 15 zero), or already locked for this very cluster on a re-run.
-            policy = policy.with_rule(NODE_LOCK_PCR, [bytes(32), node_lock_mark(cluster_id)])
-            verified = attest(self, params, policy, task_vars)
+            allowed = [bytes(32)] + ([node_lock_mark(derive_cluster_id(existing))] if existing else [])
+            verified = attest(self, params, policy.with_rule(NODE_LOCK_PCR, allowed), task_vars)
+            # Only an attested node makes the controller generate the cluster's secrets.
+            secrets, created = (existing, False) if existing else load_or_create(params["secrets_file"], self._loader)
+            cluster_id = derive_cluster_id(secrets)
             payload = dict(secrets.to_payload(), cluster_config=params["cluster_config"])
             sealed = seal.seal(json.dumps(payload).encode(), verified.evidence.user_data, "init",
                                bytes.fromhex(params["nonce"]), params["verifier_id"])
