@@ -23,6 +23,9 @@ for module in plugins/modules/*.py; do
   echo "ok: confidential.kubernetes.$name"
 done
 
+stage "generated gRPC code matches joinservice.proto"
+bash scripts/gen-proto.sh --check
+
 stage "ansible-lint (production profile)"
 ansible-lint --profile production --offline -q roles playbooks extensions/molecule
 

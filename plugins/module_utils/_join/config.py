@@ -56,7 +56,7 @@ class ServiceConfig:
     nonce_ttl: float = 60.0
     policy_check_interval: float = POLICY_CHECK_INTERVAL
     grace_period: float = 30.0
-    max_workers: int = 16
+    max_registrations: int = 16
 
     @classmethod
     def from_document(cls, doc: object, source: str) -> "ServiceConfig":
@@ -73,7 +73,7 @@ class ServiceConfig:
         for name, value in doc.items():
             if name in ("nonce_ttl", "grace_period", "policy_check_interval"):
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-            elif name == "max_workers":
+            elif name == "max_registrations":
                 ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
             elif name == "ek_ca_file":
                 ok = value is None or isinstance(value, str)

@@ -12,18 +12,18 @@ import argparse
 import sys
 import time
 
+from . import joinservice_pb2 as pb2
+from . import joinservice_pb2_grpc as pb2_grpc
+
 try:
     import grpc
-    from . import joinservice_pb2 as pb2
-    from . import joinservice_pb2_grpc as pb2_grpc
-except ImportError as exc:  # reported by main()
-    GRPC_IMPORT_ERROR: ImportError | None = exc
-else:
-    GRPC_IMPORT_ERROR = None
+except ImportError:  # pb2.IMPORT_ERROR reports it
+    pass
 
 
 def status(endpoint: str, ca_pem: bytes, server_name: str | None, timeout: float) -> str:
-    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    # A private subchannel pool: a probe must not inherit the reconnect backoff of the previous one.
+    options = [("grpc.use_local_subchannel_pool", 1)] + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
     with grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=ca_pem), options=options) as channel:
         return pb2_grpc.JoinServiceStub(channel).Health(pb2.HealthRequest(), timeout=timeout).status
 
@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-name", help="TLS name to expect, when the endpoint address is not in the certificate")
     parser.add_argument("--timeout", type=float, default=60)
     args = parser.parse_args(argv)
-    if GRPC_IMPORT_ERROR is not None:
-        print(f"grpcio and protobuf are required: {GRPC_IMPORT_ERROR}", file=sys.stderr)
+    missing = pb2.IMPORT_ERROR or pb2_grpc.IMPORT_ERROR
+    if missing is not None:
+        sys.stderr.write(f"grpcio and protobuf are required: {missing}\n")
         return 1
     with open(args.ca, "rb") as handle:
         ca_pem = handle.read()
@@ -46,14 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             last = status(args.endpoint, ca_pem, args.server_name, timeout=min(5.0, max(0.5, deadline - time.monotonic())))
             if last == "SERVING":
-                print(f"join service {args.endpoint} is serving")
+                sys.stdout.write(f"join service {args.endpoint} is serving\n")
                 return 0
         except grpc.RpcError as exc:
             last = f"{exc.code().name if exc.code() else 'UNKNOWN'}: {exc.details()}"
         time.sleep(0.5)
-    print(f"join service {args.endpoint} is not serving after {args.timeout:g} s: {last}", file=sys.stderr)
+    sys.stderr.write(f"join service {args.endpoint} is not serving after {args.timeout:g} s: {last}\n")
     return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -14,6 +14,7 @@ raised before a token is registered.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import json
@@ -126,7 +127,7 @@ def _once(action: Callable[[], None]) -> Callable[[], None]:
 class TicketIssuer:
     def __init__(self, secrets: RootSecrets, pki: ClusterPki, policy: Callable[[], MeasurementPolicy], ek_cas: list,
                  token_minter: TokenMinter, nonces: NonceStore, api_server_endpoint: str, kubernetes_version: str,
-                 verifier_id: str, now: Callable[[], datetime.datetime] = _utcnow):
+                 verifier_id: str, now: Callable[[], datetime.datetime] = _utcnow, max_registrations: int = 16):
         self._secrets = secrets
         self._pki = pki
         self._policy = policy
@@ -141,18 +142,11 @@ class TicketIssuer:
         self.cluster_id = derive.cluster_id(self._measurement_secret, secrets.measurement_salt)
         self._control_plane = threading.Lock()
         self._verifier_cache: tuple[MeasurementPolicy, Verifier, Verifier] | None = None
+        # At most this many kubeadm processes at once; joins beyond wait their turn.
+        self._registrations = asyncio.Semaphore(max_registrations)
 
     def issue_nonce(self) -> bytes:
         return self._nonces.issue()
-
-    def issue_join_ticket(self, request: JoinRequest) -> IssuedTicket:
-        """All three phases in one call (what the service does across its event loop and its minting threads)."""
-        prepared = self.prepare_join(request)
-        try:
-            self.register_token(prepared)
-            return self.finish(prepared)
-        finally:
-            prepared.release()
 
     def prepare_join(self, request: JoinRequest) -> "PreparedJoin":
         """Everything but the token registration: verify, check, reserve the control-plane slot, derive, sign and seal.
@@ -197,10 +191,11 @@ class TicketIssuer:
             raise
         return PreparedJoin(verified, node_name, token, envelope, request.nonce, release)
 
-    def register_token(self, prepared: "PreparedJoin") -> None:
-        """Blocking (kubeadm): the token becomes valid only now, for a ticket that is sealed and about to be sent."""
+    async def register_token(self, prepared: "PreparedJoin") -> None:
+        """The token becomes valid only now, for a ticket that is sealed and about to be sent."""
         try:
-            self._token_minter.mint(prepared.token, prepared.node_name)
+            async with self._registrations:
+                await self._token_minter.mint(prepared.token, prepared.node_name)
         except TokenMintError as exc:
             raise Refusal("UNAVAILABLE", "token-mint", str(exc)) from None
 

@@ -93,11 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         changed = issue(args.pki_dir, args.cert, args.key, args.san)
     except (OSError, ValueError) as exc:
-        print(f"cannot issue the join service certificate: {exc}", file=sys.stderr)
+        sys.stderr.write(f"cannot issue the join service certificate: {exc}\n")
         return 1
-    print("changed" if changed else "unchanged")
+    sys.stdout.write("changed\n" if changed else "unchanged\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

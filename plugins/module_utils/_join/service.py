@@ -13,7 +13,6 @@ import asyncio
 import signal
 import threading
 import time
-from concurrent import futures
 
 from . import joinservice_pb2 as pb2
 from . import joinservice_pb2_grpc as pb2_grpc
@@ -48,15 +47,14 @@ class JoinServicer:
     """The RPC handlers: translate requests for the issuer, refusals into gRPC statuses, and log every outcome.
 
     They run on the service's event loop: the CPU-bound part of a join (verify, sign, seal) runs there one request
-    at a time, which is what the interpreter lock allows anyway; the blocking token registration (kubeadm) runs in
-    a thread pool, so slow registrations overlap.
+    at a time, which is what the interpreter lock allows anyway; the token registration (a kubeadm subprocess) is
+    awaited, so slow registrations overlap with each other and with the next requests.
     """
 
-    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event, mint_pool: futures.Executor):
+    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event):
         self._issuer = issuer
         self._log = log
         self._draining = draining
-        self._mint_pool = mint_pool
 
     async def _refuse_while_draining(self, context) -> None:
         if self._draining.is_set():
@@ -81,7 +79,7 @@ class JoinServicer:
             prepared = self._issuer.prepare_join(join)
             # The control-plane slot stays taken until the response is sent (or the RPC is cancelled).
             context.add_done_callback(lambda unused_context: prepared.release())
-            await asyncio.get_running_loop().run_in_executor(self._mint_pool, self._issuer.register_token, prepared)
+            await self._issuer.register_token(prepared)
             return self._issuer.finish(prepared)
 
         ticket = await self._issue(context, "join", request.node_name, issue(), control_plane=request.control_plane)
@@ -135,7 +133,7 @@ class JoinService:
     """
 
     def __init__(self, issuer: TicketIssuer, tls_cert_pem: bytes, tls_key_pem: bytes, listen: str, log: StructuredLog,
-                 max_workers: int = 16, drain_delay: float = DRAIN_DELAY):
+                 drain_delay: float = DRAIN_DELAY):
         if GRPC_IMPORT_ERROR is not None:
             raise ConfigError(f"grpcio and protobuf are required for the join service: {GRPC_IMPORT_ERROR}")
         self.issuer = issuer
@@ -143,7 +141,6 @@ class JoinService:
         self.draining = threading.Event()
         self._log = log
         self._drain_delay = drain_delay
-        self._mint_pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="join-mint")
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -161,7 +158,7 @@ class JoinService:
     async def _bind(self, credentials) -> int:
         # No SO_REUSEPORT: a second service on the same port must fail to start, not share it silently.
         self._server = grpc_aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-        pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.issuer, self._log, self.draining, self._mint_pool), self._server)
+        pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.issuer, self._log, self.draining), self._server)
         return self._server.add_secure_port(self.listen, credentials)
 
     def _on_loop(self, coroutine):
@@ -195,11 +192,19 @@ class JoinService:
         self._stopped = True
         if self._thread is not None:
             self._on_loop(self._server.stop(grace))
+            self._on_loop(_cancel_remaining_tasks())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
         self._loop.close()
-        # Registrations still running belong to cancelled RPCs; their tokens expire unused.
-        self._mint_pool.shutdown(wait=grace is not None)
+
+
+async def _cancel_remaining_tasks() -> None:
+    """RPCs the server cancelled may still be unwinding (an awaited registration): let them finish before the loop closes."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5)
 
 
 def build_issuer(config: ServiceConfig, log: StructuredLog, token_minter: TokenMinter | None = None,
@@ -226,7 +231,7 @@ def build_issuer(config: ServiceConfig, log: StructuredLog, token_minter: TokenM
         raise ConfigError(str(exc)) from None
     minter = token_minter or KubeadmTokenMinter(config.admin_kubeconfig, config.kubeadm_binary)
     return TicketIssuer(secrets, pki, policy.current, ek_cas, minter, nonces or ServiceNonceStore(ttl=config.nonce_ttl),
-                        config.api_server_endpoint, config.kubernetes_version, config.verifier_id)
+                        config.api_server_endpoint, config.kubernetes_version, config.verifier_id, max_registrations=config.max_registrations)
 
 
 def build_service(config: ServiceConfig, log: StructuredLog, token_minter: TokenMinter | None = None,
@@ -238,7 +243,7 @@ def build_service(config: ServiceConfig, log: StructuredLog, token_minter: Token
     except OSError as exc:
         raise ConfigError(f"cannot read TLS certificate {config.tls_cert}: {exc.strerror}") from None
     key_pem = read_private_file(config.tls_key, "TLS key")
-    return JoinService(issuer, cert_pem, key_pem, config.listen, log, config.max_workers, drain_delay)
+    return JoinService(issuer, cert_pem, key_pem, config.listen, log, drain_delay)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,15 +3,17 @@
 """kubeadm bootstrap tokens for joining nodes: generated here, registered by ``kubeadm token create``.
 
 ``kubeadm token create`` takes the token only as a positional argument, so it is
-on kubeadm's argv for the lifetime of that process (visible in /proc to local
-root); it is never logged, and no exception raised here carries the argv.
+on kubeadm's argv for the lifetime of that process: readable in /proc/<pid>/cmdline
+by every local user unless /proc is mounted with hidepid. It is never logged, and
+no exception raised here carries the argv.
+kubeadm runs as an asyncio subprocess: no thread is tied up while it works.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
-import subprocess
 
 from .._kubeadm import ADMIN_CONF, scrub
 
@@ -39,9 +41,12 @@ def token_description(node_name: str) -> str:
 
 
 class TokenMinter:
-    """Interface: register a bootstrap token the service generated (TTL 15 min) for one node's join."""
+    """Interface: register a bootstrap token the service generated (TTL 15 min) for one node's join.
 
-    def mint(self, token: str, node_name: str) -> None:
+    A coroutine: the service awaits it on its event loop, so a slow registration never holds up other joins.
+    """
+
+    async def mint(self, token: str, node_name: str) -> None:
         raise NotImplementedError
 
 
@@ -58,20 +63,29 @@ class KubeadmTokenMinter(TokenMinter):
         return [self.binary, "token", "create", token, "--ttl", self.ttl, "--description", token_description(node_name),
                 "--kubeconfig", self.kubeconfig]
 
-    def mint(self, token: str, node_name: str) -> None:
-        rc, stdout, stderr = self._run_command(self.argv(token, node_name))
+    async def mint(self, token: str, node_name: str) -> None:
+        rc, stdout, stderr = await self._run_command(self.argv(token, node_name))
         if rc != 0:
             words = scrub((stderr or stdout).strip().replace(token, "<token>"))
             raise TokenMintError(f"kubeadm token create for node {node_name} failed (exit {rc}): {words or 'no output'}")
 
-    def _run_command(self, argv: list[str]) -> tuple[int, str, str]:
+    async def _run_command(self, argv: list[str]) -> tuple[int, str, str]:
         try:
-            completed = subprocess.run(argv, capture_output=True, check=False, timeout=self.timeout)
+            process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                           stderr=asyncio.subprocess.PIPE)
         except FileNotFoundError:
             raise TokenMintError(f"{self.binary} is not installed on this control-plane node") from None
-        except subprocess.TimeoutExpired:
-            # TimeoutExpired carries the argv, and with it the token: do not chain it.
-            raise TokenMintError(f"kubeadm token create did not finish within {self.timeout:g} s") from None
         except OSError as exc:
             raise TokenMintError(f"cannot run {self.binary}: {exc.strerror}") from None
-        return completed.returncode, completed.stdout.decode(errors="replace"), completed.stderr.decode(errors="replace")
+        try:
+            stdout, stderr = await asyncio.wait_for(process.communicate(), self.timeout)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            raise TokenMintError(f"kubeadm token create did not finish within {self.timeout:g} s") from None
+        except asyncio.CancelledError:
+            # The RPC was cancelled (service stopped): do not leave kubeadm running.
+            if process.returncode is None:
+                process.kill()
+            raise
+        return process.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace")

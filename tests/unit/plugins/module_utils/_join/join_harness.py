@@ -3,6 +3,7 @@ and in-process services on 127.0.0.1 with real TLS."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import io
@@ -111,12 +112,12 @@ class FakeMinter(TokenMinter):
         self.gated = gated
         self.entered = threading.Event()
 
-    def mint(self, token: str, node_name: str) -> None:
+    async def mint(self, token: str, node_name: str) -> None:
         self.entered.set()
         if self.gate is not None and (not self.gated or node_name in self.gated):
-            self.gate.wait(10)
+            await asyncio.get_running_loop().run_in_executor(None, self.gate.wait, 10)
         if self.delay:
-            threading.Event().wait(self.delay)
+            await asyncio.sleep(self.delay)
         self.tokens.append((node_name, token))
 
 

@@ -50,7 +50,7 @@ def test_yaml_is_read(tmp_path):
     ({"api_server_endpoint": "10.0.0.1:99999"}, "must be host:port"),
     ({"nonce_ttl": "60"}, "nonce_ttl"),
     ({"nonce_ttl": True}, "nonce_ttl"),
-    ({"max_workers": 0}, "max_workers"),
+    ({"max_registrations": 0}, "max_registrations"),
     ({"listen": "30090"}, "address:port"),
 ])
 def test_bad_settings_are_named(tmp_path, change, message):

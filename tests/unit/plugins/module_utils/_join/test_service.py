@@ -594,7 +594,7 @@ def test_evidence_bound_to_an_unusable_key_is_refused_before_any_token(join_lab,
 
 def test_token_registration_failure_is_retryable_and_leaves_nothing_usable(join_lab):
     class Failing(FakeMinter):
-        def mint(self, token, node_name):
+        async def mint(self, token, node_name):
             raise TokenMintError("kubeadm token create for node worker-1 failed (exit 1): the API server is not reachable")
 
     service = join_lab.start("pcrs-only", minter=Failing())
@@ -602,3 +602,27 @@ def test_token_registration_failure_is_retryable_and_leaves_nothing_usable(join_
     with pytest.raises(JoinError) as err:
         _join(join_lab, service, attempts=2, backoff=0.01, sleep=sleeps.append)
     assert (err.value.code, err.value.reason, len(sleeps)) == ("UNAVAILABLE", "token-mint", 1)
+
+
+def test_control_plane_slot_is_held_until_released(join_lab, other_swtpm):
+    """The issuer without gRPC: the slot a control-plane join takes is free again only after release()."""
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import JoinRequest, Refusal
+    service = join_lab.start("pcrs-only")
+    issuer_under_test = service.issuer
+
+    def request(tcti, node_name):
+        nonce = issuer_under_test.issue_nonce()
+        evidence = evidence_for(tcti, nonce, EphemeralKey.generate().public_bytes())
+        return JoinRequest(evidence, nonce, node_name, True, make_csr(node_name), DISK_UUID)
+
+    first = issuer_under_test.prepare_join(request(join_lab.swtpm.tcti, "cp-2"))
+    with pytest.raises(Refusal) as err:
+        issuer_under_test.prepare_join(request(other_swtpm.tcti, "cp-3"))
+    assert (err.value.code, err.value.reason) == ("ABORTED", "control-plane-busy")
+    first.release()
+    second = issuer_under_test.prepare_join(request(other_swtpm.tcti, "cp-3"))
+    first.release()  # a second release (e.g. the RPC's done callback) must not free someone else's slot
+    with pytest.raises(Refusal):
+        issuer_under_test.prepare_join(request(join_lab.swtpm.tcti, "cp-4"))
+    second.release()
+    assert service.minter.tokens == []

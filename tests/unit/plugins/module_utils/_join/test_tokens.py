@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
+import asyncio
+import os
 
 import pytest
 
@@ -22,7 +23,7 @@ class RecordingMinter(KubeadmTokenMinter):
         self.calls = []
         self.result = result
 
-    def _run_command(self, argv):
+    async def _run_command(self, argv):
         self.calls.append(argv)
         return self.result
 
@@ -30,7 +31,7 @@ class RecordingMinter(KubeadmTokenMinter):
 def test_kubeadm_token_create_argv():
     minter = RecordingMinter(kubeconfig="/etc/kubernetes/admin.conf")
     token = generate_token()
-    minter.mint(token, "worker-1")
+    asyncio.run(minter.mint(token, "worker-1"))
     assert minter.calls == [["kubeadm", "token", "create", token, "--ttl", "15m0s", "--description",
                              "confidential.kubernetes join of worker-1", "--kubeconfig", "/etc/kubernetes/admin.conf"]]
     assert TOKEN_PATTERN.fullmatch(token)
@@ -38,28 +39,42 @@ def test_kubeadm_token_create_argv():
 
 def test_failure_message_masks_the_token():
     class EchoingMinter(KubeadmTokenMinter):
-        def _run_command(self, argv):
+        async def _run_command(self, argv):
             return 1, "", f"failed to create bootstrap token with id {argv[3].split('.')[0]} ({argv[3]}): connection refused"
 
     minter = EchoingMinter()
     with pytest.raises(TokenMintError) as err:
-        minter.mint(generate_token(), "worker-1")
+        asyncio.run(minter.mint(generate_token(), "worker-1"))
     assert "<token>" in str(err.value) and "connection refused" in str(err.value)
     assert not TOKEN_PATTERN.search(str(err.value))
 
 
-def test_timeout_does_not_carry_the_argv(monkeypatch):
-    def timeout(argv, **kwargs):
-        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "kubeadm"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
 
-    monkeypatch.setattr(subprocess, "run", timeout)
-    minter = KubeadmTokenMinter(timeout=1)
+
+def test_kubeadm_runs_as_a_subprocess_with_the_argv(tmp_path):
+    record = tmp_path / "argv"
+    minter = KubeadmTokenMinter(kubeconfig="/etc/kubernetes/admin.conf", binary=_script(tmp_path, f'printf "%s\\n" "$@" > {record}\n'))
+    token = generate_token()
+    asyncio.run(minter.mint(token, "worker-1"))
+    assert record.read_text().splitlines() == minter.argv(token, "worker-1")[1:]
+
+
+def test_timeout_kills_kubeadm_and_does_not_carry_the_argv(tmp_path):
+    pid_file = tmp_path / "pid"
+    minter = KubeadmTokenMinter(binary=_script(tmp_path, f"echo $$ > {pid_file}\nexec sleep 30\n"), timeout=0.5)
     with pytest.raises(TokenMintError) as err:
-        minter.mint(generate_token(), "worker-1")
+        asyncio.run(minter.mint(generate_token(), "worker-1"))
     assert err.value.__cause__ is None and err.value.__suppress_context__
-    assert "did not finish within 1 s" in str(err.value) and not TOKEN_PATTERN.search(str(err.value))
+    assert "did not finish within 0.5 s" in str(err.value) and not TOKEN_PATTERN.search(str(err.value))
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
 
 
 def test_missing_kubeadm_is_an_operator_error():
     with pytest.raises(TokenMintError, match="not installed"):
-        KubeadmTokenMinter(binary="/nonexistent/kubeadm").mint(generate_token(), "worker-1")
+        asyncio.run(KubeadmTokenMinter(binary="/nonexistent/kubeadm").mint(generate_token(), "worker-1"))
