@@ -15,7 +15,6 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._identity import cluster_id as derive_cluster_id
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load, load_or_create
 
 ARGUMENT_SPEC = dict(
@@ -40,12 +39,12 @@ class ActionModule(ActionBase):
             existing = load(params["secrets_file"], self._loader) if os.path.exists(os.path.expanduser(params["secrets_file"])) else None
             policy = controller.resolve_policy(params["policy"], None, None)
             # A first node is fresh (PCR 15 zero), or already locked for this very cluster on a re-run.
-            allowed = [bytes(32)] + ([node_lock_mark(derive_cluster_id(existing))] if existing else [])
+            allowed = [bytes(32)] + ([node_lock_mark(existing.cluster_id())] if existing else [])
             verified = attest(self, params, policy.with_rule(NODE_LOCK_PCR, allowed), task_vars)
             # Only an attested node makes the controller generate the cluster's secrets.
             secrets, created = (existing, False) if existing else load_or_create(params["secrets_file"], self._loader)
-            cluster_id = derive_cluster_id(secrets)
-            payload = dict(secrets.to_payload(), cluster_config=params["cluster_config"])
+            cluster_id = secrets.cluster_id()
+            payload = dict(secrets.to_document(), cluster_config=params["cluster_config"])
             sealed = seal.seal(json.dumps(payload).encode(), verified.evidence.user_data, "init",
                                bytes.fromhex(params["nonce"]), params["verifier_id"])
         except (ClusterSecretsError, PolicyError, seal.SealError) as exc:

@@ -21,6 +21,7 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.TPM
+  - confidential.kubernetes._state_disk
 attributes:
   check_mode:
     support: full
@@ -55,35 +56,6 @@ options:
     description: The node lock record.
     type: path
     default: /var/lib/confidential-kubernetes/nodelock.json
-  state_disk:
-    description:
-      - The LUKS2 state disk. Formatted with a throw-away key if it is not LUKS yet, then re-keyed to the key derived
-        from the master secret and its UUID. Omit to leave disks alone.
-    type: dict
-    suboptions:
-      device:
-        description: Block device or file.
-        type: path
-        required: true
-      state:
-        description: V(formatted), or also V(opened) (mapped) or V(mounted); mapping needs device-mapper.
-        type: str
-        choices: [formatted, opened, mounted]
-        default: formatted
-      name:
-        description: The device-mapper name.
-        type: str
-        default: state
-      mount_path:
-        description: Where the filesystem is mounted for V(mounted).
-        type: path
-        default: /var/lib/confidential-kubernetes/state
-      pbkdf_memory:
-        description: argon2id memory cost in KiB (cryptsetup's default when omitted).
-        type: int
-      pbkdf_iterations:
-        description: argon2id iterations (cryptsetup's default when omitted).
-        type: int
 """
 
 EXAMPLES = r"""
@@ -112,8 +84,6 @@ state_disk:
   type: dict
 """
 
-import json
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
@@ -122,8 +92,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._disk impo
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
-    STATE_DISK_OPTIONS, TicketError, cluster_id_of, disk_uuid, key_state_disk, open_sealed, secret_bytes, take_ephemeral_key,
-    write_if_changed)
+    STATE_DISK_OPTIONS, TicketError, disk_uuid, keep_root_secrets, key_state_disk, open_sealed, root_secrets, take_ephemeral_key)
 
 
 def main() -> None:
@@ -146,8 +115,8 @@ def main() -> None:
     try:
         key = take_ephemeral_key(params["ephemeral_key_path"], module.check_mode)
         payload = open_sealed(key, params["sealed"], "init", params["nonce"], params["verifier_id"])
-        secrets = {name: secret_bytes(payload, name) for name in ("master_key", "master_salt", "measurement_salt")}
-        cluster_id = cluster_id_of(payload)
+        secrets = root_secrets(payload, "sealed init secrets")
+        cluster_id = secrets.cluster_id()
         locked, lock_state = NodeLock.for_tcti(params["tcti"], params["lock_record"]).take(cluster_id, module.check_mode)
         disk = {}
         if params["state_disk"]:
@@ -155,11 +124,10 @@ def main() -> None:
             if uuid is None:  # check mode on a blank disk: formatting would come first
                 disk = {"changed": formatted}
             else:
-                disk = key_state_disk(params["state_disk"], derive.state_disk_key(secrets["master_key"], secrets["master_salt"], uuid),
+                disk = key_state_disk(params["state_disk"], derive.state_disk_key(secrets.master_key, secrets.master_salt, uuid),
                                       module.check_mode)
                 disk["changed"] = disk["changed"] or formatted
-        stored = {name: payload[name] for name in secrets}
-        kept = write_if_changed(params["secrets_file"], (json.dumps(stored, sort_keys=True) + "\n").encode(), 0o600, module.check_mode)
+        kept = keep_root_secrets(params["secrets_file"], secrets, module.check_mode)
     except StateDiskError as exc:
         module.fail_json(msg=f"{exc} (the node is locked for cluster {cluster_id.hex()}; it needs a reset before another try)",
                          needs_reset=True)

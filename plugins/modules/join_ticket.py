@@ -22,6 +22,7 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.TPM
+  - confidential.kubernetes._state_disk
 attributes:
   check_mode:
     support: partial
@@ -49,34 +50,6 @@ options:
     description: Join as a control plane (the ticket then carries the control-plane PKI).
     type: bool
     default: false
-  state_disk:
-    description: The LUKS2 state disk (see M(confidential.kubernetes.init_ticket) for the suboptions).
-    type: dict
-    required: true
-    suboptions:
-      device:
-        description: Block device or file.
-        type: path
-        required: true
-      state:
-        description: V(formatted), or also V(opened) or V(mounted) where device-mapper exists.
-        type: str
-        choices: [formatted, opened, mounted]
-        default: formatted
-      name:
-        description: The device-mapper name.
-        type: str
-        default: state
-      mount_path:
-        description: Where the filesystem is mounted for V(mounted).
-        type: path
-        default: /var/lib/confidential-kubernetes/state
-      pbkdf_memory:
-        description: argon2id memory cost in KiB (cryptsetup's default when omitted).
-        type: int
-      pbkdf_iterations:
-        description: argon2id iterations (cryptsetup's default when omitted).
-        type: int
   attempts:
     description: How many rounds over all endpoints before giving up.
     type: int
@@ -160,7 +133,7 @@ def main() -> None:
             cluster_ca=dict(type="str", required=True),
             node_name=dict(type="str", required=True),
             control_plane=dict(type="bool", default=False),
-            state_disk=dict(type="dict", required=True, options=STATE_DISK_OPTIONS),
+            state_disk=dict(type="dict", options=STATE_DISK_OPTIONS),
             attempts=dict(type="int", default=8),
             timeout=dict(type="float", default=30),
             token_file=dict(type="path", default="/run/confidential-kubernetes/join-token", no_log=False),
@@ -174,6 +147,8 @@ def main() -> None:
     if node.CRYPTOGRAPHY_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
     params = module.params
+    if not params["state_disk"]:
+        module.fail_json(msg="state_disk is required: the join service derives the node's disk key from the disk's LUKS UUID")
     if os.path.exists(KUBELET_CONF) and os.path.exists(params["join_record"]):
         with open(params["join_record"], encoding="utf-8") as handle:
             module.exit_json(changed=False, joined=True, **json.load(handle))

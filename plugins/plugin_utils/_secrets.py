@@ -4,46 +4,19 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
-from dataclasses import dataclass
 
-SECRET_BYTES = 32
-FIELDS = ("master_key", "master_salt", "measurement_salt")
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import (
+    FIELDS, SECRET_BYTES, RootSecrets, RootSecretsError)
+
 
 
 class ClusterSecretsError(RuntimeError):
     """The secrets file cannot be read, is malformed, or is readable by others."""
 
 
-@dataclass(frozen=True, repr=False)
-class ClusterSecrets:
-    master_key: bytes
-    master_salt: bytes
-    measurement_salt: bytes
-
-    def to_payload(self) -> dict:
-        return {name: base64.b64encode(getattr(self, name)).decode() for name in FIELDS}
-
-    @classmethod
-    def from_payload(cls, payload: object, source: str) -> "ClusterSecrets":
-        if not isinstance(payload, dict):
-            raise ClusterSecretsError(f"{source} must be a mapping of {', '.join(FIELDS)}")
-        values = {}
-        for name in FIELDS:
-            try:
-                value = base64.b64decode(payload.get(name, ""), validate=True)
-            except (binascii.Error, ValueError, TypeError):
-                raise ClusterSecretsError(f"{source}: {name} is not base64") from None
-            if len(value) != SECRET_BYTES:
-                raise ClusterSecretsError(f"{source}: {name} must be {SECRET_BYTES} bytes")
-            values[name] = value
-        return cls(**values)
-
-
-def load_or_create(path: str, loader) -> tuple[ClusterSecrets, bool]:
+def load_or_create(path: str, loader) -> tuple[RootSecrets, bool]:
     """Load the secrets (decrypting an ansible-vault file through ``loader``) or create them once.
 
     Returns (secrets, created). A new file is created with O_EXCL and mode 0600,
@@ -51,14 +24,14 @@ def load_or_create(path: str, loader) -> tuple[ClusterSecrets, bool]:
     """
     path = os.path.expanduser(path)
     if not os.path.exists(path):
-        secrets = ClusterSecrets(*(os.urandom(SECRET_BYTES) for _name in FIELDS))
+        secrets = RootSecrets(*(os.urandom(SECRET_BYTES) for _name in FIELDS))
         os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return _load(path, loader), False
         try:
-            os.write(fd, (json.dumps(secrets.to_payload(), indent=2) + "\n").encode())
+            os.write(fd, (json.dumps(secrets.to_document(), indent=2) + "\n").encode())
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -66,7 +39,7 @@ def load_or_create(path: str, loader) -> tuple[ClusterSecrets, bool]:
     return _load(path, loader), False
 
 
-def load(path: str, loader) -> ClusterSecrets:
+def load(path: str, loader) -> RootSecrets:
     """Load existing secrets; a missing file is an error (only the init flow creates it)."""
     path = os.path.expanduser(path)
     if not os.path.exists(path):
@@ -74,7 +47,7 @@ def load(path: str, loader) -> ClusterSecrets:
     return _load(path, loader)
 
 
-def _load(path: str, loader) -> ClusterSecrets:
+def _load(path: str, loader) -> RootSecrets:
     mode = os.stat(path).st_mode & 0o777
     if mode & 0o077:
         raise ClusterSecretsError(f"cluster secrets file {path} has mode {mode:04o}; it must not be readable by group or others (chmod 600)")
@@ -82,4 +55,7 @@ def _load(path: str, loader) -> ClusterSecrets:
         payload = loader.load_from_file(path)
     except Exception as exc:  # noqa: BLE001 - the loader raises AnsibleError, vault errors and OSError alike
         raise ClusterSecretsError(f"cannot read cluster secrets file {path}: {type(exc).__name__}") from None
-    return ClusterSecrets.from_payload(payload, f"cluster secrets file {path}")
+    try:
+        return RootSecrets.from_document(payload, f"cluster secrets file {path}")
+    except RootSecretsError as exc:
+        raise ClusterSecretsError(str(exc)) from None

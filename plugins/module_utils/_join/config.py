@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
 import re
@@ -20,6 +18,7 @@ try:
 except ImportError:  # reported by the service at start
     pass
 
+from .._crypto.root_secrets import RootSecrets, RootSecretsError
 from .._attestation.policy import MAX_POLICY_BYTES, MeasurementPolicy, PolicyError, parse_policy
 from .._kubeadm import ADMIN_CONF
 from .log import StructuredLog
@@ -28,8 +27,6 @@ DEFAULT_LISTEN = "0.0.0.0:30090"
 DEFAULT_VERIFIER_ID = "confidential.kubernetes/joinservice"
 DEFAULT_PKI_DIR = "/etc/kubernetes/pki"
 MAX_CONFIG_BYTES = 64 * 1024
-SECRET_FIELDS = ("master_key", "master_salt", "measurement_salt")
-SECRET_BYTES = 32
 POLICY_CHECK_INTERVAL = 1.0
 _ENDPOINT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
 
@@ -123,33 +120,13 @@ def read_private_file(path: str, what: str, limit: int = MAX_CONFIG_BYTES) -> by
     return data
 
 
-@dataclass(frozen=True, repr=False)
-class RootSecrets:
-    """The cluster's master key, master salt and measurement salt (the init flow's secrets file format)."""
-
-    master_key: bytes
-    master_salt: bytes
-    measurement_salt: bytes
-
-
 def load_root_secrets(path: str) -> RootSecrets:
     data = read_private_file(path, "cluster secrets file")
     try:
-        doc = json.loads(data)
-    except ValueError:
-        raise ConfigError(f"cluster secrets file {path} is not JSON") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"cluster secrets file {path} must be a JSON object of {', '.join(SECRET_FIELDS)}")
-    values = {}
-    for name in SECRET_FIELDS:
-        try:
-            value = base64.b64decode(doc.get(name, ""), validate=True)
-        except (binascii.Error, ValueError, TypeError):
-            raise ConfigError(f"cluster secrets file {path}: {name} is not base64") from None
-        if len(value) != SECRET_BYTES:
-            raise ConfigError(f"cluster secrets file {path}: {name} must be {SECRET_BYTES} bytes")
-        values[name] = value
-    return RootSecrets(**values)
+        return RootSecrets.from_document(json.loads(data), f"cluster secrets file {path}")
+    except ValueError as exc:  # RootSecretsError is a ValueError, and so is bad JSON
+        message = str(exc) if isinstance(exc, RootSecretsError) else f"cluster secrets file {path} is not JSON"
+        raise ConfigError(message) from None
 
 
 class PolicyWatcher:

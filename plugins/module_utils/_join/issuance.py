@@ -27,7 +27,7 @@ from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_ma
 from .._attestation.verifier import VerificationError, VerificationResult, Verifier
 from .._crypto import derive, seal
 from . import credential
-from .config import RootSecrets
+from .._crypto.root_secrets import RootSecrets
 from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
 from .tokens import TokenMinter, TokenMintError, generate_token
 
@@ -184,7 +184,7 @@ class TicketIssuer:
             })
             if request.control_plane:
                 # A control plane runs a join service of its own, which needs the root secrets.
-                payload["cluster_secrets"] = {name: _b64(getattr(self._secrets, name)) for name in ("master_key", "master_salt", "measurement_salt")}
+                payload["cluster_secrets"] = self._secrets.to_document()
             envelope = self._seal(verified, payload, "join", request.nonce)
         except BaseException:
             release()

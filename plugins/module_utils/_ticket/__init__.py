@@ -17,6 +17,7 @@ import os
 
 from .._attestation.node import write_private_file
 from .._crypto import derive
+from .._crypto.root_secrets import RootSecrets, RootSecretsError
 from .._crypto.seal import EphemeralKey, SealError
 
 SECRETS_FILE = "/etc/confidential-kubernetes/cluster-secrets.json"
@@ -71,13 +72,21 @@ def secret_bytes(payload: dict, name: str, length: int = 32) -> bytes:
     return value
 
 
+def root_secrets(document: object, source: str) -> RootSecrets:
+    try:
+        return RootSecrets.from_document(document, source)
+    except RootSecretsError as exc:
+        raise TicketError(str(exc)) from None
+
+
+def keep_root_secrets(path: str, secrets: RootSecrets, check_mode: bool) -> bool:
+    """The node's copy of the root secrets, for its join service (0600)."""
+    return write_if_changed(path, (json.dumps(secrets.to_document(), sort_keys=True) + "\n").encode(), 0o600, check_mode)
+
+
 def cluster_id_of(payload: dict) -> bytes:
-    """From the init secrets (master key, salts) or a join ticket (measurement secret + salt)."""
-    if "master_key" in payload:
-        measurement_secret = derive.measurement_secret(secret_bytes(payload, "master_key"), secret_bytes(payload, "master_salt"))
-    else:
-        measurement_secret = secret_bytes(payload, "measurement_secret")
-    return derive.cluster_id(measurement_secret, secret_bytes(payload, "measurement_salt"))
+    """From a join ticket: its measurement secret and salt."""
+    return derive.cluster_id(secret_bytes(payload, "measurement_secret"), secret_bytes(payload, "measurement_salt"))
 
 
 def write_if_changed(path: str, content: bytes, mode: int, check_mode: bool) -> bool:

@@ -10,7 +10,7 @@ import json
 import os
 import re
 
-from . import TicketError, cluster_id_of, key_state_disk, secret_bytes, write_if_changed
+from . import TicketError, cluster_id_of, keep_root_secrets, key_state_disk, root_secrets, secret_bytes, write_if_changed
 
 try:
     from cryptography import x509
@@ -80,10 +80,7 @@ def apply_join_ticket(payload: dict, params: dict, lock, kubelet_key_pem: bytes)
     secrets = payload.get("cluster_secrets")
     if params["control_plane"]:
         # A control plane runs a join service of its own, which needs the root secrets.
-        if not isinstance(secrets, dict):
-            raise TicketError("a control-plane join ticket must carry the cluster secrets for the node's join service")
-        stored = {name: base64.b64encode(secret_bytes(secrets, name)).decode() for name in ("master_key", "master_salt", "measurement_salt")}
-        write_if_changed(params["secrets_file"], (json.dumps(stored, sort_keys=True) + "\n").encode(), 0o600, False)
+        keep_root_secrets(params["secrets_file"], root_secrets(secrets, "the join ticket's cluster secrets"), False)
     write_if_changed(params["token_file"], _text(payload, "bootstrap_token").encode(), 0o600, False)
     hashes_ = payload.get("ca_cert_hashes")
     if not isinstance(hashes_, list) or not hashes_:
