@@ -243,6 +243,9 @@ def _teardown(paths: LabPaths) -> None:
     network.remove_network()
     shutil.rmtree(paths.nodes_dir, ignore_errors=True)
     paths.inventory.unlink(missing_ok=True)
+    # The lab's cluster dies with its nodes: its root secrets and admin kubeconfig (secrets/ beside the
+    # inventory) go too, so the next up starts a new cluster.
+    shutil.rmtree(paths.lab_dir / "secrets", ignore_errors=True)
     paths.known_hosts.unlink(missing_ok=True)
 
 
