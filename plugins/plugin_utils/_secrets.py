@@ -11,7 +11,6 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.ro
     FIELDS, SECRET_BYTES, RootSecrets, RootSecretsError)
 
 
-
 class ClusterSecretsError(RuntimeError):
     """The secrets file cannot be read, is malformed, or is readable by others."""
 
