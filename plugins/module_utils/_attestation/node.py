@@ -8,10 +8,10 @@ import base64
 import binascii
 import json
 import os
-import tempfile
 
 from .._crypto import seal
 from .._crypto.seal import MLKEM768_X25519, X25519, EphemeralKey
+from .._files import write_private_file
 from .evidence import EvidenceError
 from .issuer import ALL_PCRS, Tpm, answer_challenge, issue_evidence
 from .policy import MeasurementPolicy, PcrRule
@@ -36,24 +36,6 @@ def decode_b64(name: str, value: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError, TypeError):
         raise EvidenceError(f"{name} is not valid base64") from None
-
-
-def write_private_file(path: str, data: bytes) -> None:
-    """Atomically write ``data`` to ``path`` with mode 0600 (directory 0700 if created)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o600)
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def read_event_log(path: str | None) -> list[dict]:

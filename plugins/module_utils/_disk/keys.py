@@ -55,23 +55,6 @@ def read_disk_key_file(path: str) -> bytes:
     return key
 
 
-def write_private_file(path: str, data: bytes) -> None:
-    """Atomically write ``data`` to ``path`` with mode 0600 (directory 0700 if created)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-
-
 def read_private_file(path: str) -> bytes | None:
     """The contents of a key file this package wrote, or None when there is none."""
     try:

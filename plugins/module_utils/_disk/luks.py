@@ -14,7 +14,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 
 from . import StateDiskError
-from .keys import DISK_KEY_LENGTH, private_key_file, read_private_file, wipe_file, write_private_file
+from .._files import write_private_file
+from .keys import DISK_KEY_LENGTH, private_key_file, read_private_file, wipe_file
 
 STATES = ("formatted", "opened", "mounted")
 DEFAULT_NAME = "state"

@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 
-from .._attestation.node import write_private_file
+from .._files import write_private_file
 from .._crypto import derive
 from .._crypto.root_secrets import RootSecrets, RootSecretsError
 from .._crypto.seal import EphemeralKey, SealError

@@ -9,6 +9,7 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import keys
+from ansible_collections.confidential.kubernetes.plugins.module_utils._files import write_private_file
 
 
 def _write(path, data: bytes, mode: int = 0o600) -> str:
@@ -104,7 +105,7 @@ def test_no_tmpfs_for_a_key_file_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_write_private_file_is_0600_and_wipe_file_zeroes_it(tmp_path):
     path = str(tmp_path / "run" / "initial.key")
-    keys.write_private_file(path, b"\xff" * 32)
+    write_private_file(path, b"\xff" * 32)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
     os.link(path, tmp_path / "peek")
