@@ -20,6 +20,7 @@ author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
+  - confidential.kubernetes._kubeadm
 attributes:
   check_mode:
     support: full
@@ -62,9 +63,6 @@ options:
   service_subnet:
     description: The service network CIDR.
     type: str
-  cri_socket:
-    description: The CRI socket, when kubeadm cannot detect it.
-    type: str
   api_server_extra_args:
     description: Extra flags for kube-apiserver.
     type: dict
@@ -77,10 +75,6 @@ options:
     description: Extra flags for kube-scheduler.
     type: dict
     default: {}
-  kubelet_extra_args:
-    description: Extra flags for the kubelet of this node.
-    type: dict
-    default: {}
   kubelet_config:
     description: Fields of the KubeletConfiguration.
     type: dict
@@ -90,28 +84,14 @@ options:
     type: list
     elements: str
     default: []
-  ignore_preflight_errors:
-    description: Preflight checks whose errors are shown as warnings.
-    type: list
-    elements: str
-    default: []
   upload_certs:
     description: Upload the control-plane certificates to the kubeadm-certs Secret (not needed with the join service).
     type: bool
     default: false
-  config_api_version:
-    description: The kubeadm config API; V(auto) picks V(v1beta4) for kubeadm 1.31 and later, else V(v1beta3).
-    type: str
-    choices: [auto, v1beta3, v1beta4]
-    default: auto
   config_path:
     description: Where the rendered configuration is kept (mode 0600).
     type: path
     default: /etc/kubernetes/kubeadm-init.yaml
-  binary_path:
-    description: The kubeadm binary.
-    type: path
-    default: kubeadm
 """
 
 EXAMPLES = r"""
@@ -155,7 +135,8 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    ADMIN_CONF, CA_CERT, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version, render_init_config)
+    ADMIN_CONF, CA_CERT, KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version,
+    render_init_config)
 
 OPTION_NAMES = list(InitOptions.__dataclass_fields__)
 
@@ -171,6 +152,7 @@ def _read(path: str) -> str:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
+            KUBEADM_OPTIONS,
             node_name=dict(type="str"),
             advertise_address=dict(type="str"),
             bind_port=dict(type="int", default=6443),
@@ -180,18 +162,13 @@ def main() -> None:
             cert_sans=dict(type="list", elements="str", default=[]),
             pod_subnet=dict(type="str"),
             service_subnet=dict(type="str"),
-            cri_socket=dict(type="str"),
             api_server_extra_args=dict(type="dict", default={}),
             controller_manager_extra_args=dict(type="dict", default={}),
             scheduler_extra_args=dict(type="dict", default={}),
-            kubelet_extra_args=dict(type="dict", default={}),
             kubelet_config=dict(type="dict", default={}),
             skip_phases=dict(type="list", elements="str", default=[]),
-            ignore_preflight_errors=dict(type="list", elements="str", default=[]),
             upload_certs=dict(type="bool", default=False),
-            config_api_version=dict(type="str", default="auto", choices=["auto", "v1beta3", "v1beta4"]),
             config_path=dict(type="path", default="/etc/kubernetes/kubeadm-init.yaml"),
-            binary_path=dict(type="path", default="kubeadm"),
         ),
         supports_check_mode=True,
     )

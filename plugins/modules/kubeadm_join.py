@@ -21,6 +21,7 @@ author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
+  - confidential.kubernetes._kubeadm
 attributes:
   check_mode:
     support: full
@@ -58,32 +59,11 @@ options:
     description: For control planes, this node's API server port.
     type: int
     default: 6443
-  cri_socket:
-    description: The CRI socket, when kubeadm cannot detect it.
-    type: str
-  kubelet_extra_args:
-    description: Extra flags for the kubelet of this node.
-    type: dict
-    default: {}
   skip_phases:
     description: Further kubeadm join phases to skip.
     type: list
     elements: str
     default: []
-  ignore_preflight_errors:
-    description: Preflight checks whose errors are shown as warnings.
-    type: list
-    elements: str
-    default: []
-  config_api_version:
-    description: The kubeadm config API; V(auto) picks V(v1beta4) for kubeadm 1.31 and later, else V(v1beta3).
-    type: str
-    choices: [auto, v1beta3, v1beta4]
-    default: auto
-  binary_path:
-    description: The kubeadm binary.
-    type: path
-    default: kubeadm
 """
 
 EXAMPLES = r"""
@@ -117,7 +97,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    KUBELET_CONF, JoinOptions, Kubeadm, KubeadmError, config_api_version, join, render_join_config)
+    KUBEADM_OPTIONS, KUBELET_CONF, JoinOptions, Kubeadm, KubeadmError, config_api_version, join, render_join_config)
 
 OPTION_NAMES = list(JoinOptions.__dataclass_fields__)
 _TOKEN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
@@ -139,6 +119,7 @@ def _read_token(path: str) -> str:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
+            KUBEADM_OPTIONS,
             api_server_endpoint=dict(type="str", required=True),
             ca_cert_hashes=dict(type="list", elements="str", required=True),
             token_file=dict(type="path", default="/run/confidential-kubernetes/join-token", no_log=False),
@@ -146,12 +127,7 @@ def main() -> None:
             control_plane=dict(type="bool", default=False),
             advertise_address=dict(type="str"),
             bind_port=dict(type="int", default=6443),
-            cri_socket=dict(type="str"),
-            kubelet_extra_args=dict(type="dict", default={}),
             skip_phases=dict(type="list", elements="str", default=[]),
-            ignore_preflight_errors=dict(type="list", elements="str", default=[]),
-            config_api_version=dict(type="str", default="auto", choices=["auto", "v1beta3", "v1beta4"]),
-            binary_path=dict(type="path", default="kubeadm"),
         ),
         supports_check_mode=True,
     )

@@ -138,8 +138,8 @@ class TicketIssuer:
         self.kubernetes_version = kubernetes_version
         self.verifier_id = verifier_id
         self._now = now
-        self._measurement_secret = derive.measurement_secret(secrets.master_key, secrets.master_salt)
-        self.cluster_id = derive.cluster_id(self._measurement_secret, secrets.measurement_salt)
+        self._measurement_secret = secrets.measurement_secret()
+        self.cluster_id = secrets.cluster_id()
         self._control_plane = threading.Lock()
         self._verifier_cache: tuple[MeasurementPolicy, Verifier, Verifier] | None = None
         # At most this many kubeadm processes at once; joins beyond wait their turn.

@@ -1,0 +1,32 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    # Options kubeadm_init and kubeadm_join share.
+    DOCUMENTATION = r"""
+options:
+  cri_socket:
+    description: The CRI socket, when kubeadm cannot detect it.
+    type: str
+  kubelet_extra_args:
+    description: Extra flags for the kubelet of this node.
+    type: dict
+    default: {}
+  ignore_preflight_errors:
+    description: Preflight checks whose errors are shown as warnings.
+    type: list
+    elements: str
+    default: []
+  config_api_version:
+    description: The kubeadm config API; V(auto) picks V(v1beta4) for kubeadm 1.31 and later, else V(v1beta3).
+    type: str
+    choices: [auto, v1beta3, v1beta4]
+    default: auto
+  binary_path:
+    description: The kubeadm binary.
+    type: path
+    default: kubeadm
+"""
