@@ -5,7 +5,7 @@ import json
 
 from . import LabError
 from .host import run
-from .plan import BRIDGE, HOST_ADDRESS, PREFIX_LENGTH, is_lab_node_name
+from .plan import BRIDGE, HOST_ADDRESS, MACHINE_PREFIX, PREFIX_LENGTH, is_lab_node_name
 
 
 def _links() -> list[dict]:
@@ -36,7 +36,8 @@ def lab_veths() -> list[str]:
     for link in _links():
         name = link.get("ifname", "")
         base = name.split("@", 1)[0]
-        if (base.startswith("vb-") and is_lab_node_name(base[3:])) or link.get("master") == BRIDGE:
+        ours = base.startswith("vb-" + MACHINE_PREFIX) and is_lab_node_name(base[3 + len(MACHINE_PREFIX):])
+        if ours or link.get("master") == BRIDGE:
             found.append(base)
     return found
 

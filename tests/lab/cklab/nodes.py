@@ -18,7 +18,7 @@ from pathlib import Path
 from . import LabError
 from .base import DOUBLES_MOUNT, Base
 from .host import run
-from .plan import BRIDGE, NodeSpec, network_unit
+from .plan import BRIDGE, MACHINE_PREFIX, NodeSpec, network_unit
 from .paths import LabPaths
 
 STATE_DISK = "srv/state-disk.img"
@@ -73,7 +73,7 @@ def nspawn_command(paths: LabPaths, node: NodeSpec, base: Base) -> list[str]:
     directory = paths.node_dir(node.name)
     return [
         "systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--boot",
-        f"--machine={node.name}", f"--directory={base.root}",
+        f"--machine={MACHINE_PREFIX}{node.name}", f"--directory={base.root}",
         f"--overlay={base.root}:{upper_dir(paths, node.name)}:/",
         f"--network-bridge={BRIDGE}",
         f"--bind-ro={directory}/etc/hostname:/etc/hostname",

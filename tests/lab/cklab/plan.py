@@ -1,16 +1,29 @@
 """The shape of a lab: node names, roles and addresses on the lab bridge.
 
-Control planes take 10.77.0.10-19 and workers 10.77.0.20-254, so a lab holds up to
-10 control planes and 235 workers.
+Control planes take 10.77.I.10-19 and workers 10.77.I.20-254, so a lab holds up to
+10 control planes and 235 workers. I is CK_LAB_INDEX (0-9, default 0): labs with
+different indexes (and different CK_LAB_DIRs) run side by side on their own bridges.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from . import LabError
 
-BRIDGE = "cklab0"
-NETWORK_PREFIX = "10.77.0"
+
+def lab_index() -> int:
+    raw = os.environ.get("CK_LAB_INDEX", "0")
+    if not raw.isdigit() or not 0 <= int(raw) <= 9:
+        raise LabError(f"CK_LAB_INDEX must be a number from 0 to 9, not {raw!r}")
+    return int(raw)
+
+
+LAB_INDEX = lab_index()
+BRIDGE = f"cklab{LAB_INDEX}"
+NETWORK_PREFIX = f"10.77.{LAB_INDEX}"
+# nspawn names a node's host-side veth vb-<machine name>; a per-lab prefix keeps them apart.
+MACHINE_PREFIX = f"l{LAB_INDEX}-" if LAB_INDEX else ""
 PREFIX_LENGTH = 24
 HOST_ADDRESS = f"{NETWORK_PREFIX}.1"
 CONTROL_PLANE_FIRST = 10

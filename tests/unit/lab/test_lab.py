@@ -23,9 +23,9 @@ IMAGE_ID = "7897f4d0de52b9cf38ee49621214c44fb3c93c38d33edd2f8eb43f6c280e867f"
 def test_default_lab_is_one_control_plane_and_two_workers_with_fixed_addresses():
     nodes = plan.plan_nodes(1, 2)
     assert [(n.name, n.role, n.address, n.tampered) for n in nodes] == [
-        ("cp-0", "control_plane", "10.77.0.10", False),
-        ("worker-0", "worker", "10.77.0.20", False),
-        ("worker-1", "worker", "10.77.0.21", False),
+        ("cp-0", "control_plane", f"{plan.NETWORK_PREFIX}.10", False),
+        ("worker-0", "worker", f"{plan.NETWORK_PREFIX}.20", False),
+        ("worker-1", "worker", f"{plan.NETWORK_PREFIX}.21", False),
     ]
 
 
@@ -33,7 +33,7 @@ def test_thirty_node_lab_has_unique_addresses_inside_the_lab_network():
     nodes = plan.plan_nodes(3, 27)
     addresses = [n.address for n in nodes]
     assert len(set(addresses)) == 30
-    assert all(a.startswith("10.77.0.") and 10 <= int(a.rsplit(".", 1)[1]) <= 254 for a in addresses)
+    assert all(a.startswith(f"{plan.NETWORK_PREFIX}.") and 10 <= int(a.rsplit(".", 1)[1]) <= 254 for a in addresses)
     assert plan.HOST_ADDRESS not in addresses
 
 
@@ -41,7 +41,7 @@ def test_adding_a_worker_keeps_existing_addresses():
     before = {n.name: n.address for n in plan.plan_nodes(1, 2)}
     after = {n.name: n.address for n in plan.plan_nodes(1, 3)}
     assert {name: after[name] for name in before} == before
-    assert after["worker-2"] == "10.77.0.22"
+    assert after["worker-2"] == f"{plan.NETWORK_PREFIX}.22"
 
 
 @pytest.mark.parametrize("control_planes, workers, message", [
@@ -57,8 +57,8 @@ def test_lab_sizes_beyond_the_address_plan_are_rejected(control_planes, workers,
 
 def test_largest_lab_ends_at_the_last_host_address():
     nodes = plan.plan_nodes(plan.MAX_CONTROL_PLANES, plan.MAX_WORKERS)
-    assert nodes[plan.MAX_CONTROL_PLANES - 1].address == "10.77.0.19"
-    assert nodes[-1].address == "10.77.0.254"
+    assert nodes[plan.MAX_CONTROL_PLANES - 1].address == f"{plan.NETWORK_PREFIX}.19"
+    assert nodes[-1].address == f"{plan.NETWORK_PREFIX}.254"
 
 
 def test_tamper_marks_only_the_named_node():
@@ -72,10 +72,10 @@ def test_tamper_of_a_node_outside_the_lab_is_rejected():
 
 
 def test_network_unit_gives_host0_a_static_address_and_the_host_as_gateway():
-    unit = plan.network_unit(plan.NodeSpec("worker-3", "worker", "10.77.0.23"))
+    unit = plan.network_unit(plan.NodeSpec("worker-3", "worker", f"{plan.NETWORK_PREFIX}.23"))
     assert "Name=host0" in unit
-    assert "Address=10.77.0.23/24" in unit
-    assert "Gateway=10.77.0.1" in unit
+    assert f"Address={plan.NETWORK_PREFIX}.23/24" in unit
+    assert f"Gateway={plan.HOST_ADDRESS}" in unit
     assert "DHCP" not in unit
 
 
@@ -170,9 +170,9 @@ def _inventory(tmp_path: Path, nodes) -> dict:
 def test_inventory_groups_and_hosts(tmp_path):
     inventory = _inventory(tmp_path, plan.plan_nodes(1, 2))
     children = inventory["all"]["children"]
-    assert children["control_plane"]["hosts"] == {"cp-0": {"ansible_host": "10.77.0.10"}}
+    assert children["control_plane"]["hosts"] == {"cp-0": {"ansible_host": f"{plan.NETWORK_PREFIX}.10"}}
     assert children["workers"]["hosts"] == {
-        "worker-0": {"ansible_host": "10.77.0.20"}, "worker-1": {"ansible_host": "10.77.0.21"}}
+        "worker-0": {"ansible_host": f"{plan.NETWORK_PREFIX}.20"}, "worker-1": {"ansible_host": f"{plan.NETWORK_PREFIX}.21"}}
     assert set(children["cluster"]["children"]) == {"control_plane", "workers"}
 
 
