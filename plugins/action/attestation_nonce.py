@@ -7,6 +7,7 @@ from __future__ import annotations
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceLimitError
 
 ARGUMENT_SPEC = dict(
     nonce_ledger=dict(type="path"),
@@ -26,6 +27,9 @@ class ActionModule(ActionBase):
             nonce = controller.nonce_store(params["nonce_ledger"], params["nonce_ttl"]).issue()
         except OSError as exc:
             result.update(failed=True, msg=f"cannot write the nonce ledger: {exc}")
+            return result
+        except NonceLimitError as exc:
+            result.update(failed=True, msg=f"nonce ledger {params['nonce_ledger'] or controller.DEFAULT_NONCE_LEDGER} is full: {exc}")
             return result
         result.update(changed=False, nonce=nonce.hex(), expires_in=params["nonce_ttl"])
         return result

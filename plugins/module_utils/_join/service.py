@@ -25,14 +25,13 @@ except ImportError as exc:  # reported by main() and build_service()
 else:
     GRPC_IMPORT_ERROR = pb2.IMPORT_ERROR or pb2_grpc.IMPORT_ERROR
 
-from .._attestation.nonces import NonceStore
+from .._attestation.nonces import NonceLimitError, NonceStore
 from .._attestation.verifier import VerificationError, load_ca_certificates
 from .._crypto import seal
 from .._kubeadm import scrub
 from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load_root_secrets, read_private_file
 from .issuance import IssuedTicket, JoinRequest, Refusal, RejoinRequest, TicketIssuer
 from .log import StructuredLog
-from .nonces import NonceLimitError, ServiceNonceStore
 from .pki import ClusterPki, PkiError
 from .tokens import KubeadmTokenMinter, TokenMinter
 
@@ -230,7 +229,7 @@ def build_issuer(config: ServiceConfig, log: StructuredLog, token_minter: TokenM
     except PkiError as exc:
         raise ConfigError(str(exc)) from None
     minter = token_minter or KubeadmTokenMinter(config.admin_kubeconfig, config.kubeadm_binary)
-    return TicketIssuer(secrets, pki, policy.current, ek_cas, minter, nonces or ServiceNonceStore(ttl=config.nonce_ttl),
+    return TicketIssuer(secrets, pki, policy.current, ek_cas, minter, nonces or NonceStore(ttl=config.nonce_ttl),
                         config.api_server_endpoint, config.kubernetes_version, config.verifier_id, max_registrations=config.max_registrations)
 
 

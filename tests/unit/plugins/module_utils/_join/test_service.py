@@ -188,6 +188,16 @@ def test_expired_nonce_is_refused(join_lab):
     assert service.minter.tokens == []
 
 
+def test_get_nonce_is_refused_while_the_nonce_store_is_full(join_lab):
+    service = join_lab.start("pcrs-only", nonces=NonceStore(ttl=60, max_outstanding=2))
+    stub, channel = join_lab.stub(service)
+    with channel:
+        stub.GetNonce(pb2.GetNonceRequest())
+        stub.GetNonce(pb2.GetNonceRequest())
+        _refused(lambda: stub.GetNonce(pb2.GetNonceRequest()), grpc.StatusCode.RESOURCE_EXHAUSTED, "nonce-limit")
+    assert [e["reason"] for e in join_lab.logs() if e.get("result") == "refused"] == ["nonce-limit"]
+
+
 def test_nonce_not_issued_by_the_service_is_refused(join_lab):
     service = join_lab.start("pcrs-only")
     stub, channel = join_lab.stub(service)
