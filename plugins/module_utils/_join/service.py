@@ -245,14 +245,15 @@ def build_service(config: ServiceConfig, log: StructuredLog, token_minter: Token
     return JoinService(issuer, cert_pem, key_pem, config.listen, log, drain_delay)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, token_minter: TokenMinter | None = None) -> int:
+    """The daemon; ``token_minter`` replaces kubeadm (the load suite records tokens instead)."""
     parser = argparse.ArgumentParser(prog="joinservice", description="confidential.kubernetes join service")
     parser.add_argument("--config", required=True, help="service configuration file (YAML or JSON)")
     args = parser.parse_args(argv)
     log = StructuredLog()
     try:
         config = load_config(args.config)
-        service = build_service(config, log).start()
+        service = build_service(config, log, token_minter).start()
     except ConfigError as exc:
         log.error("start", result="failed", msg=str(exc))
         return 2

@@ -1,0 +1,54 @@
+"""The join service daemon as the load suite runs it: the real ``service.main`` (signals, draining shutdown) with a
+token minter that records every token instead of calling kubeadm.
+
+Run: python tests/load/recording_service.py --config FILE --tokens FILE
+Each registered token is appended to the tokens file as one line ``<token> <node name>`` (O_APPEND, one write per
+line, so the lines of two service processes never interleave).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_test_conftest():
+    """tests/unit/conftest.py puts the collection on the import path."""
+    spec = importlib.util.spec_from_file_location("ck_unit_conftest", REPO / "tests" / "unit" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_load_test_conftest()
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join import service  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TOKEN_PATTERN, TokenMinter, TokenMintError  # noqa: E402
+
+
+class RecordingMinter(TokenMinter):
+    """Registers nothing: appends each token and its node to a 0600 file, refusing tokens kubeadm would refuse."""
+
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    async def mint(self, token: str, node_name: str) -> None:
+        if not TOKEN_PATTERN.fullmatch(token):
+            raise TokenMintError(f"token for node {node_name} does not match [a-z0-9]{{6}}.[a-z0-9]{{16}}")
+        os.write(self._fd, f"{token} {node_name}\n".encode())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--tokens", required=True, help="file the minted tokens are appended to")
+    args = parser.parse_args()
+    return service.main(["--config", args.config], token_minter=RecordingMinter(args.tokens))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
