@@ -2,7 +2,7 @@
 (the crypto one join needs: verify the evidence, the HKDF derivations, the HPKE seal, check and sign the kubelet CSR),
 measured in the same process.
 
-Run: .venv/bin/python bench/join_service.py [--joins N] [--levels 1,8,64]
+Run: .venv/bin/python bench/join_service.py [--joins N] [--levels 1,8,64] [--figures FILE]
 The service runs in-process on 127.0.0.1 with real TLS, the pcrs-only policy of a real swtpm and a token minter that
 only records. The clients' evidence is made before each timed phase: nonces drawn from the service, quoted on swtpm
 instances (within the nonce lifetime), each bound to its own ephemeral key. The timed phase is IssueJoinTicket plus
@@ -45,6 +45,8 @@ def _load_test_conftest():
 
 conftest = _load_test_conftest()
 sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins" / "module_utils" / "_join"))
+
+import _figures  # noqa: E402
 
 import grpc  # noqa: E402
 
@@ -172,6 +174,7 @@ def main() -> int:
     parser.add_argument("--joins", type=int, default=640, help="joins per concurrency level (default 640)")
     parser.add_argument("--levels", default="1,8,64", help="concurrent clients per level (default 1,8,64)")
     parser.add_argument("--clients-in-process", action="store_true", help="run the clients in the service's process")
+    _figures.add_option(parser)
     args = parser.parse_args()
     levels = [int(v) for v in args.levels.split(",")]
     # A killed benchmark still stops its swtpm processes (the finally below).
@@ -224,6 +227,19 @@ def main() -> int:
         verdict = "met" if last[2] * last[3] >= 0.5 and last[5] < 0.25 else "MISSED"
         print(f"target at {last[0]} clients (>= 50% of floor throughput, p99 < 250 ms): {verdict}; tokens minted: {minter.count}; "
               f"bench time {time.perf_counter() - bench_started:.1f} s")
+        figures = []
+        for clients, count, throughput, level_floor, p50, p99, server_load, client_load in rows:
+            share = throughput * level_floor * 100
+            last_level = clients == last[0]
+            figures += [
+                _figures.figure("join_service", f"{clients} client(s): tickets/s", round(throughput, 1), "1/s"),
+                _figures.figure("join_service", f"{clients} client(s): throughput / floor ({1 / level_floor:.0f}/s)", round(share, 1), "%",
+                                ">= 50%" if last_level else "", share >= 50 if last_level else None),
+                _figures.figure("join_service", f"{clients} client(s): p50", round(p50 * 1000, 1), "ms"),
+                _figures.figure("join_service", f"{clients} client(s): p99", round(p99 * 1000, 1), "ms",
+                                "< 250 ms" if last_level else "", p99 < 0.25 if last_level else None),
+            ]
+        _figures.write(args.figures, figures)
         return 0
     finally:
         if service is not None:

@@ -1,9 +1,10 @@
 """Benchmark of the playbooks on the lab: wall time of init.yml (first run and idempotent re-runs)
 and site.yml, beside a floor playbook on the same node (fact gathering plus one command).
 
-Run as root: .venv/bin/python bench/playbooks.py [--runs N]
-Brings up its own lab (own CK_LAB_DIR, 1 control plane + 1 worker) and tears it down after;
-refuses to run while another lab bridge exists.
+Run as root: .venv/bin/python bench/playbooks.py [--runs N] [--figures FILE]
+Brings up the lab of CK_LAB_INDEX (default 0) in CK_LAB_DIR (default: a temporary directory), 1 control plane +
+1 worker, and tears it down after; refuses to run while this index's lab bridge exists (labs of other indexes run
+side by side undisturbed).
 """
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO / "tests" / "lab" / "lab"
+sys.path.insert(0, str(REPO / "tests" / "lab"))
+
+from cklab import plan  # noqa: E402
+
+import _figures  # noqa: E402
+
 PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 FLOOR = """---
 - name: Floor
@@ -46,15 +53,17 @@ def row(name: str, times: list[float]) -> str:
 def main() -> int:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--runs", type=int, default=3)
+    _figures.add_option(options)
     args = options.parse_args()
-    if Path("/sys/class/net/cklab0").exists():
-        raise SystemExit("a lab is running (bridge cklab0): tear it down first")
+    if Path("/sys/class/net", plan.BRIDGE).exists():
+        raise SystemExit(f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}): tear it down first (tests/lab/lab down)")
     subprocess.run(["bash", str(REPO / "scripts" / "link-collection.sh")], check=True)
-    with tempfile.TemporaryDirectory(prefix="ck-bench-playbooks-") as lab_dir:
+    with tempfile.TemporaryDirectory(prefix="ck-bench-playbooks-") as temporary:
+        lab_dir = os.environ.get("CK_LAB_DIR") or temporary
         env = dict(os.environ, CK_LAB_DIR=lab_dir, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
                    ANSIBLE_HOST_KEY_CHECKING="True")
         inventory = f"{lab_dir}/inventory.yml"
-        floor = Path(lab_dir) / "floor.yml"
+        floor = Path(temporary) / "floor.yml"
         floor.write_text(FLOOR)
         try:
             timed([str(LAB), "up", "--control-planes", "1", "--workers", "1"], env)
@@ -71,6 +80,13 @@ def main() -> int:
     print(row("site.yml, re-run (changed=0)", site))
     ratio = statistics.median(rerun) / statistics.median(floor_times)
     print(f"init re-run / floor = {ratio:.2f}x   (target < 2x: {'met' if ratio < 2 else 'MISSED'})")
+    _figures.write(args.figures, [
+        _figures.figure("playbooks", "floor: facts + one command (median)", round(statistics.median(floor_times), 2), "s"),
+        _figures.figure("playbooks", "init.yml first run", round(first[0], 2), "s"),
+        _figures.figure("playbooks", f"init.yml re-run (median of {len(rerun)})", round(statistics.median(rerun), 2), "s"),
+        _figures.figure("playbooks", f"site.yml re-run (median of {len(site)})", round(statistics.median(site), 2), "s"),
+        _figures.figure("playbooks", "init re-run / floor", round(ratio, 2), "x", "< 2x", ratio < 2),
+    ])
     return 0
 
 

@@ -1,7 +1,7 @@
 """Benchmark of evidence verification: Verifier.verify on one real swtpm quote, against the floor
 (a bare ECDSA-P256 verify of the same quote) and Keylime's checkquote on the same quote.
 
-Run: .venv/bin/python bench/verify_evidence.py [--runs N] [--keylime-venv PATH]
+Run: .venv/bin/python bench/verify_evidence.py [--runs N] [--keylime-venv PATH] [--figures FILE]
 Starts its own swtpm (stopped by pid on exit). Keylime 7.14.3 goes into its own venv
 (default /tmp/keylime-venv), never into the project's; if it cannot be installed the
 Keylime row says why. Targets: verify within 2x the floor, faster than Keylime.
@@ -37,6 +37,8 @@ def _load_test_conftest():
 
 
 conftest = _load_test_conftest()
+
+import _figures  # noqa: E402
 
 from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
@@ -164,6 +166,7 @@ def main() -> int:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--runs", type=int, default=2000)
     options.add_argument("--keylime-venv", type=Path, default=Path("/tmp/keylime-venv"))
+    _figures.add_option(options)
     args = options.parse_args()
     # SIGTERM must run the finally blocks that stop swtpm.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -209,10 +212,23 @@ def main() -> int:
     ratio = verify_json[0] / floor[0]
     print(f"\nverify / floor   = {ratio:5.2f}x   (target <= 2x: {'met' if ratio <= 2 else 'MISSED'};"
           f" decoded Evidence: {verify_decoded[0] / floor[0]:.2f}x)")
+    figures = [
+        _figures.figure("verify_evidence", "Verifier.verify, JSON document (median)", round(verify_json[0], 1), "us"),
+        _figures.figure("verify_evidence", "floor: ECDSA-P256 verify of the quote (median)", round(floor[0], 1), "us"),
+        _figures.figure("verify_evidence", "verify / floor", round(ratio, 2), "x", "<= 2x", ratio <= 2),
+    ]
     if keylime is not None:
         speedup = keylime[0] / verify_json[0]
         print(f"keylime / verify = {speedup:5.2f}x   (target > 1x: {'met' if speedup > 1 else 'MISSED'};"
               f" decoded Evidence, checkquote's own inputs: {keylime[0] / verify_decoded[0]:.2f}x)")
+        figures += [
+            _figures.figure("verify_evidence", f"Keylime {KEYLIME_VERSION} checkquote (median)", round(keylime[0], 1), "us"),
+            _figures.figure("verify_evidence", "Keylime checkquote / verify", round(speedup, 2), "x", "> 1x", speedup > 1),
+        ]
+    else:
+        figures.append(_figures.figure("verify_evidence", f"Keylime {KEYLIME_VERSION} checkquote: not measured ({reason or 'failed'})",
+                                       float("nan"), "us", "> 1x slower than verify", None))
+    _figures.write(args.figures, figures)
     return 0
 
 

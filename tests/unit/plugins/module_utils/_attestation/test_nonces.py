@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import (
-    MAX_LEDGER_ENTRIES, MAX_OUTSTANDING, NonceLimitError, NonceStore)
+    COMPACT_AFTER, MAX_LEDGER_ENTRIES, MAX_OUTSTANDING, RECORD_BYTES, NonceLimitError, NonceStore)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 
 
@@ -103,7 +103,7 @@ def test_expiry_reads_only_the_expired_entries_and_one_more():
     for index in range(2000):
         clock.now += 0.01 if index else 0
         store.issue()
-    memory = store._memory
+    memory = store._memory.entries
     for key in list(memory):
         memory[key] = CountingEntry(memory[key])
     CountingEntry.reads = 0
@@ -124,15 +124,47 @@ def test_ledger_keeps_single_use_across_restarts_and_is_private(tmp_path):
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
 
 
-def test_ledger_file_drops_expired_entries(tmp_path):
+def test_ledger_file_cuts_expired_records_once_they_are_many(tmp_path):
     path = tmp_path / "nonces.json"
     clock = Clock()
     store = NonceStore(ttl=60, path=str(path), clock=clock)
-    old = [store.issue() for _i in range(5)]
+    few = [store.issue() for _i in range(5)]
+    clock.now += 121
+    store.issue()
+    assert store.remembered() == 1
+    assert _reason(store, few[0]) == "nonce-unknown"
+    assert path.stat().st_size == 6 * RECORD_BYTES  # a few expired records stay until they are worth a rewrite
+    many = [store.issue() for _i in range(COMPACT_AFTER)]
     clock.now += 121
     kept = store.issue()
-    assert list(json.loads(path.read_text())) == [kept.hex()]
-    assert _reason(store, old[0]) == "nonce-unknown"
+    assert path.read_bytes().split() == [kept.hex().encode(), f"{clock.now:017.6f}".encode(), b"i"]
+    assert _reason(store, many[-1]) == "nonce-unknown"
+    store.consume(kept)
+
+
+def test_ledger_issue_times_never_decrease_when_the_clock_steps_back(tmp_path):
+    clock = Clock()
+    store = NonceStore(ttl=60, path=str(tmp_path / "nonces.json"), clock=clock)
+    first = store.issue()
+    clock.now -= 100
+    second = store.issue()
+    clock.now += 30
+    assert store.remembered() == 2
+    store.consume(first)
+    store.consume(second)  # issued "at" the first one's time: not stale 30 s later
+    issued = [float(line.split()[1]) for line in (tmp_path / "nonces.json").read_bytes().splitlines()]
+    assert issued == sorted(issued)
+
+
+def test_ledger_record_cut_short_by_a_crash_is_dropped(tmp_path):
+    path = tmp_path / "nonces.json"
+    store = NonceStore(path=str(path))
+    nonce = store.issue()
+    with open(path, "ab") as handle:
+        handle.write(b"0123abc")
+    store.consume(nonce)
+    assert path.stat().st_size == RECORD_BYTES
+    assert _reason(store, nonce) == "nonce-reused"
 
 
 def test_ledger_written_by_the_previous_format_is_read(tmp_path):
@@ -145,14 +177,15 @@ def test_ledger_written_by_the_previous_format_is_read(tmp_path):
     assert _reason(NonceStore(ttl=60, path=str(path), clock=clock), nonce) == "nonce-reused"
 
 
-@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"ab": 1, "cd": {"issued": "yesterday", "used": false}}'])
+@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"ab": 1, "cd": {"issued": "yesterday", "used": false}}',
+                                     "x" * RECORD_BYTES * 3])
 def test_unreadable_ledger_starts_empty_and_refuses_its_nonces(tmp_path, content):
     path = tmp_path / "nonces.json"
     path.write_text(content)
     store = NonceStore(path=str(path))
     assert _reason(store, bytes.fromhex("ab" * 32)) == "nonce-unknown"
     assert len(store.issue()) == 32
-    assert len(json.loads(path.read_text())) == 1
+    assert path.stat().st_size == RECORD_BYTES
 
 
 def test_ledger_shared_by_concurrent_users_consumes_each_nonce_once(tmp_path):
@@ -172,7 +205,7 @@ def test_ledger_shared_by_concurrent_users_consumes_each_nonce_once(tmp_path):
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(json.loads(open(path).read())) == 100 == len(set(issued))
+    assert os.stat(path).st_size == 100 * RECORD_BYTES and len(set(issued)) == 100
     outcomes: list[str] = []
 
     def consume_all():
