@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 
-def figure(benchmark: str, name: str, value: float, unit: str, target: str = "", met: bool | None = None) -> dict:
+def figure(benchmark: str, name: str, value: float | None, unit: str, target: str = "", met: bool | None = None) -> dict:
     """One figure; ``target`` in words (e.g. "<= 2x floor"), ``met`` None when the figure has no target."""
     return {"benchmark": benchmark, "figure": name, "value": value, "unit": unit, "target": target, "met": met}
 
