@@ -22,6 +22,7 @@ import importlib.util
 import io
 import multiprocessing
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -246,6 +247,7 @@ def main() -> int:
             service.stop_now()
         for instance in swtpms:
             instance.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

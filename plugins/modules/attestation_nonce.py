@@ -9,8 +9,10 @@ module: attestation_nonce
 short_description: Draw a single-use, expiring verifier nonce on the controller
 version_added: 0.1.0
 description:
-  - Draws 32 random bytes and records them in the controller's nonce ledger (a 0600 JSON file), so that
-    M(confidential.kubernetes.verify_evidence) can refuse a stale or replayed nonce.
+  - Draws 32 random bytes and records them in the controller's nonce ledger (a 0600 file of fixed-size text records,
+    shared by parallel tasks under a lock), so that M(confidential.kubernetes.verify_evidence) can refuse a stale or
+    replayed nonce.
+  - The ledger remembers at most 10,000 nonces issued within two lifetimes; beyond that the task fails until some expire.
   - Runs on the controller only.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)

@@ -57,7 +57,7 @@ options:
     description: PEM file (on the controller) with the CA certificates that issue EK certificates. Needed at AK trust level 2.
     type: path
   nonce_ledger:
-    description: The controller's nonce ledger (0600 JSON file) to consume the nonce from; see M(confidential.kubernetes.attestation_nonce).
+    description: The controller's nonce ledger (0600 file) to consume the nonce from; see M(confidential.kubernetes.attestation_nonce).
     type: path
   nonce_ttl:
     description: Lifetime of a nonce in seconds, when O(nonce_ledger) is used.

@@ -26,6 +26,7 @@ import json
 import multiprocessing
 import os
 import queue
+import shutil
 import signal
 import socket
 import statistics
@@ -258,7 +259,12 @@ def main() -> int:
         for process in processes:
             process.join(timeout=60)
         second_exit = services[-1].stop()
-        return report(args, outcomes, tokens, services, restart, second_exit, policy_changed_at, duration)
+        failed = report(args, outcomes, tokens, services, restart, second_exit, policy_changed_at, duration)
+        if failed:
+            print(f"service logs and minted tokens kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+        return failed
     finally:
         for process in processes:
             if process.is_alive():
@@ -277,7 +283,7 @@ def report(args, outcomes: list[Outcome], tokens: Path, services: list[ServicePr
     valid = [o for o in outcomes if not o.tampered]
     tampered = [o for o in outcomes if o.tampered]
     lost = [o for o in outcomes if o.token is None and (o.exhausted or o.code is None)]
-    valid_refused = [o for o in valid if o.token is None and not o.exhausted]
+    valid_refused = [o for o in valid if o.token is None and not o.exhausted and o.code is not None]
     tampered_refused = [o for o in tampered if o.token is None and o.reason == "pcr-policy"]
     tampered_admitted = [o for o in tampered if o.token is not None]
     minted = collections.Counter(line.split()[0] for line in tokens.read_text().splitlines())
