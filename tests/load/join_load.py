@@ -200,6 +200,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--joins", type=int, default=int(os.environ.get("CK_LOAD_JOINS", "2000")))
     parser.add_argument("--clients", type=int, default=int(os.environ.get("CK_LOAD_CLIENTS", "64")))
+    parser.add_argument("--ak-trust", choices=("pcrs-only", "ek-certificate"), default=os.environ.get("CK_LOAD_AK_TRUST", "pcrs-only"),
+                        help="the policy's AK trust: ek-certificate adds the EK chain check and a credential activation per join")
     args = parser.parse_args()
     if args.clients < TAMPERED_EVERY or args.joins < 3 * args.clients:
         parser.error(f"need at least {TAMPERED_EVERY} clients and 3 joins per client")
@@ -213,7 +215,7 @@ def main() -> int:
         manufactured = conftest.ManufacturedTpm(work / "tpm", work / "ek-ca")
         swtpms = [conftest.SwtpmInstance(manufactured) for _i in range(args.clients)]
         lab = join_harness.JoinLab(work / "node", swtpms[-1])
-        policy = lab.write_policy("pcrs-only")
+        policy = lab.write_policy(args.ak_trust)
         clients = [Client(i, swtpms[i].tcti, i % TAMPERED_EVERY == 0, []) for i in range(args.clients)]
         for client in clients:
             if client.tampered:
@@ -314,7 +316,7 @@ def report(args, outcomes: list[Outcome], tokens: Path, services: list[ServicePr
     seconds = sorted(o.seconds for o in valid if o.token)
     retried = sum(1 for o in outcomes if o.retries)
     print(f"join service under load: {args.clients} clients ({args.clients // TAMPERED_EVERY} tampered) in {CLIENT_PROCESSES} processes, "
-          f"one swtpm each, {os.cpu_count()} CPU(s), grpcio {grpc.__version__}")
+          f"one swtpm each, ak_trust {args.ak_trust}, {os.cpu_count()} CPU(s), grpcio {grpc.__version__}")
     print(f"policy changed after {policy_changed_at} joins; restart after {restart[0] if restart else '-'} joins: "
           f"drain and exit {restart[2]:.1f} s, new process serving {restart[3]:.1f} s later" if restart else "no restart happened")
     print(f"tickets {len(seconds)}, {len(seconds) / duration:.1f}/s; join latency with retries p50 {statistics.median(seconds) * 1000:.0f} ms, "
