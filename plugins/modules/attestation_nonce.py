@@ -36,7 +36,7 @@ options:
   nonce_ledger:
     description: Path of the nonce ledger on the controller.
     type: path
-    default: ~/.cache/confidential-kubernetes/nonce-ledger.json
+    default: ~/.cache/confidential-kubernetes/nonce-ledger
   nonce_ttl:
     description: Lifetime of the nonce in seconds.
     type: float

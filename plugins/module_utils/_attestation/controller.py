@@ -13,7 +13,7 @@ from .policy import NODE_LOCK_PCR, MeasurementPolicy, PolicyError, load_policy, 
 from .verifier import VerificationError, VerificationResult, Verifier, load_ca_certificates
 
 CRYPTOGRAPHY_IMPORT_ERROR = seal.CRYPTOGRAPHY_IMPORT_ERROR
-DEFAULT_NONCE_LEDGER = "~/.cache/confidential-kubernetes/nonce-ledger.json"
+DEFAULT_NONCE_LEDGER = "~/.cache/confidential-kubernetes/nonce-ledger"
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 

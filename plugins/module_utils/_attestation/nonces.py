@@ -14,7 +14,6 @@ number of remembered nonces is capped: beyond it ``issue`` refuses with NonceLim
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import threading
 import time
@@ -122,8 +121,7 @@ class _MemoryNonces:
 class _LedgerFile:
     """The ledger, locked while open: fixed-size text records in issue order (issue times never decrease).
 
-    An unreadable ledger starts empty, which refuses its nonces as unknown; a ledger of the previous JSON format
-    is converted.
+    An unreadable ledger starts empty, which refuses its nonces as unknown.
     """
 
     def __init__(self, path: str):
@@ -135,9 +133,6 @@ class _LedgerFile:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
-            head = os.pread(self._fd, 1, 0)
-            if head == b"{":
-                self._convert_json()
             size = os.fstat(self._fd).st_size
             if size % RECORD_BYTES:
                 # A record cut short by a crash while appending.
@@ -215,16 +210,6 @@ class _LedgerFile:
         os.ftruncate(self._fd, len(records))
         os.fsync(self._fd)
         self._first = 0
-
-    def _convert_json(self) -> None:
-        size = os.fstat(self._fd).st_size
-        try:
-            document = json.loads(os.pread(self._fd, size, 0))
-            entries = sorted((entry["issued"], key, entry["used"]) for key, entry in document.items()
-                             if len(key) == 2 * NONCE_BYTES and isinstance(entry["issued"], (int, float)))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            entries = []
-        self._rewrite(b"".join(_record(key, issued, used is True) for issued, key, used in entries))
 
 
 class _CorruptLedger(Exception):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 
@@ -31,7 +30,7 @@ def _reason(store, nonce):
 def make_store(request, tmp_path):
     def make(**options):
         if request.param == "ledger":
-            options["path"] = str(tmp_path / "nonces.json")
+            options["path"] = str(tmp_path / "nonce-ledger")
         return NonceStore(**options)
     return make
 
@@ -117,7 +116,7 @@ def test_expiry_reads_only_the_expired_entries_and_one_more():
 
 
 def test_ledger_keeps_single_use_across_restarts_and_is_private(tmp_path):
-    path = str(tmp_path / "nonces.json")
+    path = str(tmp_path / "nonce-ledger")
     nonce = NonceStore(path=path).issue()
     NonceStore(path=path).consume(nonce)
     assert _reason(NonceStore(path=path), nonce) == "nonce-reused"
@@ -125,7 +124,7 @@ def test_ledger_keeps_single_use_across_restarts_and_is_private(tmp_path):
 
 
 def test_ledger_file_cuts_expired_records_once_they_are_many(tmp_path):
-    path = tmp_path / "nonces.json"
+    path = tmp_path / "nonce-ledger"
     clock = Clock()
     store = NonceStore(ttl=60, path=str(path), clock=clock)
     few = [store.issue() for _i in range(5)]
@@ -144,7 +143,7 @@ def test_ledger_file_cuts_expired_records_once_they_are_many(tmp_path):
 
 def test_ledger_issue_times_never_decrease_when_the_clock_steps_back(tmp_path):
     clock = Clock()
-    store = NonceStore(ttl=60, path=str(tmp_path / "nonces.json"), clock=clock)
+    store = NonceStore(ttl=60, path=str(tmp_path / "nonce-ledger"), clock=clock)
     first = store.issue()
     clock.now -= 100
     second = store.issue()
@@ -152,12 +151,12 @@ def test_ledger_issue_times_never_decrease_when_the_clock_steps_back(tmp_path):
     assert store.remembered() == 2
     store.consume(first)
     store.consume(second)  # issued "at" the first one's time: not stale 30 s later
-    issued = [float(line.split()[1]) for line in (tmp_path / "nonces.json").read_bytes().splitlines()]
+    issued = [float(line.split()[1]) for line in (tmp_path / "nonce-ledger").read_bytes().splitlines()]
     assert issued == sorted(issued)
 
 
 def test_ledger_record_cut_short_by_a_crash_is_dropped(tmp_path):
-    path = tmp_path / "nonces.json"
+    path = tmp_path / "nonce-ledger"
     store = NonceStore(path=str(path))
     nonce = store.issue()
     with open(path, "ab") as handle:
@@ -167,20 +166,10 @@ def test_ledger_record_cut_short_by_a_crash_is_dropped(tmp_path):
     assert _reason(store, nonce) == "nonce-reused"
 
 
-def test_ledger_written_by_the_previous_format_is_read(tmp_path):
-    path = tmp_path / "nonces.json"
-    nonce = os.urandom(32)
-    clock = Clock()
-    path.write_text(json.dumps({os.urandom(32).hex(): {"issued": clock.now - 5, "used": True},
-                                nonce.hex(): {"issued": clock.now - 1, "used": False}}, indent=2))
-    NonceStore(ttl=60, path=str(path), clock=clock).consume(nonce)
-    assert _reason(NonceStore(ttl=60, path=str(path), clock=clock), nonce) == "nonce-reused"
-
-
 @pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"ab": 1, "cd": {"issued": "yesterday", "used": false}}',
                                      "x" * RECORD_BYTES * 3])
 def test_unreadable_ledger_starts_empty_and_refuses_its_nonces(tmp_path, content):
-    path = tmp_path / "nonces.json"
+    path = tmp_path / "nonce-ledger"
     path.write_text(content)
     store = NonceStore(path=str(path))
     assert _reason(store, bytes.fromhex("ab" * 32)) == "nonce-unknown"
@@ -190,7 +179,7 @@ def test_unreadable_ledger_starts_empty_and_refuses_its_nonces(tmp_path, content
 
 def test_ledger_shared_by_concurrent_users_consumes_each_nonce_once(tmp_path):
     """Separate stores (as separate task processes have) on one ledger: flock serialises them."""
-    path = str(tmp_path / "nonces.json")
+    path = str(tmp_path / "nonce-ledger")
     issued: list[bytes] = []
     lock = threading.Lock()
 
