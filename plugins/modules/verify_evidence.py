@@ -80,7 +80,7 @@ seealso:
 EXAMPLES = r"""
 - name: Draw a nonce on the controller
   confidential.kubernetes.attestation_nonce:
-    nonce_ledger: "{{ playbook_dir }}/.state/nonces.json"
+    nonce_ledger: "{{ playbook_dir }}/.state/nonce-ledger"
   register: attestation_nonce
 
 - name: Produce evidence on the node
@@ -92,7 +92,7 @@ EXAMPLES = r"""
   confidential.kubernetes.verify_evidence:
     evidence: "{{ node_evidence.evidence }}"
     nonce: "{{ attestation_nonce.nonce }}"
-    nonce_ledger: "{{ playbook_dir }}/.state/nonces.json"
+    nonce_ledger: "{{ playbook_dir }}/.state/nonce-ledger"
     policy: measurement-policy.yml
     ek_ca_file: ek-ca.pem
     node_lock: unlocked
