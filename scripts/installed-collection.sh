@@ -38,7 +38,9 @@ for wanted in MANIFEST.json FILES.json README.md CHANGELOG.md LICENSES/GPL-3.0-o
 done
 
 step "install"
-ansible-galaxy collection install --offline -p "$work/collections" "$tarball" >/dev/null
+# --force: a copy elsewhere (molecule leaves one in ~/.ansible/collections) must not make it skip the install.
+ansible-galaxy collection install --offline --force -p "$work/collections" "$tarball" > "$work/install.log" 2>&1 \
+  || { cat "$work/install.log" >&2; fail "ansible-galaxy collection install failed"; }
 installed="$work/collections/ansible_collections/confidential/kubernetes"
 [ -f "$installed/MANIFEST.json" ] || fail "nothing installed at $installed"
 [ ! -L "$installed" ] || fail "$installed is a link, not an installed copy"
