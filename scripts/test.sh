@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests (real swtpm), the lab's own test, ansible-doc,
-# ansible-lint, ansible-test sanity, and the molecule scenarios on the lab.
+# ansible-lint, ansible-test sanity, the molecule scenarios on the lab, and a lab run of the collection as
+# installed from its Galaxy tarball.
 # Set SKIP_SANITY=1 or SKIP_MOLECULE=1 to leave a stage out while iterating.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +40,9 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
   for scenario in extensions/molecule/*/; do
     molecule test -s "$(basename "$scenario")"
   done
+
+  stage "the collection as installed from its Galaxy tarball (site, idempotence, verify on the lab)"
+  bash scripts/installed-collection.sh
 fi
 
 stage "pytest: unit tests on real swtpm, the lab tool and the test doubles"

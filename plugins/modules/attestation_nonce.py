@@ -49,6 +49,12 @@ EXAMPLES = r"""
 - name: Draw a nonce
   confidential.kubernetes.attestation_nonce:
   register: attestation_nonce
+
+- name: Draw a nonce in a ledger beside the inventory that lives 30 seconds
+  confidential.kubernetes.attestation_nonce:
+    nonce_ledger: "{{ inventory_dir }}/secrets/nonce-ledger.json"
+    nonce_ttl: 30
+  register: attestation_nonce
 """
 
 RETURN = r"""
@@ -56,8 +62,10 @@ nonce:
   description: The nonce, 64 hex characters.
   returned: success
   type: str
+  sample: 9f2c4e1ab3d5f7081a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7081
 expires_in:
   description: Seconds until the nonce expires.
   returned: success
   type: float
+  sample: 60.0
 """

@@ -43,8 +43,10 @@ cluster_id:
   description: The cluster ID (hex).
   returned: success
   type: str
+  sample: 128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6
 node_lock_mark:
-  description: The PCR 15 value (hex) of a node locked for this cluster.
+  description: The PCR 15 value (hex) of a node locked for this cluster, C(SHA-256(0^32 || SHA-256(cluster_id))).
   returned: success
   type: str
+  sample: 23400370357e846478cce7cc0c76cdfe4da077cc57b36dee0f665ede2c8b3f2f
 """

@@ -40,27 +40,51 @@ options:
     type: list
     elements: int
     default: []
+seealso:
+  - module: confidential.kubernetes.verify_evidence
+  - name: The measurements playbook
+    description: Enrols a golden node into a policy file on the controller.
+    link: https://github.com/confidential-kubernetes/confidential.kubernetes/blob/main/docs/playbooks/measurements.md
 """
 
 EXAMPLES = r"""
+# The measurements playbook does this, refusing to replace a different policy without force:
+#   ansible-playbook -i inventory.yml confidential.kubernetes.measurements -e measurements_golden_node=cp-0
 - name: Enrol the golden node's boot measurements
   confidential.kubernetes.measurements:
     pcrs: [0, 2, 4, 7, 8, 9]
   register: golden
 
-- name: Store the policy on the controller
+- name: Store the policy on the controller, keeping a replaced one as a backup
   ansible.builtin.copy:
-    content: "{{ golden.policy | to_nice_yaml }}"
-    dest: measurement-policy.yml
+    content: "{{ golden.policy | to_nice_yaml(indent=2) }}"
+    dest: "{{ inventory_dir }}/measurement-policy.yml"
     mode: "0644"
+    backup: true
   delegate_to: localhost
+
+- name: Accept two kernel command lines during a roll-out, and only warn about PCR 9
+  confidential.kubernetes.measurements:
+    pcrs: [4, 8, 9]
+    warn_only: [9]
+  register: golden
 """
 
 RETURN = r"""
 policy:
-  description: The measurement policy (version, hash_algorithm, ak_trust, pcrs index -> allowed values and warn_only).
+  description:
+    - The measurement policy - C(version), C(hash_algorithm), C(ak_trust) and C(pcrs), which maps each PCR index (a
+      string) to its C(allowed) values (hex) and C(warn_only) - as M(confidential.kubernetes.verify_evidence) reads it.
   returned: success
   type: dict
+  sample:
+    version: 1
+    hash_algorithm: sha256
+    ak_trust: ek-certificate
+    pcrs:
+      "8":
+        allowed: [b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e]
+        warn_only: false
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib

@@ -62,18 +62,22 @@ locked:
   description: Whether a lock record exists.
   returned: always
   type: bool
+  sample: true
 cluster_id:
-  description: The cluster the node is locked for.
+  description: The cluster the node is locked for; null when it is not locked.
   returned: always
   type: str
+  sample: 128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6
 pcr15:
   description: The current value of PCR 15 (hex).
   returned: always
   type: str
+  sample: 23400370357e846478cce7cc0c76cdfe4da077cc57b36dee0f665ede2c8b3f2f
 pcr15_state:
   description: V(unlocked) (zero), V(marked) (the mark of the locked cluster) or V(foreign) (anything else).
   returned: always
   type: str
+  sample: marked
 """
 
 import re

@@ -107,11 +107,22 @@ reason:
   description: V(ok), or the code of the first failed check (see the description).
   returned: always
   type: str
+  sample: pcr-policy
+msg:
+  description: What failed, in words, naming every mismatching PCR.
+  returned: when the evidence is not verified
+  type: str
+  sample: PCR(s) 8 do not match the measurement policy
 mismatches:
   description: Every PCR that does not match an enforced policy rule (pcr, actual, allowed, warn_only).
   returned: always
   type: list
   elements: dict
+  sample:
+    - pcr: 8
+      actual: 5f3a4a1c0f0d2e6b9a7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c
+      allowed: [b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e]
+      warn_only: false
 warnings:
   description: PCRs that do not match a warn-only rule.
   returned: always
