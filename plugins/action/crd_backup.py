@@ -26,6 +26,11 @@ RELEASE_OPTIONS = dict(
     chart_repo_url=dict(type="str"),
     values=dict(type="dict", default={}, no_log=True),
     values_files=dict(type="list", elements="path", default=[]),
+    # Accepted so that the upgrade role's release list can be passed as it is; they do not matter to a backup.
+    wait_timeout=dict(type="str"),
+    atomic=dict(type="bool"),
+    create_namespace=dict(type="bool"),
+    force=dict(type="bool"),
 )
 ARGUMENT_SPEC = dict(
     kubeconfig=dict(type="path", required=True),
@@ -65,19 +70,23 @@ class ActionModule(ActionBase):
             return result
         try:
             releases = [dict(r, merged_values=requested_values(r["values_files"], r["values"])) for r in params["releases"]]
-            api_client, api_get = kubernetes_get(params["kubeconfig"], params["context"])
-            try:
-                upgrade_dir = make_upgrade_dir(params["backup_dir"])
-                counts = backup_crds(api_get, upgrade_dir)
-                saved = save_release_inputs(upgrade_dir, releases)
-            finally:
-                api_client.close()
-        except (BackupError, ValuesError, OSError) as exc:
+        except ValuesError as exc:
             result.update(failed=True, msg=f"backup failed, nothing was upgraded: {exc}")
             return result
+        try:
+            api_client, api_get = kubernetes_get(params["kubeconfig"], params["context"])
         except Exception as exc:  # the kubernetes client's configuration errors have no common base class
-            result.update(failed=True, msg=f"backup failed, nothing was upgraded: cannot reach the cluster: {exc}")
+            result.update(failed=True, msg=f"backup failed, nothing was upgraded: cannot load {params['kubeconfig']}: {exc}")
             return result
+        try:
+            upgrade_dir = make_upgrade_dir(params["backup_dir"])
+            counts = backup_crds(api_get, upgrade_dir)
+            saved = save_release_inputs(upgrade_dir, releases)
+        except (BackupError, OSError) as exc:
+            result.update(failed=True, msg=f"backup failed, nothing was upgraded: {exc}")
+            return result
+        finally:
+            api_client.close()
         result.update(
             changed=True,
             backup_path=upgrade_dir,

@@ -86,6 +86,18 @@ options:
         type: list
         elements: path
         default: []
+      wait_timeout:
+        description: Ignored (accepted so that the upgrade role's release list can be passed as it is).
+        type: str
+      atomic:
+        description: Ignored.
+        type: bool
+      create_namespace:
+        description: Ignored.
+        type: bool
+      force:
+        description: Ignored.
+        type: bool
 requirements:
   - kubernetes (Python) on the controller
 seealso:

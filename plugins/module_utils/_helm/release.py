@@ -111,6 +111,8 @@ class ReleaseManager:
         if after is not None:
             result.update(revision=after.revision, status=after.status)
             result["deployed_chart_version"] = after.chart_version
+        # helm refusing up front (bad values, unknown chart, unreachable repository) records no revision: no change.
+        result["changed"] = after is not None and (deployed is None or after.revision != deployed.revision)
         raise ReleaseFailed(message, result)
 
     def _diff(self, deployed_values: dict, present: bool) -> list[dict]:

@@ -107,5 +107,5 @@ def _string_leaves(values: object) -> set[str]:
 
 
 def dump_values(values: dict) -> str:
-    """Values for a diff or a backup, stable key order."""
-    return yaml.safe_dump(values or {}, sort_keys=True, default_flow_style=False)
+    """Values for a diff or a backup, stable key order (plain types first: Ansible hands over str subclasses)."""
+    return yaml.safe_dump(normalise(values), sort_keys=True, default_flow_style=False)

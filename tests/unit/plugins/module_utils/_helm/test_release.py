@@ -226,3 +226,13 @@ def test_unreachable_repository_is_helms_error(tmp_path):
         ReleaseManager(helm, req, {}).ensure(False, False)
     argv = failed.value.result["command"]
     assert argv[argv.index("--repo") + 1] == "http://127.0.0.1:9/charts" and argv[argv.index("--version") + 1] == "1.16.5"
+
+
+def test_refusal_by_helm_is_not_a_change(tmp_path):
+    chart = make_chart(tmp_path, version="1.1.0")
+    helm = ScriptedHelm(status=deployed(version="1.0.0", revision=2),
+                        upgrade=(1, "", "Error: UPGRADE FAILED: values don't meet the specifications of the schema(s)\n"),
+                        after=deployed(version="1.0.0", revision=2))
+    with pytest.raises(ReleaseFailed) as failed:
+        ReleaseManager(helm, request(chart), {"greeting": 1}).ensure(False, False)
+    assert failed.value.result["changed"] is False and failed.value.result["revision"] == 2
