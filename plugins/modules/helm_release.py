@@ -199,13 +199,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.char
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.policy import VersionPolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.release import ReleaseFailed, ReleaseManager
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import Helm, HelmError, ReleaseRequest
-from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import ValuesError, requested_values
-
-try:
-    import yaml  # noqa: F401
-    HAS_YAML = True
-except ImportError:
-    HAS_YAML = False
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import HAS_YAML, ValuesError, requested_values
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ from typing import Any
 
 try:
     import yaml
+    HAS_YAML = True
 except ImportError:  # reported by the modules through missing_required_lib()
-    pass
+    HAS_YAML = False
 
 
 class ValuesError(ValueError):

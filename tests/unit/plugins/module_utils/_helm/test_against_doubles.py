@@ -17,7 +17,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.rele
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import (
     Helm, ReleasePendingError, ReleaseRequest)
 
-from conftest import make_chart
+from helm_harness import make_chart
 
 kubernetes = pytest.importorskip("kubernetes")
 
@@ -65,8 +65,8 @@ def test_install_rerun_upgrade_with_backup(cluster, helm_binary, tmp_path):
     try:
         upgrade_dir = make_upgrade_dir(str(tmp_path / "upgrades"))
         counts = backup_crds(api_get, upgrade_dir)
-        saved = save_release_inputs(upgrade_dir, [dict(release_name="web", release_namespace="apps", chart_ref=str(chart),
-                                                        merged_values={"greeting": "hi"})])
+        inputs = dict(release_name="web", release_namespace="apps", chart_ref=str(chart), merged_values={"greeting": "hi"})
+        saved = save_release_inputs(upgrade_dir, [inputs])
         # Every file is byte for byte the object as a GET serves it now.
         served = {}
         for path in counts["files"]:

@@ -17,7 +17,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runn
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import (
     ValueMasker, merge_values, requested_values, values_equal)
 
-from conftest import make_chart
+from helm_harness import make_chart
 
 CHART = ChartRef("gadgets", "1.1.0", True)
 
@@ -218,9 +218,9 @@ def test_skip_wait_failure_is_rolled_back_by_the_module(tmp_path):
 
 
 def test_unreachable_repository_is_helms_error(tmp_path):
-    helm = ScriptedHelm(upgrade=(1, "", 'Error: looks like "http://127.0.0.1:9/charts" is not a valid chart repository '
-                                         "or cannot be reached: Get \"http://127.0.0.1:9/charts/index.yaml\": dial tcp "
-                                         "127.0.0.1:9: connect: connection refused\n"))
+    refused = ('Error: looks like "http://127.0.0.1:9/charts" is not a valid chart repository or cannot be reached: '
+               'Get "http://127.0.0.1:9/charts/index.yaml": dial tcp 127.0.0.1:9: connect: connection refused\n')
+    helm = ScriptedHelm(upgrade=(1, "", refused))
     req = ReleaseRequest("web", "apps", "cilium", chart_version="1.16.5", chart_repo_url="http://127.0.0.1:9/charts")
     with pytest.raises(ReleaseFailed, match="cannot be reached") as failed:
         ReleaseManager(helm, req, {}).ensure(False, False)
