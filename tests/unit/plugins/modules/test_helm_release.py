@@ -14,9 +14,20 @@ from ansible_collections.confidential.kubernetes.plugins.modules import helm_rel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils" / "_helm"))
 
-from helm_harness import cluster, helm_binary, make_chart  # noqa: E402,F401  (pytest fixtures)
+import helm_harness  # noqa: E402
+from helm_harness import make_chart  # noqa: E402
 
 SECRET = "db-p4ssw0rd-value"
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    yield from helm_harness.control_plane(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def helm_binary() -> str:
+    return helm_harness.HELM_BINARY
 
 
 class AnsibleExitJson(Exception):

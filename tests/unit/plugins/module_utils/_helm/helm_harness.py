@@ -8,8 +8,6 @@ import tarfile
 import textwrap
 from pathlib import Path
 
-import pytest
-
 DOUBLES_TESTS = Path(__file__).resolve().parents[4] / "unit" / "doubles"
 sys.path.insert(0, str(DOUBLES_TESTS))
 
@@ -107,9 +105,8 @@ def make_chart(directory: Path, name: str = "gadgets", version: str = "1.0.0", c
     return archive
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, monkeypatch):
-    """A control plane initialised by the kubeadm double; the helm double runs with this Python."""
+def control_plane(tmp_path: Path, monkeypatch):
+    """A control plane initialised by the kubeadm double (a generator for fixtures); the helm double runs with this Python."""
     node = Node(tmp_path / "cp")
     node.root.mkdir()
     port = free_port()
@@ -124,6 +121,4 @@ def cluster(tmp_path: Path, monkeypatch):
         stop_pid(pid or node.apiserver_pid())
 
 
-@pytest.fixture
-def helm_binary() -> str:
-    return str(BIN / "helm")
+HELM_BINARY = str(BIN / "helm")
