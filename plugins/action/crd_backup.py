@@ -1,0 +1,97 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Runs on the controller: backs up every CRD and custom resource, and the charts and values of an upgrade."""
+
+from __future__ import annotations
+
+import json
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.backup import (
+    BackupError, backup_crds, make_upgrade_dir, save_release_inputs)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import ValuesError, requested_values
+
+try:
+    from kubernetes import config as kube_config
+    HAS_KUBERNETES = True
+except ImportError:
+    HAS_KUBERNETES = False
+
+RELEASE_OPTIONS = dict(
+    release_name=dict(type="str", required=True, aliases=["name"]),
+    release_namespace=dict(type="str", required=True, aliases=["namespace"]),
+    chart_ref=dict(type="str", required=True),
+    chart_version=dict(type="str"),
+    chart_repo_url=dict(type="str"),
+    values=dict(type="dict", default={}, no_log=True),
+    values_files=dict(type="list", elements="path", default=[]),
+    # Accepted so that the upgrade role's release list can be passed as it is; they do not matter to a backup.
+    wait_timeout=dict(type="str"),
+    atomic=dict(type="bool"),
+    create_namespace=dict(type="bool"),
+    force=dict(type="bool"),
+)
+ARGUMENT_SPEC = dict(
+    kubeconfig=dict(type="path", required=True),
+    context=dict(type="str"),
+    backup_dir=dict(type="path", required=True),
+    releases=dict(type="list", elements="dict", default=[], options=RELEASE_OPTIONS),
+)
+
+
+def kubernetes_get(kubeconfig: str, context: str | None):
+    """An ApiGet over the official client: the raw JSON the API serves for a path."""
+    api_client = kube_config.new_client_from_config(config_file=kubeconfig, context=context)
+
+    def api_get(path: str) -> dict:
+        response = api_client.call_api(
+            path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+            response_type=None, _preload_content=False, _return_http_data_only=True, _request_timeout=60,
+        )
+        return json.loads(response.data)
+
+    return api_client, api_get
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        params = validation.validated_parameters
+        if not HAS_KUBERNETES:
+            result.update(failed=True, msg="the kubernetes Python library is needed on the controller (requirements.txt)")
+            return result
+        if self._task.check_mode:
+            result.update(changed=True, backup_path=None, msg="check mode: no backup written")
+            return result
+        try:
+            releases = [dict(r, merged_values=requested_values(r["values_files"], r["values"])) for r in params["releases"]]
+        except ValuesError as exc:
+            result.update(failed=True, msg=f"backup failed, nothing was upgraded: {exc}")
+            return result
+        try:
+            api_client, api_get = kubernetes_get(params["kubeconfig"], params["context"])
+        except Exception as exc:  # the kubernetes client's configuration errors have no common base class
+            result.update(failed=True, msg=f"backup failed, nothing was upgraded: cannot load {params['kubeconfig']}: {exc}")
+            return result
+        try:
+            upgrade_dir = make_upgrade_dir(params["backup_dir"])
+            counts = backup_crds(api_get, upgrade_dir)
+            saved = save_release_inputs(upgrade_dir, releases)
+        except (BackupError, OSError) as exc:
+            result.update(failed=True, msg=f"backup failed, nothing was upgraded: {exc}")
+            return result
+        finally:
+            api_client.close()
+        result.update(
+            changed=True,
+            backup_path=upgrade_dir,
+            crds=counts["crds"],
+            custom_resources=counts["custom_resources"],
+            files=len(counts["files"]) + len(saved),
+        )
+        return result

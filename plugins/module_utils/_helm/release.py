@@ -1,0 +1,140 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One release brought to its declared chart version and values: plan (pure), diff, apply, roll back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .chart import ChartRef, resolve_chart
+from .policy import check_version_policy
+from .runner import PENDING, DeployedRelease, Helm, HelmError, ReleasePendingError, ReleaseRequest
+from .values import ValueMasker, dump_values, normalise, values_equal
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: str  # install | upgrade | none
+    reason: str
+
+
+def plan_release(deployed: DeployedRelease | None, deployed_values: dict, chart: ChartRef, values: dict,
+                 force: bool = False) -> Plan:
+    """What to do, from what helm reports. Raises ReleasePendingError and VersionPolicyError; changes nothing."""
+    if deployed is None or deployed.status == "uninstalled":
+        return Plan("install", "the release does not exist")
+    if deployed.status in PENDING:
+        raise ReleasePendingError(
+            f"release {deployed.name} in namespace {deployed.namespace} is stuck in {deployed.status} "
+            f"(revision {deployed.revision}): another helm operation is running or was killed. Nothing was changed. "
+            f"Check 'helm history {deployed.name} -n {deployed.namespace}', then roll back to the last deployed "
+            f"revision ('helm rollback {deployed.name} <revision> -n {deployed.namespace}') and re-run."
+        )
+    if deployed.chart_name and deployed.chart_name != chart.name and not force:
+        raise HelmError(
+            f"release {deployed.name} runs chart {deployed.chart_name}, not {chart.name}; refusing to replace it "
+            "(set force to override)"
+        )
+    check_version_policy(deployed.chart_version or None, chart.version, force)
+    if deployed.status != "deployed":
+        return Plan("upgrade", f"the latest revision {deployed.revision} is {deployed.status}")
+    if deployed.chart_version != chart.version or deployed.chart_name != chart.name:
+        return Plan("upgrade", f"chart {deployed.chart_name} {deployed.chart_version} -> {chart.name} {chart.version}")
+    if not values_equal(deployed_values, values):
+        return Plan("upgrade", "the values differ")
+    return Plan("none", "same chart version and values")
+
+
+class ReleaseManager:
+    """Drives helm for one release; the module and tests call ``ensure``."""
+
+    def __init__(self, helm: Helm, request: ReleaseRequest, values: dict, force: bool = False):
+        self.helm = helm
+        self.request = request
+        self.values = normalise(values)
+        self.force = force
+        self.masker = ValueMasker()
+
+    def ensure(self, check_mode: bool, diff: bool) -> dict:
+        request = self.request
+        chart = resolve_chart(request.chart_ref, request.chart_version, request.chart_repo_url)
+        deployed = self.helm.status(request.release_name, request.release_namespace)
+        present = deployed is not None and deployed.status not in ("uninstalled",) + PENDING
+        deployed_values = self.helm.get_values(request.release_name, request.release_namespace) if present else {}
+        plan = plan_release(deployed, deployed_values, chart, self.values, self.force)
+        result: dict = dict(
+            changed=plan.action != "none",
+            action=plan.action,
+            reason=plan.reason,
+            release_name=request.release_name,
+            release_namespace=request.release_namespace,
+            chart_name=chart.name,
+            chart_version=chart.version,
+            previous_chart_version=deployed.chart_version if present and deployed else None,
+            previous_revision=deployed.revision if deployed else None,
+            revision=deployed.revision if deployed else None,
+            status=deployed.status if deployed else None,
+            helm_major_version=self.helm.major,
+            rolled_back=False,
+        )
+        if diff:
+            result["diff"] = self._diff(deployed_values, present)
+        if plan.action == "none" or check_mode:
+            return result
+        atomic_by_helm = request.atomic and request.wait
+        try:
+            result["command"] = self.helm.upgrade(request, self.values)
+        except HelmError as exc:
+            self._fail(result, plan, str(exc), deployed if present else None, atomic_by_helm)
+        after = self.helm.status(request.release_name, request.release_namespace)
+        if after is not None:
+            result.update(revision=after.revision, status=after.status)
+        return result
+
+    def _fail(self, result: dict, plan: Plan, message: str, deployed: DeployedRelease | None, atomic_by_helm: bool) -> None:
+        request = self.request
+        result["command"] = self.helm.upgrade_argv(request, "<values file>")
+        if request.atomic and not atomic_by_helm and plan.action == "upgrade" and deployed is not None:
+            # Without wait helm cannot roll back by itself: return to the revision that was deployed.
+            try:
+                self.helm.rollback(request.release_name, request.release_namespace, deployed.revision, request.wait_timeout)
+                result["rolled_back"] = True
+                message += f" (rolled back to revision {deployed.revision})"
+            except HelmError as rollback_error:
+                message += f"; the rollback to revision {deployed.revision} failed too: {rollback_error}"
+        elif "rolled back" in message:
+            result["rolled_back"] = True
+        try:
+            after = self.helm.status(request.release_name, request.release_namespace)
+        except HelmError:
+            after = None
+        if after is not None:
+            result.update(revision=after.revision, status=after.status)
+            result["deployed_chart_version"] = after.chart_version
+        # helm refusing up front (bad values, unknown chart, unreachable repository) records no revision: no change.
+        result["changed"] = after is not None and (deployed is None or after.revision != deployed.revision)
+        raise ReleaseFailed(message, result)
+
+    def _diff(self, deployed_values: dict, present: bool) -> list[dict]:
+        request = self.request
+        masked_before = self.masker.mask(normalise(deployed_values))
+        masked_after = self.masker.mask(self.values)
+        diffs = [dict(before_header=f"{request.release_name} values (deployed, masked)",
+                      after_header=f"{request.release_name} values (requested, masked)",
+                      before=dump_values(masked_before) if present else "", after=dump_values(masked_after))]
+        before_manifest = self.helm.get_manifest(request.release_name, request.release_namespace) if present else ""
+        after_manifest = self.helm.template(request, self.values)
+        secrets = [deployed_values, self.values]
+        diffs.append(dict(before_header=f"{request.release_name} manifest (deployed)",
+                          after_header=f"{request.release_name} manifest (rendered)",
+                          before=self.masker.scrub_text(before_manifest, secrets),
+                          after=self.masker.scrub_text(after_manifest, secrets)))
+        return diffs
+
+
+class ReleaseFailed(HelmError):
+    """helm failed to install or upgrade; ``result`` says what is deployed now."""
+
+    def __init__(self, message: str, result: dict):
+        super().__init__(message)
+        self.result = result
