@@ -2,13 +2,4 @@
 
 from __future__ import annotations
 
-import pytest
-
-from join_harness import JoinLab
-
-
-@pytest.fixture
-def join_lab(tmp_path, swtpm):
-    lab = JoinLab(tmp_path, swtpm)
-    yield lab
-    lab.close()
+from join_harness import join_lab  # noqa: F401 - a fixture
