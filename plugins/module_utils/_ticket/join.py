@@ -19,8 +19,8 @@ import os
 import re
 from dataclasses import dataclass, fields
 
-from . import (SECRETS_FILE, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid, root_secrets, secret_bytes,
-                write_if_changed)
+from . import (
+    SECRETS_FILE, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid, root_secrets, secret_bytes, write_if_changed)
 from .._kubeadm import KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
 
