@@ -19,7 +19,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._disk impo
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TOKEN_PATTERN
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import Kubeadm
-from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock
+from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError, boot
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import (
     FRESH, MEMBER, PENDING, REBOOTED, JoinSettings, NodeJoin)
@@ -180,7 +180,7 @@ def test_ticket_applied_but_kubeadm_join_pending_is_resumed_without_a_new_ticket
 def test_member_whose_pcr15_was_reset_without_a_reboot_is_refused(node, start_swtpm):
     node.run()
     node.settings.tcti = node.tcti = start_swtpm("lab").tcti  # a TPM reset while the boot ID stays the same
-    with pytest.raises(Exception, match="tampered"):
+    with pytest.raises(NodeLockError, match="reset within the same boot; the TPM was tampered with"):
         node.run()
 
 
