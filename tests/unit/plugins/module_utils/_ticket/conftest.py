@@ -7,4 +7,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_join"))
 
-from join_harness import join_lab  # noqa: E402,F401 - a fixture
+from join_harness import join_lab  # noqa: E402,F401  # pylint: disable=unused-import
