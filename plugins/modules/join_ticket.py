@@ -16,7 +16,12 @@ description:
   - Then derives the cluster ID, takes the node lock (PCR 15 mark), re-keys the state disk to the key in the ticket,
     writes the cluster CA, the kubelet client certificate and key (0600) and, for control planes, the PKI files with
     their modes, and leaves the bootstrap token in a 0600 file for M(confidential.kubernetes.kubeadm_join).
-  - Nothing secret is returned. A node that has joined (C(/etc/kubernetes/kubelet.conf) exists) is left alone.
+  - A member whose PCR 15 was reset by a reboot (C(/etc/kubernetes/kubelet.conf) exists, PCR 15 zero) asks for a rejoin
+    ticket instead (C(IssueRejoinTicket)) - the disk key and the measurement secret only - marks PCR 15 again for the
+    cluster and checks (or, with O(state_disk.state=opened) or V(mounted), opens) the state disk with its key.
+  - Nothing secret is returned. A member whose PCR 15 carries the cluster's mark is left alone, and so is a node whose
+    ticket was applied in this boot but whose C(kubeadm join) has not run yet.
+  - The same code runs at boot without Ansible, see the C(boot_unit) entry point of the C(confidential.kubernetes.join) role.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
@@ -27,7 +32,7 @@ attributes:
   check_mode:
     support: partial
     details:
-      - In check mode no ticket is requested (a ticket mints a token); the task reports whether the node would join.
+      - In check mode no ticket is requested (a ticket mints a token); the task reports whether the node would join or rejoin.
   diff_mode:
     support: none
   idempotent:
@@ -58,6 +63,10 @@ options:
     description: Seconds allowed for one request.
     type: float
     default: 30
+  total_timeout:
+    description: Seconds allowed for all rounds together, backoff included.
+    type: float
+    default: 300
   token_file:
     description: Where the bootstrap token is left for kubeadm_join (mode 0600, on tmpfs).
     type: path
@@ -105,25 +114,28 @@ joined:
   description: Whether the node had already joined before this task.
   returned: success
   type: bool
+node_state:
+  description:
+    - Where the node stood before the task. V(fresh) (it joined now), V(rebooted) (it rejoined now), V(member) (nothing
+      to do), V(pending) (ticket applied, C(kubeadm join) still to run).
+  returned: success
+  type: str
 state_disk:
   description: The state disk after the task.
   returned: when a ticket was applied
   type: dict
 """
 
-import json
-import os
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import KUBELET_CONF
-from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
-from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
-    STATE_DISK_OPTIONS, TicketError, disk_uuid)
-from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import apply_join_ticket, kubelet_csr, request
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import TOKEN_FILE
+from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import DEFAULT_RECORD, NodeLockError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import SECRETS_FILE, STATE_DISK_OPTIONS, TicketError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import (
+    FRESH, JOIN_RECORD, MEMBER, PENDING, REBOOTED, JoinSettings, NodeJoin)
 
 
 def main() -> None:
@@ -136,36 +148,30 @@ def main() -> None:
             state_disk=dict(type="dict", options=STATE_DISK_OPTIONS),
             attempts=dict(type="int", default=8),
             timeout=dict(type="float", default=30),
-            token_file=dict(type="path", default="/run/confidential-kubernetes/join-token", no_log=False),
-            lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
-            join_record=dict(type="path", default="/etc/confidential-kubernetes/join.json"),
-            secrets_file=dict(type="path", default="/etc/confidential-kubernetes/cluster-secrets.json", no_log=False),
+            total_timeout=dict(type="float", default=300),
+            token_file=dict(type="path", default=TOKEN_FILE, no_log=False),
+            lock_record=dict(type="path", default=DEFAULT_RECORD),
+            join_record=dict(type="path", default=JOIN_RECORD),
+            secrets_file=dict(type="path", default=SECRETS_FILE, no_log=False),
             tcti=dict(type="str", default="auto"),
         ),
         supports_check_mode=True,
     )
     if node.CRYPTOGRAPHY_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
-    params = module.params
-    if not params["state_disk"]:
+    if not module.params["state_disk"]:
         module.fail_json(msg="state_disk is required: the join service derives the node's disk key from the disk's LUKS UUID")
-    if os.path.exists(KUBELET_CONF) and os.path.exists(params["join_record"]):
-        with open(params["join_record"], encoding="utf-8") as handle:
-            module.exit_json(changed=False, joined=True, **json.load(handle))
-    if module.check_mode:
-        module.exit_json(changed=True, joined=False)
-    lock = NodeLock.for_tcti(params["tcti"], params["lock_record"])
+    joining = NodeJoin(JoinSettings.of(module.params))
     try:
-        if lock.state().locked:
-            raise TicketError(f"the node is locked (lock record {params['lock_record']}) but has not joined: a join failed after the "
-                              "point of no return; the node needs a reset (kubeadm reset, remove the lock record, reboot)")
-        uuid = disk_uuid(params["state_disk"], False)[0]
-        private_key_pem, csr_pem = kubelet_csr(params["node_name"])
-        payload = request(params, uuid, csr_pem)
-        result = apply_join_ticket(payload, params, lock, private_key_pem)
+        state = joining.state()
+        if state in (MEMBER, PENDING):
+            module.exit_json(changed=False, joined=state == MEMBER, node_state=state, **joining.record())
+        if module.check_mode:
+            module.exit_json(changed=True, joined=state == REBOOTED, node_state=state, **(joining.record() or {}))
+        result = joining.rejoin() if state == REBOOTED else joining.join()
     except (TicketError, NodeLockError, TpmError, StateDiskError, OSError) as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=True, joined=False, **result)
+    module.exit_json(changed=True, joined=state != FRESH, node_state=state, **result)
 
 
 if __name__ == "__main__":

@@ -90,30 +90,12 @@ stdout:
   type: str
 """
 
-import os
-import re
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    KUBEADM_OPTIONS, KUBELET_CONF, JoinOptions, Kubeadm, KubeadmError, config_api_version, join, render_join_config)
+    KUBEADM_OPTIONS, TOKEN_FILE, JoinOptions, Kubeadm, KubeadmError, join_with_token_file)
 
 OPTION_NAMES = list(JoinOptions.__dataclass_fields__)
-_TOKEN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
-
-
-def _read_token(path: str) -> str:
-    try:
-        with open(path, encoding="ascii") as handle:
-            token = handle.read().strip()
-    except FileNotFoundError:
-        raise KubeadmError(f"bootstrap token file {path} does not exist: get a join ticket first (join_ticket)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KubeadmError(f"cannot read bootstrap token file {path}: {exc}") from None
-    if not _TOKEN.fullmatch(token):
-        raise KubeadmError(f"bootstrap token file {path} does not hold a kubeadm token ([a-z0-9]{{6}}.[a-z0-9]{{16}})")
-    return token
 
 
 def main() -> None:
@@ -122,7 +104,7 @@ def main() -> None:
             KUBEADM_OPTIONS,
             api_server_endpoint=dict(type="str", required=True),
             ca_cert_hashes=dict(type="list", elements="str", required=True),
-            token_file=dict(type="path", default="/run/confidential-kubernetes/join-token", no_log=False),
+            token_file=dict(type="path", default=TOKEN_FILE, no_log=False),
             node_name=dict(type="str"),
             control_plane=dict(type="bool", default=False),
             advertise_address=dict(type="str"),
@@ -132,32 +114,12 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    result = dict(changed=False, kubelet_kubeconfig=KUBELET_CONF)
-    bad_pins = [pin for pin in params["ca_cert_hashes"] if not re.fullmatch(r"sha256:[0-9a-f]{64}", pin)]
-    if bad_pins:
-        module.fail_json(msg=f"CA pins must be sha256:<64 hex>, got {bad_pins}")
-    if os.path.exists(KUBELET_CONF):
-        module.exit_json(**result)
-    kubeadm = Kubeadm(params["binary_path"])
     try:
-        token = _read_token(params["token_file"])
-        api_version = config_api_version(kubeadm.version(), params["config_api_version"])
-        result["config_api_version"] = api_version
-        rendered = render_join_config(JoinOptions(**{name: params[name] for name in OPTION_NAMES}), api_version, token)
-        fd, config_path = tempfile.mkstemp(prefix="kubeadm-join-", suffix=".yaml")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(rendered)
-            kubeadm.validate(config_path)
-            result["changed"] = True
-            if not module.check_mode:
-                result["stdout"] = join(kubeadm, config_path, params["ignore_preflight_errors"])
-        finally:
-            os.unlink(config_path)
-        if not module.check_mode:
-            os.unlink(params["token_file"])
+        result = join_with_token_file(Kubeadm(params["binary_path"]), JoinOptions(**{name: params[name] for name in OPTION_NAMES}),
+                                      params["token_file"], params["ignore_preflight_errors"], params["config_api_version"],
+                                      module.check_mode)
     except KubeadmError as exc:
-        module.fail_json(msg=str(exc), **result)
+        module.fail_json(msg=str(exc), **exc.result)
     module.exit_json(**result)
 
 

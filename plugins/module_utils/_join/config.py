@@ -48,7 +48,7 @@ class ServiceConfig:
     ek_ca_file: str | None = None
     pki_dir: str = DEFAULT_PKI_DIR
     admin_kubeconfig: str = ADMIN_CONF
-    kubeadm_binary: str = "kubeadm"
+    kubectl_binary: str = "kubectl"
     verifier_id: str = DEFAULT_VERIFIER_ID
     nonce_ttl: float = 60.0
     policy_check_interval: float = POLICY_CHECK_INTERVAL

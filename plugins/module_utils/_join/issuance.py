@@ -7,7 +7,7 @@ measurement policy with PCR 15 required to be zero (a fresh node); check node
 name, disk UUID and kubelet CSR; serialise control-plane joins; only then
 derive the disk key, sign the kubelet certificate, read the control-plane PKI,
 generate the bootstrap token and seal the ticket to the evidence's ephemeral
-key; register the token with kubeadm last, and wrap the sealed ticket under the
+key; register the token (a bootstrap-token Secret) last, and wrap the sealed ticket under the
 activation credential at AK trust level 2. Every refusal is a ``Refusal``
 raised before a token is registered.
 """
@@ -142,7 +142,7 @@ class TicketIssuer:
         self.cluster_id = secrets.cluster_id()
         self._control_plane = threading.Lock()
         self._verifier_cache: tuple[MeasurementPolicy, Verifier, Verifier] | None = None
-        # At most this many kubeadm processes at once; joins beyond wait their turn.
+        # At most this many kubectl processes at once; joins beyond wait their turn.
         self._registrations = asyncio.Semaphore(max_registrations)
 
     def issue_nonce(self) -> bytes:

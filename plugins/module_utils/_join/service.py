@@ -33,7 +33,7 @@ from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load
 from .issuance import IssuedTicket, JoinRequest, Refusal, RejoinRequest, TicketIssuer
 from .log import StructuredLog
 from .pki import ClusterPki, PkiError
-from .tokens import KubeadmTokenMinter, TokenMinter
+from .tokens import KubectlTokenMinter, TokenMinter
 
 SERVING = "SERVING"
 NOT_SERVING = "NOT_SERVING"
@@ -46,7 +46,7 @@ class JoinServicer:
     """The RPC handlers: translate requests for the issuer, refusals into gRPC statuses, and log every outcome.
 
     They run on the service's event loop: the CPU-bound part of a join (verify, sign, seal) runs there one request
-    at a time, which is what the interpreter lock allows anyway; the token registration (a kubeadm subprocess) is
+    at a time, which is what the interpreter lock allows anyway; the token registration (a kubectl subprocess) is
     awaited, so slow registrations overlap with each other and with the next requests.
     """
 
@@ -228,7 +228,7 @@ def build_issuer(config: ServiceConfig, log: StructuredLog, token_minter: TokenM
         pki = ClusterPki.load(config.pki_dir)
     except PkiError as exc:
         raise ConfigError(str(exc)) from None
-    minter = token_minter or KubeadmTokenMinter(config.admin_kubeconfig, config.kubeadm_binary)
+    minter = token_minter or KubectlTokenMinter(config.admin_kubeconfig, config.kubectl_binary)
     return TicketIssuer(secrets, pki, policy.current, ek_cas, minter, nonces or NonceStore(ttl=config.nonce_ttl),
                         config.api_server_endpoint, config.kubernetes_version, config.verifier_id, max_registrations=config.max_registrations)
 

@@ -128,6 +128,17 @@ def disk_uuid(options: dict, check_mode: bool) -> tuple[str | None, bool]:
     return result["uuid"], result["changed"]
 
 
+def luks_uuid(options: dict) -> str:
+    """The UUID of a state disk that must already be LUKS (a member's disk is never formatted again)."""
+    from .._disk import StateDiskError
+    disk = state_disk_of(options, False)
+    disk.check_device()
+    if not disk.is_luks():
+        raise StateDiskError(f"the state disk {options['device']} of this member has no LUKS header: it was replaced or wiped; "
+                             "nothing was changed, the node needs a reset")
+    return disk.luks_uuid()
+
+
 def key_state_disk(options: dict, disk_key: bytes, check_mode: bool) -> dict:
     """Re-key the state disk to ``disk_key`` (and map/mount it where asked); returns the state_disk result."""
     result = state_disk_of(options, check_mode).ensure(options["state"], disk_key)

@@ -1,6 +1,14 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The node side of a join: the kubelet CSR, the request to the join service, and applying the ticket."""
+"""The node side of a join, the one implementation behind the join_ticket and kubeadm_join modules and the boot-time join.
+
+``NodeJoin`` tells where a node stands (``state()``) and takes it one step on:
+a fresh node gets a join ticket (kubelet CSR, nonce, evidence, ticket), takes the
+node lock, re-keys its state disk, writes the files and leaves the bootstrap token
+in a 0600 file for ``kubeadm join``; a member whose PCR 15 was reset by a reboot
+gets a rejoin ticket (disk key and measurement secret only), marks PCR 15 again
+and checks (or opens) its state disk with the key; a member is left alone.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +17,12 @@ import binascii
 import json
 import os
 import re
+from dataclasses import dataclass, fields
 
-from . import TicketError, cluster_id_of, keep_root_secrets, key_state_disk, root_secrets, secret_bytes, write_if_changed
+from . import (
+    SECRETS_FILE, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid, root_secrets, secret_bytes, write_if_changed)
+from .._kubeadm import KUBELET_CONF, TOKEN_FILE
+from .._nodelock import DEFAULT_RECORD, NodeLock
 
 try:
     from cryptography import x509
@@ -27,6 +39,15 @@ KUBELET_CLIENT = "kubelet-client-current.pem"
 CONTROL_PLANE_FILES = {"ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt", "etcd/ca.key"}
 _MODE = re.compile(r"0[0-7]{3}")
 
+JOIN_RECORD = "/etc/confidential-kubernetes/join.json"
+
+RECORD_FIELDS = ("cluster_id", "api_server_endpoint", "ca_cert_hashes")
+# Where a node stands (NodeJoin.state()).
+FRESH = "fresh"  # never joined: a full join
+PENDING = "pending"  # ticket applied in this boot, kubeadm join still to run
+MEMBER = "member"  # joined, PCR 15 carries the cluster's mark: nothing to do
+REBOOTED = "rebooted"  # joined, PCR 15 reset by a reboot: a rejoin
+
 
 def kubelet_csr(node_name: str) -> tuple[bytes, bytes]:
     """A fresh P-256 key and its CSR for CN=system:node:<name>, O=system:nodes."""
@@ -38,17 +59,6 @@ def kubelet_csr(node_name: str) -> tuple[bytes, bytes]:
     return key_pem, csr.public_bytes(serialization.Encoding.PEM)
 
 
-def request(params: dict, disk_uuid: str, csr_pem: bytes) -> dict:
-    from .._join.client import JoinError, request_ticket
-    try:
-        return request_ticket(
-            endpoints=params["endpoints"], ca_pem=params["cluster_ca"].encode(), tcti=params["tcti"],
-            node_name=params["node_name"], control_plane=params["control_plane"], disk_uuid=disk_uuid,
-            kubelet_csr_pem=csr_pem, attempts=params["attempts"], timeout=params["timeout"])
-    except JoinError as exc:
-        raise TicketError(f"no join ticket: {exc}") from None
-
-
 def _text(payload: dict, name: str) -> str:
     value = payload.get(name)
     if not isinstance(value, str) or not value:
@@ -56,35 +66,135 @@ def _text(payload: dict, name: str) -> str:
     return value
 
 
-def apply_join_ticket(payload: dict, params: dict, lock, kubelet_key_pem: bytes) -> dict:
-    """Lock the node for the ticket's cluster, key the disk, write the files; returns the non-secret result."""
-    cluster_id = cluster_id_of(payload)
-    lock.take(cluster_id)
-    disk = key_state_disk(params["state_disk"], secret_bytes(payload, "state_disk_key"), False)
-    # kubeadm writes ca.crt itself on workers (its preflight refuses an existing one); control planes get
-    # it with the rest of their PKI below.
-    _text(payload, "ca_crt")
-    kubelet_pem = _text(payload, "kubelet_client_crt").encode() + kubelet_key_pem
-    write_if_changed(os.path.join(KUBELET_PKI_DIR, KUBELET_CLIENT), kubelet_pem, 0o600, False)
-    files = payload.get("control_plane_files") or {}
-    if params["control_plane"] and not files:
-        raise TicketError("a control-plane join ticket must carry the control-plane PKI files")
-    for relative, entry in sorted(files.items()):
-        if relative not in CONTROL_PLANE_FILES or not isinstance(entry, dict) or not _MODE.fullmatch(str(entry.get("mode", ""))):
-            raise TicketError(f"join ticket carries an unexpected control-plane file {relative!r}")
+@dataclass
+class JoinSettings:
+    """What a node needs to join (nothing secret): the options of join_ticket, and of the boot-time join's configuration."""
+
+    endpoints: list
+    cluster_ca: str
+    node_name: str
+    state_disk: dict
+    control_plane: bool = False
+    tcti: str = "auto"
+    attempts: int = 8
+    timeout: float = 30.0
+    total_timeout: float = 300.0
+    token_file: str = TOKEN_FILE
+    lock_record: str = DEFAULT_RECORD
+    join_record: str = JOIN_RECORD
+    secrets_file: str = SECRETS_FILE
+
+    @classmethod
+    def of(cls, options: dict) -> "JoinSettings":
+        return cls(**{f.name: options[f.name] for f in fields(cls) if options.get(f.name) is not None})
+
+
+class NodeJoin:
+    """One node's join. ``lock`` and ``root`` are seams for tests (a NodeLock on a swtpm with its own boot ID, a temp root
+    for the Kubernetes files)."""
+
+    def __init__(self, settings: JoinSettings, lock: NodeLock | None = None, root: str = "/"):
+        self.settings = settings
+        self.lock = lock or NodeLock.for_tcti(settings.tcti, settings.lock_record)
+        self.root = root
+        self.kubelet_conf = self._path(KUBELET_CONF)
+
+    def _path(self, absolute: str) -> str:
+        return os.path.join(self.root, absolute.lstrip("/"))
+
+    def record(self) -> dict | None:
+        """The non-secret record of the join (cluster ID, API server endpoint, CA pins), None before a ticket was applied."""
         try:
-            content = base64.b64decode(entry.get("content", ""), validate=True)
-        except (binascii.Error, ValueError):
-            raise TicketError(f"control-plane file {relative!r} in the join ticket is not base64") from None
-        write_if_changed(os.path.join(PKI_DIR, relative), content, int(entry["mode"], 8), False)
-    secrets = payload.get("cluster_secrets")
-    if params["control_plane"]:
-        # A control plane runs a join service of its own, which needs the root secrets.
-        keep_root_secrets(params["secrets_file"], root_secrets(secrets, "the join ticket's cluster secrets"), False)
-    write_if_changed(params["token_file"], _text(payload, "bootstrap_token").encode(), 0o600, False)
-    hashes_ = payload.get("ca_cert_hashes")
-    if not isinstance(hashes_, list) or not hashes_:
-        raise TicketError("join ticket lacks the CA pins")
-    record = {"cluster_id": cluster_id.hex(), "api_server_endpoint": _text(payload, "api_server_endpoint"), "ca_cert_hashes": hashes_}
-    write_if_changed(params["join_record"], (json.dumps(record, sort_keys=True) + "\n").encode(), 0o644, False)
-    return dict(record, state_disk=disk)
+            with open(self.settings.join_record, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise TicketError(f"join record {self.settings.join_record} is unreadable ({exc}); the node needs a reset") from None
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), (str, list)) for k in RECORD_FIELDS):
+            raise TicketError(f"join record {self.settings.join_record} is malformed; the node needs a reset")
+        return record
+
+    def state(self) -> str:
+        """FRESH, PENDING, MEMBER or REBOOTED; a TicketError for a node that is none of these (it needs a reset)."""
+        record = self.record()
+        lock = self.lock.state()
+        if os.path.exists(self.kubelet_conf):
+            if record is None:
+                raise TicketError(f"{self.kubelet_conf} exists but there is no join record {self.settings.join_record}: this node "
+                                  "was joined or initialised by other means; nothing was changed")
+            if lock.locked and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "marked":
+                return MEMBER
+            if lock.locked and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "unlocked":
+                return REBOOTED
+            raise TicketError(f"the node joined cluster {record['cluster_id']} but its lock record says {lock.cluster_id} and PCR 15 is "
+                              f"{lock.pcr15} ({lock.pcr15_state}): it was tampered with and needs a reset")
+        if not lock.locked:
+            return FRESH
+        if (record is not None and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "marked"
+                and os.path.exists(self.settings.token_file)):
+            return PENDING
+        raise TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a join failed after the "
+                          "point of no return; the node needs a reset (kubeadm reset, remove the lock record, reboot)")
+
+    def _request(self, flow: str, uuid: str, csr_pem: bytes = b"") -> dict:
+        from .._join.client import JoinError, request_ticket
+        settings = self.settings
+        try:
+            return request_ticket(
+                endpoints=settings.endpoints, ca_pem=settings.cluster_ca.encode(), tcti=settings.tcti, node_name=settings.node_name,
+                control_plane=settings.control_plane and flow == "join", disk_uuid=uuid, kubelet_csr_pem=csr_pem, flow=flow,
+                attempts=settings.attempts, timeout=settings.timeout, total_timeout=settings.total_timeout)
+        except JoinError as exc:
+            raise TicketError(f"no {flow} ticket: {exc}") from None
+
+    def join(self) -> dict:
+        """A fresh node: ticket, node lock, state disk, files, token file. Returns the join record and the state disk result."""
+        uuid = disk_uuid(self.settings.state_disk, False)[0]
+        private_key_pem, csr_pem = kubelet_csr(self.settings.node_name)
+        return self._apply_join_ticket(self._request("join", uuid, csr_pem), private_key_pem)
+
+    def rejoin(self) -> dict:
+        """A rebooted member: rejoin ticket, PCR 15 marked again, the state disk checked (or opened) with its key."""
+        record = self.record()
+        payload = self._request("rejoin", luks_uuid(self.settings.state_disk))
+        cluster_id = cluster_id_of(payload)
+        if record is None or cluster_id.hex() != record["cluster_id"]:
+            raise TicketError(f"the rejoin ticket is for cluster {cluster_id.hex()}, but this node joined "
+                              f"{record['cluster_id'] if record else 'no cluster'}; nothing was changed")
+        self.lock.take(cluster_id)
+        disk = key_state_disk(self.settings.state_disk, secret_bytes(payload, "state_disk_key"), False)
+        return dict(record, state_disk=disk)
+
+    def _apply_join_ticket(self, payload: dict, kubelet_key_pem: bytes) -> dict:
+        """Lock the node for the ticket's cluster, key the disk, write the files; returns the non-secret result."""
+        settings = self.settings
+        cluster_id = cluster_id_of(payload)
+        self.lock.take(cluster_id)
+        disk = key_state_disk(settings.state_disk, secret_bytes(payload, "state_disk_key"), False)
+        # kubeadm writes ca.crt itself on workers (its preflight refuses an existing one); control planes get
+        # it with the rest of their PKI below.
+        _text(payload, "ca_crt")
+        kubelet_pem = _text(payload, "kubelet_client_crt").encode() + kubelet_key_pem
+        write_if_changed(self._path(os.path.join(KUBELET_PKI_DIR, KUBELET_CLIENT)), kubelet_pem, 0o600, False)
+        files = payload.get("control_plane_files") or {}
+        if settings.control_plane and not files:
+            raise TicketError("a control-plane join ticket must carry the control-plane PKI files")
+        for relative, entry in sorted(files.items()):
+            if relative not in CONTROL_PLANE_FILES or not isinstance(entry, dict) or not _MODE.fullmatch(str(entry.get("mode", ""))):
+                raise TicketError(f"join ticket carries an unexpected control-plane file {relative!r}")
+            try:
+                content = base64.b64decode(entry.get("content", ""), validate=True)
+            except (binascii.Error, ValueError):
+                raise TicketError(f"control-plane file {relative!r} in the join ticket is not base64") from None
+            write_if_changed(self._path(os.path.join(PKI_DIR, relative)), content, int(entry["mode"], 8), False)
+        if settings.control_plane:
+            # A control plane runs a join service of its own, which needs the root secrets.
+            keep_root_secrets(settings.secrets_file, root_secrets(payload.get("cluster_secrets"), "the join ticket's cluster secrets"), False)
+        write_if_changed(settings.token_file, _text(payload, "bootstrap_token").encode(), 0o600, False)
+        pins = payload.get("ca_cert_hashes")
+        if not isinstance(pins, list) or not pins:
+            raise TicketError("join ticket lacks the CA pins")
+        record = {"cluster_id": cluster_id.hex(), "api_server_endpoint": _text(payload, "api_server_endpoint"), "ca_cert_hashes": pins}
+        write_if_changed(settings.join_record, (json.dumps(record, sort_keys=True) + "\n").encode(), 0o644, False)
+        return dict(record, state_disk=disk)

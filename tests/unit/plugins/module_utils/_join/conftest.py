@@ -1,14 +1,5 @@
-"""Join service fixtures (the harness itself is join_harness.py)."""
+"""Join service fixtures: join_lab, defined in join_harness.py and imported here so that pytest finds it."""
 
 from __future__ import annotations
 
-import pytest
-
-from join_harness import JoinLab
-
-
-@pytest.fixture
-def join_lab(tmp_path, swtpm):
-    lab = JoinLab(tmp_path, swtpm)
-    yield lab
-    lab.close()
+from join_harness import join_lab  # noqa: F401  # pylint: disable=unused-import

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import grpc
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -195,3 +196,11 @@ def join_request(evidence: bytes, nonce: bytes, node_name: str = "worker-1", con
                  disk_uuid: str = DISK_UUID):
     return pb2.IssueJoinTicketRequest(evidence=evidence, nonce=nonce, node_name=node_name, control_plane=control_plane,
                                       kubelet_csr=csr if csr is not None else make_csr(node_name), disk_uuid=disk_uuid)
+
+
+@pytest.fixture
+def join_lab(tmp_path, swtpm):
+    """A control plane's files and in-process join services (imported by the conftests that use it)."""
+    lab = JoinLab(tmp_path, swtpm)
+    yield lab
+    lab.close()

@@ -557,12 +557,12 @@ def test_daemon_serves_and_exits_0_on_sigterm(join_lab):
     import json
     import signal
     join_lab.write_policy("pcrs-only")
-    # Stands in for kubeadm on this host (no cluster here): accepts exactly the token create command line.
-    kubeadm = join_lab.dir / "kubeadm"
-    kubeadm.write_text('#!/bin/sh\n[ "$1 $2" = "token create" ] && [ "$4 $5" = "--ttl 15m0s" ] && [ "$8" = "--kubeconfig" ] || exit 3\n'
-                       'echo "$3" | grep -Eq "^[a-z0-9]{6}\\.[a-z0-9]{16}$" || exit 4\necho "$3"\n')
-    kubeadm.chmod(0o755)
-    process = _daemon(join_lab, kubeadm_binary=str(kubeadm))
+    # Stands in for kubectl on this host (no cluster here): accepts exactly the create command line and a bootstrap-token Secret on stdin.
+    kubectl = join_lab.dir / "kubectl"
+    kubectl.write_text('#!/bin/sh\n[ "$1 $2 $3" = "create --filename=- --kubeconfig=/etc/kubernetes/admin.conf" ] || exit 3\n'
+                       'grep -Eq \'"token-secret": "[a-z0-9]{16}"\' || exit 4\necho secret/bootstrap-token created\n')
+    kubectl.chmod(0o755)
+    process = _daemon(join_lab, kubectl_binary=str(kubectl))
     try:
         started = json.loads(process.stderr.readline())
         assert (started["event"], started["result"]) == ("start", "serving"), started

@@ -1,0 +1,195 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The boot-time join: what the join_ticket and kubeadm_join modules do, run by systemd at every boot, without Ansible.
+
+Run: python -m ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.boot --config FILE
+(the ``confidential-join.service`` unit the join role's ``boot_unit`` entry point installs).
+
+At each boot, from where the node stands (``NodeJoin.state()``): a fresh node joins
+(nonce, evidence, ticket, node lock, state disk re-key, kubeadm join); a member whose
+PCR 15 the reboot reset rejoins (rejoin ticket, PCR 15 marked again, state disk
+key checked or the disk opened) and nothing else; a member is left alone. The
+configuration holds nothing secret: a node needs no secret to join. One JSON
+line per step on stderr (journald), never a secret. Exit 0 when the node is a
+member, 1 when it could not join (the last line says why), 2 when the
+configuration is unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+
+from .._attestation.issuer import TpmError
+from .._disk import StateDiskError
+from .._join.log import StructuredLog
+from .._kubeadm import KUBEADM_OPTIONS, JoinOptions, Kubeadm, KubeadmError, join_with_token_file
+from .._nodelock import NodeLockError
+from . import STATE_DISK_OPTIONS, TicketError
+from .join import FRESH, MEMBER, REBOOTED, JoinSettings, NodeJoin
+
+try:
+    import yaml
+except ImportError:  # reported by load_config()
+    yaml = None
+
+DEFAULT_CONFIG = "/etc/confidential-kubernetes/join.yml"
+MAX_CONFIG_BYTES = 256 * 1024
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+_KUBEADM_SETTINGS = dict(KUBEADM_OPTIONS, skip_phases=dict(type="list", default=[]))
+_TYPES = {"str": str, "path": str, "int": int, "bool": bool, "list": list, "dict": dict, "float": (int, float)}
+
+
+class BootConfigError(ValueError):
+    """The boot-time join's configuration is unusable; the message names the file and the setting."""
+
+
+class BootConfig:
+    """The configuration file: join settings, kubeadm options, and the node's API server address for control planes."""
+
+    def __init__(self, settings: JoinSettings, kubeadm: dict, advertise_address: str | None, bind_port: int):
+        self.settings = settings
+        self.kubeadm = kubeadm
+        self.advertise_address = advertise_address
+        self.bind_port = bind_port
+
+    def join_options(self, record: dict) -> JoinOptions:
+        return JoinOptions(api_server_endpoint=record["api_server_endpoint"], ca_cert_hashes=record["ca_cert_hashes"],
+                           node_name=self.settings.node_name, control_plane=self.settings.control_plane,
+                           advertise_address=self.advertise_address, bind_port=self.bind_port, cri_socket=self.kubeadm["cri_socket"],
+                           kubelet_extra_args=self.kubeadm["kubelet_extra_args"], skip_phases=self.kubeadm["skip_phases"])
+
+
+def _check(source: str, name: str, value: object, kind: object) -> None:
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        raise BootConfigError(f"{source}: setting {name} has the unusable value {value!r}")
+
+
+def _options(source: str, prefix: str, document: object, spec: dict) -> dict:
+    """Check a mapping against an Ansible-style argument spec (type, required, default, choices); unknown keys are errors."""
+    if not isinstance(document, dict):
+        raise BootConfigError(f"{source}: {prefix or 'the file'} must be a mapping of settings")
+    unknown = sorted(str(k) for k in document if k not in spec)
+    if unknown:
+        raise BootConfigError(f"{source} has unknown setting(s): {', '.join(prefix + k for k in unknown)}")
+    values = {}
+    for name, option in spec.items():
+        value = document.get(name)
+        value = option.get("default") if value is None else value
+        if value is None:
+            if option.get("required"):
+                raise BootConfigError(f"{source} lacks the required setting {prefix}{name}")
+            values[name] = None
+            continue
+        _check(source, prefix + name, value, _TYPES[option.get("type", "str")])
+        if option.get("choices") and value not in option["choices"]:
+            raise BootConfigError(f"{source}: setting {prefix}{name} must be one of {', '.join(option['choices'])}, got {value!r}")
+        values[name] = value
+    return values
+
+
+def parse_config(document: object, source: str, hostname: str) -> BootConfig:
+    # JoinSettings' annotations are strings (postponed evaluation): the type names of an argument spec.
+    spec = {name: dict(type=kind) for name, kind in JoinSettings.__annotations__.items() if name != "cluster_ca"}
+    spec.update(endpoints=dict(type="list", required=True), node_name=dict(type="str", default=hostname),
+                cluster_ca_file=dict(type="path", required=True), state_disk=dict(type="dict", required=True),
+                advertise_address=dict(type="str"), bind_port=dict(type="int", default=6443), kubeadm=dict(type="dict", default={}))
+    values = _options(source, "", document, spec)
+    values["state_disk"] = _options(source, "state_disk.", values["state_disk"], STATE_DISK_OPTIONS)
+    kubeadm = _options(source, "kubeadm.", values.pop("kubeadm"), _KUBEADM_SETTINGS)
+    if not values["endpoints"] or not all(isinstance(endpoint, str) and endpoint for endpoint in values["endpoints"]):
+        raise BootConfigError(f"{source}: endpoints must list the join services (host:port)")
+    if values["control_plane"] and not values["advertise_address"]:
+        raise BootConfigError(f"{source}: a control plane needs advertise_address (the address its API server advertises)")
+    try:
+        with open(values.pop("cluster_ca_file"), encoding="ascii") as handle:
+            values["cluster_ca"] = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BootConfigError(f"{source}: cannot read cluster_ca_file: {exc}") from None
+    if "-----BEGIN CERTIFICATE-----" not in values["cluster_ca"]:
+        raise BootConfigError(f"{source}: cluster_ca_file does not hold a PEM certificate")
+    advertise_address, bind_port = values.pop("advertise_address"), values.pop("bind_port")
+    return BootConfig(JoinSettings.of(values), kubeadm, advertise_address, bind_port)
+
+
+def load_config(path: str, hostname: str | None = None) -> BootConfig:
+    if yaml is None:
+        raise BootConfigError("PyYAML is required on the node")
+    try:
+        info = os.stat(path)
+        with open(path, "rb") as handle:
+            text = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise BootConfigError(f"cannot read the join configuration {path}: {exc.strerror}") from None
+    if info.st_mode & 0o077:
+        raise BootConfigError(f"the join configuration {path} is mode {info.st_mode & 0o777:04o}: it must not be accessible to "
+                              "group or others (0600), because whoever can change it chooses the cluster this node joins")
+    if len(text) > MAX_CONFIG_BYTES:
+        raise BootConfigError(f"the join configuration {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BootConfigError(f"the join configuration {path} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
+    return parse_config(document, f"join configuration {path}", hostname or socket.gethostname().lower())
+
+
+def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None, kubeadm: Kubeadm | None = None) -> str:
+    """Take the node to member; returns the state it started in. Raises the failure of the step that failed."""
+    joining = joining or NodeJoin(config.settings)
+    started = time.monotonic()
+    state = joining.state()
+    fields = dict(node_name=config.settings.node_name, control_plane=config.settings.control_plane)
+    log.info("state", state=state, **fields)
+    if state == MEMBER:
+        log.info("done", result="member", msg="the node is a member and PCR 15 carries the cluster's mark: nothing to do", **fields)
+        return state
+    if state == REBOOTED:
+        result = joining.rejoin()
+        lock = joining.lock.state()
+        log.info("rejoin", result="rejoined", cluster_id=result["cluster_id"], pcr15_state=lock.pcr15_state,
+                 state_disk=_disk_fields(result["state_disk"]), duration_ms=_elapsed_ms(started), **fields)
+        return state
+    if state == FRESH:
+        result = joining.join()
+        log.info("ticket", result="applied", cluster_id=result["cluster_id"], api_server_endpoint=result["api_server_endpoint"],
+                 state_disk=_disk_fields(result["state_disk"]), duration_ms=_elapsed_ms(started), **fields)
+    record = joining.record()
+    kubeadm = kubeadm or Kubeadm(config.kubeadm["binary_path"], joining.root)
+    joined = join_with_token_file(kubeadm, config.join_options(record), config.settings.token_file,
+                                  config.kubeadm["ignore_preflight_errors"], config.kubeadm["config_api_version"])
+    log.info("kubeadm-join", result="joined" if joined["changed"] else "already-joined", api_server_endpoint=record["api_server_endpoint"],
+             config_api_version=joined.get("config_api_version"), duration_ms=_elapsed_ms(started), **fields)
+    return state
+
+
+def _disk_fields(disk: dict) -> dict:
+    return {k: disk.get(k) for k in ("uuid", "keyed", "changed", "mapped", "mapping_available", "mount_path")}
+
+
+def _elapsed_ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="confidential-join", description="confidential.kubernetes: join or rejoin the cluster at boot")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"the join configuration (YAML or JSON, 0600; default {DEFAULT_CONFIG})")
+    args = parser.parse_args(argv)
+    log = StructuredLog()
+    try:
+        config = load_config(args.config)
+    except BootConfigError as exc:
+        log.error("config", result="failed", msg=str(exc))
+        return EXIT_CONFIG
+    try:
+        run(config, log)
+    except (TicketError, NodeLockError, TpmError, StateDiskError, KubeadmError, OSError) as exc:
+        log.error("join", result="failed", node_name=config.settings.node_name, error=type(exc).__name__, msg=str(exc))
+        return EXIT_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""The node side of a join (NodeJoin) and the boot-time join CLI, against an in-process join service (real TLS, real swtpm,
+real cryptsetup on a file); kubeadm is a recording stand-in behind the Kubeadm runner seam."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import Tpm
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import node_lock_mark
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive
+from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import luks
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TOKEN_PATTERN
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import Kubeadm
+from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError, boot
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import (
+    FRESH, MEMBER, PENDING, REBOOTED, JoinSettings, NodeJoin)
+
+FAST_PBKDF = {"pbkdf_memory": 32768, "pbkdf_iterations": 4}
+
+
+class RecordingKubeadm(Kubeadm):
+    """kubeadm behind the runner seam: version, config validate and join (which writes kubelet.conf, as kubeadm does)."""
+
+    def __init__(self, root: str):
+        super().__init__("kubeadm", root)
+        self.calls: list[list[str]] = []
+        self.configs: list[str] = []
+
+    def _run_command(self, argv, stdin=None):
+        self.calls.append(argv)
+        if argv[1:] == ["version", "-o", "short"]:
+            return 0, "v1.31.4\n", ""
+        if argv[1:3] == ["config", "validate"]:
+            return 0, "ok\n", ""
+        if argv[1] == "join":
+            with open(argv[argv.index("--config") + 1], encoding="utf-8") as handle:
+                self.configs.append(handle.read())
+            os.makedirs(self.path("/etc/kubernetes"), exist_ok=True)
+            with open(self.path("/etc/kubernetes/kubelet.conf"), "w", encoding="utf-8") as handle:
+                handle.write("kubelet\n")
+            return 0, "This node has joined the cluster\n", ""
+        return 1, "", f"unexpected {argv}"
+
+
+class Node:
+    """A node's disk, lock record, files and TPM; ``reboot`` swaps in a fresh instance of the same TPM and a new boot ID."""
+
+    def __init__(self, tmp_path, join_lab, service):
+        self.dir = tmp_path / "node"
+        self.root = self.dir / "root"
+        self.root.mkdir(parents=True)
+        self.device = self.dir / "state-disk.img"
+        with open(self.device, "wb") as handle:
+            handle.truncate(32 * 1024 * 1024)
+        self.lab = join_lab
+        self.tcti = join_lab.swtpm.tcti
+        self.boot_id = "boot-1"
+        self.settings = JoinSettings(
+            endpoints=[service.endpoint], cluster_ca=join_lab.ca_pem.decode(), node_name="worker-1",
+            state_disk=dict(device=str(self.device), state="formatted", name="ck-test", mount_path=str(self.dir / "mnt"), **FAST_PBKDF),
+            tcti=self.tcti, attempts=2, timeout=10, total_timeout=30, token_file=str(self.dir / "run" / "join-token"),
+            lock_record=str(self.dir / "lib" / "nodelock.json"), join_record=str(self.dir / "etc" / "join.json"),
+            secrets_file=str(self.dir / "etc" / "cluster-secrets.json"))
+        self.kubeadm = RecordingKubeadm(str(self.root))
+        self.log_stream = io.StringIO()
+
+    def joining(self) -> NodeJoin:
+        tcti, boot_id = self.tcti, self.boot_id
+        return NodeJoin(self.settings, NodeLock(lambda: Tpm(tcti), self.settings.lock_record, boot_id=lambda: boot_id), str(self.root))
+
+    def config(self) -> boot.BootConfig:
+        return boot.BootConfig(self.settings, {"binary_path": "kubeadm", "ignore_preflight_errors": [], "config_api_version": "auto",
+                                               "cri_socket": None, "kubelet_extra_args": {}, "skip_phases": []}, None, 6443)
+
+    def run(self) -> str:
+        return boot.run(self.config(), StructuredLog(self.log_stream), self.joining(), self.kubeadm)
+
+    def reboot(self, start_swtpm) -> None:
+        self.settings.tcti = self.tcti = start_swtpm("lab").tcti
+        self.boot_id = "boot-2"
+
+    def pcr15(self) -> str:
+        with Tpm(self.tcti) as tpm:
+            return tpm.read_pcrs("sha256", (15,))[15].hex()
+
+    def disk_key(self) -> bytes:
+        uuid = subprocess.run(["cryptsetup", "luksUUID", str(self.device)], capture_output=True, text=True, check=True).stdout.strip()
+        return derive.state_disk_key(self.lab.secrets["master_key"], self.lab.secrets["master_salt"], uuid)
+
+    def key_opens(self, key: bytes) -> bool:
+        return subprocess.run(["cryptsetup", "open", "--test-passphrase", "--key-file=-", str(self.device)], input=key,
+                              capture_output=True, check=False).returncode == 0
+
+    def logs(self) -> list[dict]:
+        return [json.loads(line) for line in self.log_stream.getvalue().splitlines()]
+
+
+@pytest.fixture
+def node(tmp_path, join_lab, monkeypatch):
+    # The throw-away initial disk key lives on /run on a node; here in the test's own directory.
+    monkeypatch.setattr(luks, "INITIAL_KEY_DIR", str(tmp_path / "initial-keys"))
+    service = join_lab.start("pcrs-only")
+    created = Node(tmp_path, join_lab, service)
+    created.service = service
+    return created
+
+
+def _cluster_id(join_lab) -> bytes:
+    secret = derive.measurement_secret(join_lab.secrets["master_key"], join_lab.secrets["master_salt"])
+    return derive.cluster_id(secret, join_lab.secrets["measurement_salt"])
+
+
+def test_fresh_node_joins_once_and_is_then_a_member(node, join_lab):
+    assert node.joining().state() == FRESH
+    assert node.run() == FRESH
+    cluster_id = _cluster_id(join_lab)
+    assert node.pcr15() == node_lock_mark(cluster_id).hex()
+    assert node.key_opens(node.disk_key()) and (node.root / "etc/kubernetes/kubelet.conf").exists()
+    assert not os.path.exists(node.settings.token_file), "the token file is deleted after kubeadm join"
+    [(name, token)] = node.service.minter.tokens
+    assert name == "worker-1" and f"token: {token}" in node.kubeadm.configs[0]
+    assert all(token not in " ".join(argv) for argv in node.kubeadm.calls), "the token never reaches kubeadm's argv"
+    kubelet_pem = (node.root / "var/lib/kubelet/pki/kubelet-client-current.pem")
+    assert kubelet_pem.stat().st_mode & 0o777 == 0o600
+    assert json.loads(open(node.settings.join_record, encoding="utf-8").read())["cluster_id"] == cluster_id.hex()
+    # The next boot (same boot here: PCR 15 still marked) changes nothing and asks for nothing.
+    calls = len(node.kubeadm.calls)
+    assert node.run() == MEMBER
+    assert len(node.service.minter.tokens) == 1 and len(node.kubeadm.calls) == calls
+    logs = node.logs()
+    assert [entry["event"] for entry in logs] == ["state", "ticket", "kubeadm-join", "state", "done"]
+    text = node.log_stream.getvalue()
+    assert not TOKEN_PATTERN.search(text) and node.disk_key().hex() not in text
+
+
+def test_rebooted_member_rejoins_with_no_token_and_no_second_kubeadm_join(node, join_lab, start_swtpm):
+    node.run()
+    disk_key, calls = node.disk_key(), len(node.kubeadm.calls)
+    node.reboot(start_swtpm)
+    assert node.pcr15() == "00" * 32
+    assert node.joining().state() == REBOOTED
+    assert node.run() == REBOOTED
+    assert node.pcr15() == node_lock_mark(_cluster_id(join_lab)).hex()
+    assert len(node.service.minter.tokens) == 1, "a rejoin mints no bootstrap token"
+    assert len(node.kubeadm.calls) == calls, "a rejoin runs no kubeadm"
+    assert node.key_opens(disk_key)
+    rejoin = node.logs()[-1]
+    assert (rejoin["event"], rejoin["result"], rejoin["pcr15_state"], rejoin["state_disk"]["keyed"]) == ("rejoin", "rejoined", "marked", True)
+    served = [entry for entry in join_lab.logs() if entry["event"] == "rejoin"]
+    assert [(entry["result"], entry["node_name"]) for entry in served] == [("issued", "worker-1")]
+    assert node.run() == MEMBER
+
+
+def test_tampered_node_gets_no_ticket_and_nothing_changes(node, join_lab):
+    with Tpm(node.tcti) as tpm:
+        tpm.pcr_event(8, b"another kernel command line")
+    with pytest.raises(TicketError, match="no join ticket: .*pcr-policy|no join ticket: .*PCR 8"):
+        node.run()
+    assert node.service.minter.tokens == []
+    assert not os.path.exists(node.settings.lock_record) and not os.path.exists(node.settings.token_file)
+    assert node.pcr15() == "00" * 32 and not (node.root / "etc/kubernetes/kubelet.conf").exists()
+
+
+def test_ticket_applied_but_kubeadm_join_pending_is_resumed_without_a_new_ticket(node):
+    node.joining().join()
+    assert node.joining().state() == PENDING
+    assert node.run() == PENDING
+    assert len(node.service.minter.tokens) == 1 and (node.root / "etc/kubernetes/kubelet.conf").exists()
+
+
+def test_member_whose_pcr15_was_reset_without_a_reboot_is_refused(node, start_swtpm):
+    node.run()
+    node.settings.tcti = node.tcti = start_swtpm("lab").tcti  # a TPM reset while the boot ID stays the same
+    with pytest.raises(NodeLockError, match="reset within the same boot; the TPM was tampered with"):
+        node.run()
+
+
+def test_rejoin_ticket_of_another_cluster_is_refused_before_anything_changes(node, join_lab, start_swtpm):
+    node.run()
+    record = json.loads(open(node.settings.join_record, encoding="utf-8").read())
+    record["cluster_id"] = "ab" * 32
+    with open(node.settings.join_record, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    lock = json.loads(open(node.settings.lock_record, encoding="utf-8").read())
+    lock["cluster_id"] = "ab" * 32
+    with open(node.settings.lock_record, "w", encoding="utf-8") as handle:
+        json.dump(lock, handle)
+    node.reboot(start_swtpm)
+    with pytest.raises(TicketError, match="rejoin ticket is for cluster"):
+        node.run()
+    assert node.pcr15() == "00" * 32
+
+
+# ---- the CLI: configuration file and exit codes
+
+
+def _config_file(tmp_path, node, **changes) -> str:
+    ca = tmp_path / "cluster-ca.crt"
+    ca.write_bytes(node.lab.ca_pem)
+    document = {"endpoints": node.settings.endpoints, "cluster_ca_file": str(ca), "node_name": "worker-1", "tcti": node.tcti,
+                "state_disk": node.settings.state_disk, "attempts": 1, "total_timeout": 20,
+                "token_file": node.settings.token_file, "lock_record": node.settings.lock_record,
+                "join_record": node.settings.join_record, "kubeadm": {"binary_path": "/nonexistent/kubeadm"}}
+    document.update(changes)
+    path = tmp_path / "join.yml"
+    path.write_text(yaml.safe_dump(document))
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_config_file_gives_the_join_settings(tmp_path, node):
+    config = boot.load_config(_config_file(tmp_path, node), hostname="ignored")
+    assert config.settings.node_name == "worker-1" and config.settings.cluster_ca == node.lab.ca_pem.decode()
+    assert config.settings.state_disk["device"] == str(node.device) and config.kubeadm["config_api_version"] == "auto"
+    assert boot.load_config(_config_file(tmp_path, node, node_name=None), hostname="worker-9").settings.node_name == "worker-9"
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"endpoint": ["x:1"]}, "unknown setting"),
+    ({"endpoints": []}, "endpoints must list"),
+    ({"state_disk": {"state": "formatted"}}, "state_disk.device"),
+    ({"state_disk": {"device": "/dev/vdb", "state": "gone"}}, "state_disk.state must be one of"),
+    ({"attempts": "eight"}, "attempts"),
+    ({"control_plane": True}, "advertise_address"),
+    ({"kubeadm": {"binary": "kubeadm"}}, "kubeadm.binary"),
+    ({"cluster_ca_file": "/nonexistent/ca.crt"}, "cluster_ca_file"),
+])
+def test_unusable_config_is_refused_naming_the_setting(tmp_path, node, changes, message):
+    with pytest.raises(boot.BootConfigError, match=message):
+        boot.load_config(_config_file(tmp_path, node, **changes))
+
+
+def test_config_readable_by_others_is_refused_and_exit_2(tmp_path, node, capsys):
+    path = _config_file(tmp_path, node)
+    os.chmod(path, 0o644)
+    assert boot.main(["--config", path]) == boot.EXIT_CONFIG
+    line = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert (line["event"], line["result"]) == ("config", "failed") and "0644" in line["msg"]
+
+
+def test_tampered_node_exits_1_with_the_reason_on_the_last_line(tmp_path, node, capsys):
+    with Tpm(node.tcti) as tpm:
+        tpm.pcr_event(8, b"another kernel command line")
+    assert boot.main(["--config", _config_file(tmp_path, node)]) == boot.EXIT_FAILED
+    line = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert (line["event"], line["result"], line["node_name"]) == ("join", "failed", "worker-1")
+    assert "no join ticket" in line["msg"] and "8" in line["msg"]
+    assert node.service.minter.tokens == []
