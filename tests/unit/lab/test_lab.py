@@ -271,7 +271,8 @@ def _leftovers(lab_dir: Path) -> list[str]:
     found = []
     if Path("/sys/class/net", plan.BRIDGE).exists():
         found.append(f"bridge {plan.BRIDGE}")
-    found += [f"veth {name}" for name in os.listdir("/sys/class/net") if name.startswith("vb-")]
+    found += [f"veth {name}" for name in os.listdir("/sys/class/net")
+              if name.startswith("vb-" + plan.MACHINE_PREFIX) and plan.is_lab_node_name(name[3 + len(plan.MACHINE_PREFIX):])]
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and entry.name != str(os.getpid()):
             try:
