@@ -307,6 +307,20 @@ def test_malformed_constellation_entry_is_named(rule):
     _refused({"15": rule}, "Constellation measurement 15: must be {'expected': <hex>, 'warnOnly': <bool>}")
 
 
+# Found by the fuzzer (tests/security/fuzz.py policy): each of these escaped parse_policy as something other than PolicyError,
+# or (the empty list) loaded as a rule no value can meet.
+@pytest.mark.parametrize("text,message", [
+    ('{"15": {"expected": []}}', "Constellation measurement 15: 'expected' must list at least one hex value"),
+    ("version: 1\nhash_algorithm: {a: 1}\npcrs: {15: {allowed: x}}\n", "policy hash_algorithm {'a': 1} is not one of"),
+    ("version: 1\nak_trust: [1]\npcrs: {15: {allowed: x}}\n", "policy ak_trust [1] is not one of"),
+    ("version: 1\n7: x\n~: y\npcrs: {15: {allowed: x}}\n", "policy has unknown key(s): 7, None"),
+    ("[" * 1100 + "]" * 1100, "policy is nested too deeply to be a measurement policy"),
+    ("version: " + "9" * 5000 + "\n", "policy holds a value that cannot be read: Exceeds the limit (4300 digits)"),
+], ids=["empty expected list", "unhashable hash_algorithm", "unhashable ak_trust", "non-string keys", "deep nesting", "huge integer"])
+def test_hostile_policy_documents_are_refused_with_a_policy_error(text, message):
+    _refused(text, message)
+
+
 # The node-lock mark: PCR 15 of a node locked for a cluster (DESIGN section 3), known answers computed with openssl.
 NODE_LOCK_VECTORS = [
     (bytes(32), "sha256", "6e96bce3e21a7bdcddd1735dab055b838071df7dc4ae4f0e16be0a1b4cb8735c"),

@@ -266,3 +266,17 @@ def test_rsa_signature_for_ecc_key_fails_the_scheme_check(golden):
 def test_missing_tpm_is_a_clear_error(tmp_path):
     with pytest.raises(issuer.TpmError, match="cannot open TPM"):
         issuer.Tpm(f"swtpm:path={tmp_path}/absent.sock")
+
+
+def test_level2_ek_public_that_names_no_usable_key_is_malformed(golden):
+    """Found by the fuzzer (tests/security): an even RSA exponent escaped as a StructureError instead of a refusal."""
+    swtpm, nonce, evidence, unused_policy = golden
+    ek = tpm2.parse_public(evidence.ek_public)
+    assert ek.type == tpm2.ALG_RSA
+    exponent_at = len(evidence.ek_public) - (2 + len(ek.unique[0])) - 4
+    broken = evidence.ek_public[:exponent_at] + (4).to_bytes(4, "big") + evidence.ek_public[exponent_at + 4:]
+    doc = evidence.to_document()
+    doc["ek_public"] = base64.b64encode(broken).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
+    assert err.value.reason == "malformed" and "EK public key is unreadable" in str(err.value)
