@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import grpc
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -195,3 +196,17 @@ def join_request(evidence: bytes, nonce: bytes, node_name: str = "worker-1", con
                  disk_uuid: str = DISK_UUID):
     return pb2.IssueJoinTicketRequest(evidence=evidence, nonce=nonce, node_name=node_name, control_plane=control_plane,
                                       kubelet_csr=csr if csr is not None else make_csr(node_name), disk_uuid=disk_uuid)
+
+
+def document_json(document: dict) -> bytes:
+    return json.dumps(document).encode()
+
+
+def assert_refused(stub_call, code, reason):
+    """The call fails with this gRPC status, a message starting with the reason, and the reason in the trailing metadata."""
+    with pytest.raises(grpc.RpcError) as err:
+        stub_call()
+    assert err.value.code() == code, err.value.details()
+    assert err.value.details().startswith(f"{reason}: "), err.value.details()
+    assert dict(err.value.trailing_metadata())["confidential-kubernetes-reason"] == reason
+    return err.value
