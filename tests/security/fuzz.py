@@ -141,7 +141,8 @@ _POLICY_REASONS = [
     ("size", r"larger than"), ("not-yaml", r"neither JSON nor YAML"), ("not-mapping", r"must be a mapping, got"),
     ("unknown-key", r"unknown key"), ("version", r"version .* is not supported"), ("hash-algorithm", r"hash_algorithm"),
     ("ak-trust", r"ak_trust"), ("pcrs-shape", r"'pcrs' must be"), ("index", r"PCR index"), ("rule-shape", r"rule must be|must be \{"),
-    ("allowed", r"'allowed' must"), ("hex", r"hex digest"), ("flag", r"must be true or false"), ("empty", r"are empty"),
+    ("allowed", r"'allowed' must|'expected' must"), ("hex", r"hex digest"), ("flag", r"must be true or false"), ("empty", r"are empty"),
+    ("depth", r"nested too deeply"), ("unreadable-value", r"cannot be read"),
 ]
 
 

@@ -27,12 +27,12 @@ def unit_conftest():
 class ManufacturedTpms:
     """Trusted ('lab', 'lab2') and untrusted ('other') TPM states with EK certificates, for scripts outside pytest."""
 
-    def __init__(self):
+    def __init__(self, names: tuple[str, ...] = ("lab", "lab2", "other")):
         conftest = unit_conftest()
         self.dir = Path(tempfile.mkdtemp(prefix="ck-security-"))
         trusted, other = self.dir / "ca-trusted", self.dir / "ca-other"
         self.tpms = {name: conftest.ManufacturedTpm(self.dir / f"tpm-{name}", ca)
-                     for name, ca in (("lab", trusted), ("lab2", trusted), ("other", other))}
+                     for name, ca in (("lab", trusted), ("lab2", trusted), ("other", other)) if name in names}
         self._instance_type = conftest.SwtpmInstance
 
     def start(self, name: str = "lab"):
