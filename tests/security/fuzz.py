@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Coverage-guided fuzzing (atheris / libFuzzer) of what a hostile node controls.
 
   python tests/security/fuzz.py evidence|policy|join [--runs N] [--seed S] [--artifacts DIR]
@@ -22,6 +21,7 @@ The default run count is FUZZ_RUNS (env) or 12000 per target; FUZZ_RUNS=200000 f
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
 import hashlib
 import json
@@ -42,13 +42,13 @@ support.unit_conftest()
 import atheris  # noqa: E402
 
 with atheris.instrument_imports(include=["ansible_collections.confidential.kubernetes"]):
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, policy as policy_module
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceStore
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
         MeasurementPolicy, PcrRule, PolicyError, dump_policy, parse_policy)
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
         VerificationError, Verifier, load_ca_certificates)
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import X25519, EphemeralKey
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import JoinRequest, Refusal, RejoinRequest
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_issuer
@@ -133,7 +133,6 @@ class EvidenceTarget(Target):
 
 
 def _b64(raw: bytes) -> str:
-    import base64
     return base64.b64encode(raw).decode()
 
 
@@ -221,9 +220,7 @@ class JoinTarget(Target):
         self.nonce = os.urandom(32)
         self.issuer = build_issuer(self.lab.config(), self.lab.log, FakeMinter(), _Reusable(self.nonce))
         evidence = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate().public_bytes()).to_json().encode()
-        classic = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate(
-            __import__("ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal", fromlist=["X25519"]).X25519
-        ).public_bytes()).to_json().encode()
+        classic = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate(X25519).public_bytes()).to_json().encode()
         self.csrs = [make_csr("worker-1"), make_csr("cp-2"), make_csr("worker-1", rsa.generate_private_key(65537, 1024)),
                      make_csr("worker-1", ec.generate_private_key(ec.SECP521R1()))]
         self.evidences = [evidence, classic]
@@ -355,7 +352,8 @@ class Campaign:
         os._exit(1 if self.unhandled else 0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
+    """Fuzz one target; ends the process with 0, or 1 if any input was unhandled (libFuzzer never returns)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", choices=sorted(TARGETS))
     parser.add_argument("--runs", type=int, default=int(os.environ.get("FUZZ_RUNS", DEFAULT_RUNS)))
@@ -393,8 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         atheris.Fuzz()
     finally:
         campaign.finish()
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -249,7 +249,7 @@ def mutate_policy(data: bytes, rng: random.Random, splice_from: list | None = No
     if not isinstance(doc, (dict, list)) or choice < 0.2:
         return mutate_bytes(data, rng)
     # PyYAML is pure Python and slow on deep flow nesting (1.2 s for 900 levels): huge and deep stay smaller here.
-    mutated = mutate_tree(doc, rng, splice_from, huge_limit=12_000, max_depth=300)
+    mutated = mutate_tree(doc, rng, splice_from, huge_limit=4_000, max_depth=200)
     if rng.random() < 0.4:
         try:
             # The same document as YAML (block style), which takes a different path through the loader.

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Init and join racing for one node's lock: two real processes against one real swtpm, many trials.
 
   python tests/security/race.py [--trials N]      (default RACE_TRIALS or 200)
@@ -104,7 +103,10 @@ def _join_payload() -> dict:
     """A join ticket of an existing cluster (what the join service seals; only its shape matters here)."""
     master_key, master_salt, measurement_salt = os.urandom(32), os.urandom(32), os.urandom(32)
     measurement_secret = derive.measurement_secret(master_key, master_salt)
-    b64 = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
     return {"version": 1, "cluster_id": derive.cluster_id(measurement_secret, measurement_salt).hex(), "measurement_secret": b64(measurement_secret),
             "measurement_salt": b64(measurement_salt), "state_disk_key": b64(derive.state_disk_key(master_key, master_salt, DISK_UUID)),
             "api_server_endpoint": "10.0.0.10:6443", "bootstrap_token": "abcdef.0123456789abcdef", "ca_cert_hashes": ["sha256:" + "00" * 32],

@@ -437,8 +437,8 @@ _SIZES = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
 def _policies(draw) -> MeasurementPolicy:
     hash_algorithm = draw(st.sampled_from(sorted(_SIZES)))
     indices = draw(st.sets(st.integers(0, 23), min_size=1, max_size=24))
-    rules = {i: PcrRule(i, tuple(draw(st.lists(st.binary(min_size=_SIZES[hash_algorithm], max_size=_SIZES[hash_algorithm]), min_size=1,
-                                                 max_size=3))), draw(st.booleans())) for i in indices}
+    digests = st.lists(st.binary(min_size=_SIZES[hash_algorithm], max_size=_SIZES[hash_algorithm]), min_size=1, max_size=3)
+    rules = {i: PcrRule(i, tuple(draw(digests)), draw(st.booleans())) for i in indices}
     return MeasurementPolicy(hash_algorithm, rules, draw(st.sampled_from(["pcrs-only", "ek-certificate"])))
 
 
