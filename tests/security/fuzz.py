@@ -380,7 +380,6 @@ def main(argv: list[str] | None = None) -> None:
         except (RecursionError, TypeError, ValueError):
             # A document nested deeper than the mutator walks, or YAML values JSON cannot hold: libFuzzer changes its bytes.
             return atheris.Mutate(data, max_size)
-            return atheris.Mutate(data, max_size)
         return result[:max_size]
 
     campaign.started = time.monotonic()

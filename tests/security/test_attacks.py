@@ -26,12 +26,8 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join impo
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, open_ticket, request_ticket
 
-from join_harness import DISK_UUID, Clock, assert_refused, document_json, evidence_for, join_request, make_csr, policy_from_swtpm
-
-
-def _join(lab, service, node_name="worker-1", tcti=None, **kwargs):
-    return request_ticket([service.endpoint], lab.ca_pem, tcti or lab.swtpm.tcti, node_name, disk_uuid=DISK_UUID,
-                          kubelet_csr_pem=make_csr(node_name), **kwargs)
+from join_harness import (DISK_UUID, Clock, assert_refused, document_json, evidence_for, join_request, join_with_client, make_csr,
+                          policy_from_swtpm)
 
 
 def _tokens(attack, service) -> None:
@@ -209,7 +205,7 @@ def test_pcr15_marked_for_another_cluster(join_lab, attack):
     with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
         tpm.pcr_event(15, os.urandom(32))
     with pytest.raises(JoinError) as err:
-        _join(join_lab, service)
+        join_with_client(join_lab, service)
     assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "pcr-policy")
     assert "locked for another cluster" in str(err.value)
     _tokens(attack, service)
@@ -242,7 +238,7 @@ def test_tampered_boot_measurement(join_lab, attack):
     with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
         tpm.pcr_event(9, b"tampered kernel command line")
     with pytest.raises(JoinError) as err:
-        _join(join_lab, service, attempts=3, backoff=0.01)
+        join_with_client(join_lab, service, attempts=3, backoff=0.01)
     assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "pcr-policy")
     assert "PCR(s) 9" in str(err.value)
     refusal = [entry for entry in join_lab.logs() if entry.get("result") == "refused"][0]

@@ -26,17 +26,13 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.toke
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import ca_cert_hash
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import cluster_id_of
 
-from join_harness import API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeMinter, assert_refused, evidence_for, join_request, make_csr
-
-
-def _join(lab, service, node_name="worker-1", control_plane=False, csr=None, tcti=None, **kwargs):
-    return request_ticket([service.endpoint], lab.ca_pem, tcti or lab.swtpm.tcti, node_name, control_plane=control_plane,
-                          disk_uuid=DISK_UUID, kubelet_csr_pem=csr or make_csr(node_name), **kwargs)
+from join_harness import (API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeMinter, assert_refused, evidence_for, join_request, join_with_client,
+                          make_csr)
 
 
 def test_valid_join_returns_a_ticket_the_client_opens(join_lab):
     service = join_lab.start("pcrs-only")
-    payload = _join(join_lab, service)
+    payload = join_with_client(join_lab, service)
     secrets = join_lab.secrets
     assert payload["version"] == 1
     assert base64.b64decode(payload["state_disk_key"]) == derive.state_disk_key(secrets["master_key"], secrets["master_salt"], DISK_UUID)
@@ -56,7 +52,7 @@ def test_valid_join_returns_a_ticket_the_client_opens(join_lab):
 def test_kubelet_certificate_chains_to_the_cluster_ca_with_the_node_identity(join_lab):
     service = join_lab.start("pcrs-only")
     node_key = ec.generate_private_key(ec.SECP384R1())
-    payload = _join(join_lab, service, "worker-7", csr=make_csr("worker-7", node_key))
+    payload = join_with_client(join_lab, service, "worker-7", csr=make_csr("worker-7", node_key))
     certificate = x509.load_pem_x509_certificate(payload["kubelet_client_crt"].encode())
     certificate.verify_directly_issued_by(join_lab.pki["ca_cert"])
     assert certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:worker-7"
@@ -73,7 +69,7 @@ def test_kubelet_certificate_chains_to_the_cluster_ca_with_the_node_identity(joi
 
 def test_control_plane_join_carries_the_pki_files_with_modes(join_lab):
     service = join_lab.start("pcrs-only")
-    payload = _join(join_lab, service, "cp-2", control_plane=True)
+    payload = join_with_client(join_lab, service, "cp-2", control_plane=True)
     files = payload["control_plane_files"]
     assert sorted(files) == sorted(["ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key",
                                     "etcd/ca.crt", "etcd/ca.key"])
@@ -88,8 +84,8 @@ def test_tickets_meet_the_node_side_contract(join_lab):
     """What the join_ticket module's node side (module_utils._ticket.join) accepts."""
     from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import join as node_side
     service = join_lab.start("pcrs-only")
-    worker = _join(join_lab, service, "worker-1")
-    control_plane = _join(join_lab, service, "cp-2", control_plane=True)
+    worker = join_with_client(join_lab, service, "worker-1")
+    control_plane = join_with_client(join_lab, service, "cp-2", control_plane=True)
     assert "cluster_secrets" not in worker and worker["control_plane_files"] == {}
     assert set(control_plane["control_plane_files"]) == node_side.CONTROL_PLANE_FILES
     assert all(node_side._MODE.fullmatch(entry["mode"]) for entry in control_plane["control_plane_files"].values())
@@ -125,7 +121,7 @@ def test_level2_ticket_is_wrapped_and_opens_after_credential_activation(join_lab
                           service.issuer.verifier_id, join_lab.swtpm.tcti)
     assert payload["bootstrap_token"] == service.minter.tokens[0][1]
     # And the client does all of it by itself.
-    assert _join(join_lab, service, "worker-2")["version"] == 1
+    assert join_with_client(join_lab, service, "worker-2")["version"] == 1
 
 
 def test_malformed_evidence_is_an_invalid_argument(join_lab):
@@ -157,29 +153,29 @@ def test_second_concurrent_control_plane_join_is_aborted(join_lab, other_swtpm):
     gate = threading.Event()
     service = join_lab.start("pcrs-only", minter=FakeMinter(gate=gate, gated=("cp-2",)))
     first = {}
-    worker = threading.Thread(target=lambda: first.update(payload=_join(join_lab, service, "cp-2", control_plane=True)))
+    worker = threading.Thread(target=lambda: first.update(payload=join_with_client(join_lab, service, "cp-2", control_plane=True)))
     worker.start()
     try:
         assert service.minter.entered.wait(10)
         with pytest.raises(JoinError) as err:
-            _join(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=1)
+            join_with_client(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=1)
         assert (err.value.code, err.value.reason) == ("ABORTED", "control-plane-busy")
         assert "another control-plane join is in progress" in str(err.value)
         # Workers are not serialised.
-        assert _join(join_lab, service, "worker-9", tcti=other_swtpm.tcti)["version"] == 1
+        assert join_with_client(join_lab, service, "worker-9", tcti=other_swtpm.tcti)["version"] == 1
     finally:
         gate.set()
         worker.join(30)
     assert first["payload"]["control_plane_files"]
     # The slot is free again once the first response went out.
-    assert _join(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti)["control_plane_files"]
+    assert join_with_client(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti)["control_plane_files"]
     assert [node for node, token in service.minter.tokens] == ["worker-9", "cp-2", "cp-3"]
 
 
 def test_aborted_control_plane_join_is_retried_by_the_client(join_lab, other_swtpm):
     gate = threading.Event()
     service = join_lab.start("pcrs-only", minter=FakeMinter(gate=gate))
-    worker = threading.Thread(target=lambda: _join(join_lab, service, "cp-2", control_plane=True))
+    worker = threading.Thread(target=lambda: join_with_client(join_lab, service, "cp-2", control_plane=True))
     worker.start()
     assert service.minter.entered.wait(10)
     sleeps = []
@@ -189,7 +185,7 @@ def test_aborted_control_plane_join_is_retried_by_the_client(join_lab, other_swt
         gate.set()
         time.sleep(0.2)
 
-    payload = _join(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=5, backoff=0.05, sleep=sleep)
+    payload = join_with_client(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=5, backoff=0.05, sleep=sleep)
     worker.join(30)
     assert payload["control_plane_files"] and len(sleeps) >= 1
 
@@ -214,7 +210,7 @@ def test_rejoin_gives_disk_key_and_measurement_secret_only(join_lab):
         assert tpm.read_pcrs("sha256", (15,))[15] == node_lock_mark(service.issuer.cluster_id)
     assert request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID, flow="rejoin")
     with pytest.raises(JoinError) as err:
-        _join(join_lab, service)
+        join_with_client(join_lab, service)
     assert err.value.reason == "pcr-policy" and "already a member of this cluster" in str(err.value)
 
 
@@ -222,7 +218,7 @@ def test_policy_file_replaced_by_garbage_keeps_the_old_policy_and_a_good_change_
     service = join_lab.start("pcrs-only", policy_check_interval=0)
     original = join_lab.policy_file.read_bytes()
     join_lab.policy_file.write_text("pcrs: [this is: not a policy")
-    assert _join(join_lab, service, "worker-1")["version"] == 1
+    assert join_with_client(join_lab, service, "worker-1")["version"] == 1
     rejected = [e for e in join_lab.logs() if e["event"] == "policy-reload"]
     assert [(e["result"], e["reason"]) for e in rejected] == [("rejected", "malformed")]
     assert not os.path.exists(f"{join_lab.policy_file}.previous")
@@ -231,7 +227,7 @@ def test_policy_file_replaced_by_garbage_keeps_the_old_policy_and_a_good_change_
         expected_pcr9 = tpm.read_pcrs("sha256", (9,))[9]
     join_lab.policy_file.write_text(original.decode().replace(expected_pcr9.hex(), "ab" * 32))
     with pytest.raises(JoinError) as err:
-        _join(join_lab, service, "worker-2")
+        join_with_client(join_lab, service, "worker-2")
     assert err.value.reason == "pcr-policy"
     assert open(f"{join_lab.policy_file}.previous", "rb").read() == original
     assert [e["result"] for e in join_lab.logs() if e["event"] == "policy-reload"] == ["rejected", "loaded"]
@@ -245,7 +241,7 @@ def test_client_gets_its_ticket_across_a_service_restart(join_lab):
 
     def join():
         try:
-            result["payload"] = _join(join_lab, first, "worker-1", attempts=8, backoff=0.2, timeout=10,
+            result["payload"] = join_with_client(join_lab, first, "worker-1", attempts=8, backoff=0.2, timeout=10,
                                       sleep=lambda seconds: (sleeps.append(seconds), time.sleep(seconds)))
         except JoinError as exc:
             result["error"] = exc
@@ -269,7 +265,7 @@ def test_client_gets_its_ticket_across_a_service_restart(join_lab):
 def test_graceful_shutdown_finishes_the_join_in_flight(join_lab, other_swtpm):
     service = join_lab.start("pcrs-only", minter=FakeMinter(delay=1.5), drain_delay=0.5)
     result = {}
-    client = threading.Thread(target=lambda: result.update(payload=_join(join_lab, service, "worker-1", attempts=1)))
+    client = threading.Thread(target=lambda: result.update(payload=join_with_client(join_lab, service, "worker-1", attempts=1)))
     client.start()
     assert service.minter.entered.wait(10)
     stopper = threading.Thread(target=service.shutdown, args=(30,))
@@ -287,15 +283,15 @@ def test_graceful_shutdown_finishes_the_join_in_flight(join_lab, other_swtpm):
     assert [e["result"] for e in join_lab.logs() if e["event"] == "shutdown"] == ["draining", "stopped"]
     # A node arriving now finds nobody and says so.
     with pytest.raises(JoinError) as err:
-        _join(join_lab, service, "worker-2", tcti=other_swtpm.tcti, attempts=2, backoff=0.01)
+        join_with_client(join_lab, service, "worker-2", tcti=other_swtpm.tcti, attempts=2, backoff=0.01)
     assert err.value.code == "UNAVAILABLE"
 
 
 def test_no_secret_in_the_logs(join_lab):
     service = join_lab.start("ek-certificate")
-    payloads = [_join(join_lab, service, "worker-1"), _join(join_lab, service, "cp-2", control_plane=True)]
+    payloads = [join_with_client(join_lab, service, "worker-1"), join_with_client(join_lab, service, "cp-2", control_plane=True)]
     with pytest.raises(JoinError):
-        _join(join_lab, service, "worker-3", csr=make_csr("worker-4"))
+        join_with_client(join_lab, service, "worker-3", csr=make_csr("worker-4"))
     text = join_lab.log_stream.getvalue()
     assert '"result": "issued"' in text and '"result": "refused"' in text
     forbidden = [value for name, value in join_lab.secrets.items()]
@@ -345,7 +341,7 @@ def test_client_does_not_retry_a_refusal(join_lab):
     service = join_lab.start("pcrs-only")
     sleeps = []
     with pytest.raises(JoinError) as err:
-        _join(join_lab, service, "worker-1", csr=make_csr("cp-1"), attempts=5, sleep=sleeps.append)
+        join_with_client(join_lab, service, "worker-1", csr=make_csr("cp-1"), attempts=5, sleep=sleeps.append)
     assert (err.value.code, err.value.reason, sleeps) == ("PERMISSION_DENIED", "csr-subject", [])
     assert len([e for e in join_lab.logs() if e["event"] == "join"]) == 1
 
@@ -364,7 +360,7 @@ def test_client_gets_a_new_nonce_when_its_nonce_went_stale(join_lab):
 
     service = join_lab.start("pcrs-only", nonces=ExpiresOnce(ttl=60, clock=clock))
     sleeps = []
-    assert _join(join_lab, service, "worker-1", sleep=sleeps.append, backoff=0.01)["version"] == 1
+    assert join_with_client(join_lab, service, "worker-1", sleep=sleeps.append, backoff=0.01)["version"] == 1
     assert [e["reason"] for e in join_lab.logs() if e.get("result") == "refused"] == ["nonce-stale"]
     assert len(service.minter.tokens) == 1
 
@@ -457,7 +453,7 @@ def test_token_registration_failure_is_retryable_and_leaves_nothing_usable(join_
     service = join_lab.start("pcrs-only", minter=Failing())
     sleeps = []
     with pytest.raises(JoinError) as err:
-        _join(join_lab, service, attempts=2, backoff=0.01, sleep=sleeps.append)
+        join_with_client(join_lab, service, attempts=2, backoff=0.01, sleep=sleeps.append)
     assert (err.value.code, err.value.reason, len(sleeps)) == ("UNAVAILABLE", "token-mint", 1)
 
 
