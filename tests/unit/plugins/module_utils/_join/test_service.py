@@ -242,7 +242,7 @@ def test_client_gets_its_ticket_across_a_service_restart(join_lab):
     def join():
         try:
             result["payload"] = join_with_client(join_lab, first, "worker-1", attempts=8, backoff=0.2, timeout=10,
-                                      sleep=lambda seconds: (sleeps.append(seconds), time.sleep(seconds)))
+                                                 sleep=lambda seconds: (sleeps.append(seconds), time.sleep(seconds)))
         except JoinError as exc:
             result["error"] = exc
 
