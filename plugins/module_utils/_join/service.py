@@ -19,6 +19,7 @@ from . import joinservice_pb2_grpc as pb2_grpc
 
 try:
     import grpc
+    from google.protobuf.message import DecodeError
     from grpc import aio as grpc_aio
 except ImportError as exc:  # reported by main() and build_service()
     GRPC_IMPORT_ERROR: ImportError | None = exc
@@ -43,6 +44,45 @@ MAX_MESSAGE_BYTES = 256 * 1024
 DRAIN_DELAY = 1.0
 
 
+class Undecodable:
+    """A request body that is not the RPC's protobuf message; the servicer refuses it as malformed."""
+
+    def __init__(self, message_type: str, error: str):
+        self.message_type = message_type
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"the request is not a valid {self.message_type} message ({self.error})"
+
+
+def _tolerant(deserializer):
+    def deserialize(raw: bytes):
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            return Undecodable(getattr(deserializer, "__self__", object).__name__, str(exc))
+    return deserialize
+
+
+class _TolerantRegistration:
+    """Registers the generated handlers with deserializers that hand an undecodable body to the servicer.
+
+    Without this grpc answers such a body with UNKNOWN "Unexpected DecodeError", unlogged; the servicer turns
+    it into INVALID_ARGUMENT with reason 'malformed', like every other refusal.
+    """
+
+    def __init__(self, server):
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        """The generated code also registers the same methods below; those are the ones served."""
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        tolerant = {name: handler._replace(request_deserializer=_tolerant(handler.request_deserializer)) for name, handler in handlers.items()}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, tolerant),))
+        self._server.add_registered_method_handlers(service, tolerant)
+
+
 class JoinServicer:
     """The RPC handlers: translate requests for the issuer, refusals into gRPC statuses, and log every outcome.
 
@@ -60,7 +100,14 @@ class JoinServicer:
         if self._draining.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the join service is shutting down; try another endpoint")
 
+    async def _refuse_undecodable(self, context, request, event: str) -> None:
+        if isinstance(request, Undecodable):
+            self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=str(request), peer=context.peer())
+            context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {request}")
+
     async def GetNonce(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "nonce")
         await self._refuse_while_draining(context)
         try:
             nonce = self._issuer.issue_nonce()
@@ -72,6 +119,7 @@ class JoinServicer:
         return pb2.GetNonceResponse(nonce=nonce, verifier_id=self._issuer.verifier_id)
 
     async def IssueJoinTicket(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "join")
         await self._refuse_while_draining(context)
         join = JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane, request.kubelet_csr, request.disk_uuid)
 
@@ -87,6 +135,7 @@ class JoinServicer:
                                            credential_encrypted_seed=ticket.credential_encrypted_seed)
 
     async def IssueRejoinTicket(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "rejoin")
         await self._refuse_while_draining(context)
         rejoin = RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
 
@@ -98,6 +147,7 @@ class JoinServicer:
                                              credential_encrypted_seed=ticket.credential_encrypted_seed)
 
     async def Health(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "health")
         return pb2.HealthResponse(status=NOT_SERVING if self._draining.is_set() else SERVING)
 
     async def _issue(self, context, event: str, node_name: str, work, **fields: object) -> IssuedTicket:
@@ -158,7 +208,7 @@ class JoinService:
     async def _bind(self, credentials) -> int:
         # No SO_REUSEPORT: a second service on the same port must fail to start, not share it silently.
         self._server = grpc_aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-        pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.issuer, self._log, self.draining), self._server)
+        pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.issuer, self._log, self.draining), _TolerantRegistration(self._server))
         return self._server.add_secure_port(self.listen, credentials)
 
     def _on_loop(self, coroutine):

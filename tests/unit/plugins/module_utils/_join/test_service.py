@@ -479,3 +479,19 @@ def test_control_plane_slot_is_held_until_released(join_lab, other_swtpm):
         issuer_under_test.prepare_join(request(join_lab.swtpm.tcti, "cp-4"))
     second.release()
     assert service.minter.tokens == []
+
+
+@pytest.mark.parametrize("body, problem", [(b"\xff\xff\xff", "Wire format was corrupt"), (b"\x1a\x02\xc3\x28", "bad UTF-8")],
+                         ids=["corrupt wire format", "node name not UTF-8"])
+def test_request_that_is_no_protobuf_message_is_malformed(join_lab, body, problem):
+    """Found by the security suite: grpc answered such a body with UNKNOWN 'Unexpected DecodeError', and nothing was logged."""
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        raw_call = channel.unary_unary("/confidential.kubernetes.join.v1.JoinService/IssueJoinTicket")
+        error = assert_refused(lambda: raw_call(body, timeout=10), grpc.StatusCode.INVALID_ARGUMENT, "malformed")
+        assert "not a valid IssueJoinTicketRequest message" in error.details() and problem in error.details()
+        assert stub.Health(pb2.HealthRequest()).status == "SERVING"
+    refusal = [e for e in join_lab.logs() if e.get("result") == "refused"]
+    assert [(e["event"], e["reason"]) for e in refusal] == [("join", "malformed")]
+    assert service.minter.tokens == []
