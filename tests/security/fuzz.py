@@ -6,12 +6,13 @@ Targets:
   evidence  the evidence parser and verifier (level 1 and level 2 verifiers), from genuine swtpm evidence
   policy    the measurement policy loader, our format and Constellation's, JSON and YAML
   join      the join service's request decoding (IssueJoinTicketRequest / IssueRejoinTicketRequest protobuf)
-            and its validation in TicketIssuer (verify, node name, disk UUID, kubelet CSR, sealing)
+            and its validation in TicketIssuer (verify, node name, disk UUID, kubelet CSR, sealing); one input
+            in GRPC_EVERY goes to the real service over gRPC/TLS, whose status must carry a stated reason
 
 Seeds are genuine: evidence quoted by a real swtpm, the policy it meets, CSRs made for the node.
 Mutations are structure-aware (tests/security/mutate.py) plus libFuzzer's byte mutations, and
 atheris keeps the inputs that reach new code. Every input must be accepted or refused with a
-stated reason (VerificationError.reason, PolicyError, Refusal.reason, protobuf DecodeError);
+stated reason (VerificationError.reason, PolicyError, Refusal.reason, an undecodable protobuf body);
 anything else is counted as unhandled, its input written to --artifacts, and the exit status is 1.
 An accepted evidence document must carry exactly the genuine quote, signature, key and PCRs.
 
@@ -51,14 +52,15 @@ with atheris.instrument_imports(include=["ansible_collections.confidential.kuber
     from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import X25519, EphemeralKey
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import JoinRequest, Refusal, RejoinRequest
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_issuer
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import Undecodable, _tolerant
 
-from google.protobuf.message import DecodeError  # noqa: E402
+import grpc  # noqa: E402
 
 import mutate  # noqa: E402
 
 POLICY_PCRS = (0, 4, 8, 9, 15)
 DEFAULT_RUNS = 12000
+GRPC_EVERY = 20
 
 
 class Finding(Exception):
@@ -216,9 +218,14 @@ class JoinTarget(Target):
         from cryptography.hazmat.primitives.asymmetric import ec, rsa
         self.swtpm = tpms.start("lab")
         self.lab = JoinLab(Path(tempfile.mkdtemp(prefix="ck-fuzz-join-")), self.swtpm)
-        self.lab.write_policy("ek-certificate")
         self.nonce = os.urandom(32)
-        self.issuer = build_issuer(self.lab.config(), self.lab.log, FakeMinter(), _Reusable(self.nonce))
+        # The real service (gRPC over TLS) around the issuer: every GRPC_EVERY-th input goes over the wire.
+        self.service = self.lab.start("ek-certificate", minter=FakeMinter(), nonces=_Reusable(self.nonce))
+        self.issuer = self.service.issuer
+        stub, self.channel = self.lab.stub(self.service)
+        self.raw_calls = {kind: self.channel.unary_unary(f"/confidential.kubernetes.join.v1.JoinService/{method}")
+                          for kind, method in ((b"J", "IssueJoinTicket"), (b"R", "IssueRejoinTicket"))}
+        self.inputs = 0
         evidence = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate().public_bytes()).to_json().encode()
         classic = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate(X25519).public_bytes()).to_json().encode()
         self.csrs = [make_csr("worker-1"), make_csr("cp-2"), make_csr("worker-1", rsa.generate_private_key(65537, 1024)),
@@ -236,12 +243,12 @@ class JoinTarget(Target):
 
     def run(self, data):
         kind, body = data[:1], data[1:]
-        try:
-            if kind == b"R":
-                request = pb2.IssueRejoinTicketRequest.FromString(body)
-            else:
-                request = pb2.IssueJoinTicketRequest.FromString(body)
-        except DecodeError:
+        self.inputs += 1
+        if self.inputs % GRPC_EVERY == 0:
+            return self._over_grpc(kind, body)
+        # The service's own deserializer: what a request body becomes before the servicer sees it.
+        request = _tolerant((pb2.IssueRejoinTicketRequest if kind == b"R" else pb2.IssueJoinTicketRequest).FromString)(body)
+        if isinstance(request, Undecodable):
             return "rejected", "protobuf-decode"
         try:
             if kind == b"R":
@@ -257,6 +264,18 @@ class JoinTarget(Target):
         prepared.release()
         return "accepted", "control-plane join" if request.control_plane else "join"
 
+    def _over_grpc(self, kind: bytes, body: bytes) -> tuple[str, str]:
+        try:
+            self.raw_calls.get(kind, self.raw_calls[b"J"])(body, timeout=60)
+        except grpc.RpcError as error:
+            reason = dict(error.trailing_metadata() or ()).get("confidential-kubernetes-reason")
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (error.details() or ""):
+                return "rejected", "message-size (gRPC)"  # the service's max_receive_message_length (MAX_MESSAGE_BYTES)
+            if error.code() in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL) or not reason:
+                raise Finding(f"gRPC {error.code().name} without a stated reason: {error.details()}") from None
+            return "rejected", f"{reason} (gRPC)"
+        return "accepted", "over gRPC"
+
     def mutate(self, data, rng):
         kind, body = (data[:1], data[1:]) if data[:1] in (b"J", b"R") else (b"J", data)
         message_type = pb2.IssueRejoinTicketRequest if kind == b"R" else pb2.IssueJoinTicketRequest
@@ -269,9 +288,8 @@ class JoinTarget(Target):
             extra = rng.choice([b"\x1a\x03cp1", b"\x20\x01", b"\x12\x00", b"\xf8\x07\x01", b"\x0a\xff\xff\xff\xff\x0f", b"\x32\x02\xc3\x28",
                                 rng.randbytes(rng.randrange(1, 12))])
             return kind + (body + extra if rng.random() < 0.5 else extra + body)
-        try:
-            request = message_type.FromString(body)
-        except DecodeError:
+        request = _tolerant(message_type.FromString)(body)
+        if isinstance(request, Undecodable):
             return kind + mutate.mutate_bytes(body, rng)
         if op <= 6:
             request.evidence = mutate.mutate_json(request.evidence or rng.choice(self.evidences), rng, self.evidence_documents)
@@ -295,6 +313,7 @@ class JoinTarget(Target):
         return kind + request.SerializeToString()
 
     def close(self):
+        self.channel.close()
         self.lab.close()
         self.swtpm.stop()
 
