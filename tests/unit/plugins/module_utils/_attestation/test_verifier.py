@@ -280,3 +280,16 @@ def test_level2_ek_public_that_names_no_usable_key_is_malformed(golden):
     with pytest.raises(VerificationError) as err:
         _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
     assert err.value.reason == "malformed" and "EK public key is unreadable" in str(err.value)
+
+
+def test_level2_ek_with_an_aes_key_size_no_aes_has_is_refused(golden):
+    """Found by the fuzzer (tests/security): an EK symmetric key size of 168 bits escaped make_credential as ValueError."""
+    swtpm, nonce, evidence, unused_policy = golden
+    ek = tpm2.parse_public(evidence.ek_public)
+    key_bits_at = 8 + 2 + len(ek.auth_policy) + 2
+    assert int.from_bytes(evidence.ek_public[key_bits_at:key_bits_at + 2], "big") == ek.symmetric[1]
+    doc = evidence.to_document()
+    doc["ek_public"] = base64.b64encode(evidence.ek_public[:key_bits_at] + (168).to_bytes(2, "big") + evidence.ek_public[key_bits_at + 2:]).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
+    assert err.value.reason == "ek-certificate" and "AES-128, AES-192 or AES-256 in CFB mode" in str(err.value)
