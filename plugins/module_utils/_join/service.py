@@ -41,6 +41,7 @@ SERVING = "SERVING"
 NOT_SERVING = "NOT_SERVING"
 REASON_METADATA = "confidential-kubernetes-reason"
 MAX_MESSAGE_BYTES = 256 * 1024
+MAX_DETAILS = 1024
 DRAIN_DELAY = 1.0
 
 
@@ -102,9 +103,10 @@ class JoinServicer:
 
     async def _refuse_undecodable(self, context, request, event: str) -> None:
         if isinstance(request, Undecodable):
-            self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=str(request), peer=context.peer())
+            message = bounded(str(request))
+            self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=context.peer())
             context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {request}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
 
     async def GetNonce(self, request, context):  # noqa: N802 - gRPC method name
         await self._refuse_undecodable(context, request, "nonce")
@@ -156,10 +158,11 @@ class JoinServicer:
         try:
             ticket = await work
         except Refusal as refusal:
-            self._log.warning(event, result="refused", code=refusal.code, reason=refusal.reason, msg=str(refusal),
+            message = bounded(str(refusal))
+            self._log.warning(event, result="refused", code=refusal.code, reason=refusal.reason, msg=message,
                               mismatches=refusal.mismatches, duration_ms=_elapsed_ms(started), **fields)
             context.set_trailing_metadata(((REASON_METADATA, refusal.reason),))
-            await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {refusal}")
+            await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {message}")
             raise
         except Exception as exc:  # noqa: BLE001 - the log gets the failure, the client a generic status
             self._log.error(event, result="error", reason="internal", error=type(exc).__name__, msg=scrub(str(exc)),
@@ -170,6 +173,16 @@ class JoinServicer:
         self._log.info(event, result="issued", ak_trust_level=ticket.ak_trust_level, warnings=ticket.warnings,
                        duration_ms=_elapsed_ms(started), **fields)
         return ticket
+
+
+def bounded(message: str) -> str:
+    """A refusal message short enough for a gRPC status (clients drop metadata over 16 KiB) and a log line.
+
+    Messages quote what the node sent (a node name, a field of the evidence), which an attacker can make huge.
+    """
+    if len(message) <= MAX_DETAILS:
+        return message
+    return f"{message[:MAX_DETAILS]}... ({len(message) - MAX_DETAILS} more characters)"
 
 
 def _elapsed_ms(started: float) -> float:

@@ -495,3 +495,17 @@ def test_request_that_is_no_protobuf_message_is_malformed(join_lab, body, proble
     refusal = [e for e in join_lab.logs() if e.get("result") == "refused"]
     assert [(e["event"], e["reason"]) for e in refusal] == [("join", "malformed")]
     assert service.minter.tokens == []
+
+
+def test_refusal_quoting_a_huge_field_stays_a_refusal(join_lab):
+    """Found by the security suite: a 58 KB node name in the refusal message exceeded the client's 16 KiB metadata limit,
+    so the node got RESOURCE_EXHAUSTED 'Stream removed' instead of the reason."""
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()), nonce)
+        request.node_name = "X" * 60_000
+        error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.INVALID_ARGUMENT, "node-name")
+    assert len(error.details()) < 1200 and error.details().endswith("more characters)")
+    assert len([e for e in join_lab.logs() if e.get("result") == "refused"][0]["msg"]) < 1200
