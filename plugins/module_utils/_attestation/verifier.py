@@ -202,7 +202,10 @@ class Verifier:
             ek_key = _spki(ek.public_key())
         except (ValueError, tpm2.StructureError) as exc:
             raise VerificationError("malformed", f"EK certificate or EK public key is unreadable: {exc}") from None
-        self._check_chain(certificate)
+        try:
+            self._check_chain(certificate)
+        except ValueError as exc:  # cryptography parses a certificate's fields on first use
+            raise VerificationError("malformed", f"EK certificate is unreadable: {exc}") from None
         try:
             certified_key = _spki(certificate.public_key())
         except (ValueError, UnsupportedAlgorithm) as exc:

@@ -293,3 +293,20 @@ def test_level2_ek_with_an_aes_key_size_no_aes_has_is_refused(golden):
     with pytest.raises(VerificationError) as err:
         _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
     assert err.value.reason == "ek-certificate" and "AES-128, AES-192 or AES-256 in CFB mode" in str(err.value)
+
+
+def test_level2_ek_certificate_with_an_unreadable_issuer_is_malformed(golden):
+    """Found by the fuzzer (tests/security): cryptography reads the issuer only on first use, which raised ValueError."""
+    swtpm, nonce, evidence, unused_policy = golden
+    issuer_der = x509.load_der_x509_certificate(evidence.ek_certificate).issuer.public_bytes()
+    at = evidence.ek_certificate.index(issuer_der)
+    broken = bytearray(evidence.ek_certificate)
+    first_set = at + 2 + (issuer_der[1] & 0x7F if issuer_der[1] & 0x80 else 0)
+    oid = first_set + 4  # SET { SEQUENCE { OID, value } }, short lengths
+    assert (broken[first_set], broken[first_set + 2], broken[oid]) == (0x31, 0x30, 0x06)
+    broken[oid + 2 + broken[oid + 1]] = 0x0F  # the attribute value's tag: a type no Name holds
+    doc = evidence.to_document()
+    doc["ek_certificate"] = base64.b64encode(bytes(broken)).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
+    assert err.value.reason == "malformed" and "EK certificate is unreadable" in str(err.value)
