@@ -29,6 +29,7 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import time
 import traceback
@@ -316,6 +317,7 @@ class JoinTarget(Target):
         self.channel.close()
         self.lab.close()
         self.swtpm.stop()
+        shutil.rmtree(self.lab.dir, ignore_errors=True)
 
 
 TARGETS = {t.name: t for t in (EvidenceTarget, PolicyTarget, JoinTarget)}
@@ -331,6 +333,7 @@ class Campaign:
         self.reasons: collections.Counter = collections.Counter()
         self.unhandled: collections.Counter = collections.Counter()
         self.started = time.monotonic()
+        self.cleanup: list[Path] = []
 
     def test_one_input(self, data: bytes) -> None:
         self.count += 1
@@ -367,6 +370,8 @@ class Campaign:
             sys.stdout.write(f"  unhandled: {where} x{n}\n")
         sys.stdout.flush()
         self.target.close()
+        for directory in self.cleanup:
+            shutil.rmtree(directory, ignore_errors=True)
         # libFuzzer would go on mutating; the campaign has its count.
         os._exit(1 if self.unhandled else 0)
 
@@ -382,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     tpms = support.ManufacturedTpms()
     target = TARGETS[args.target](tpms)
     campaign = Campaign(target, args.runs, args.artifacts)
+    campaign.cleanup.append(tpms.dir)
     corpus = tpms.dir / f"corpus-{args.target}"
     corpus.mkdir()
     for index, seed in enumerate(target.seeds):
