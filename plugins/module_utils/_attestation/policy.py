@@ -87,16 +87,17 @@ def _flag(where: str, value: object) -> bool:
 
 
 def _from_own(doc: dict) -> MeasurementPolicy:
-    unknown = sorted(set(doc) - {"version", "hash_algorithm", "ak_trust", "pcrs"})
+    # YAML keys may be of any type (1, null, a date): name them as text.
+    unknown = sorted(str(key) for key in doc if key not in ("version", "hash_algorithm", "ak_trust", "pcrs"))
     if unknown:
         raise PolicyError(f"policy has unknown key(s): {', '.join(unknown)}")
     if isinstance(doc.get("version"), bool) or doc.get("version") != POLICY_VERSION:
         raise PolicyError(f"policy version {doc.get('version')!r} is not supported (expected {POLICY_VERSION})")
     hash_algorithm = doc.get("hash_algorithm", "sha256")
-    if hash_algorithm not in _DIGEST_SIZES:
+    if not isinstance(hash_algorithm, str) or hash_algorithm not in _DIGEST_SIZES:
         raise PolicyError(f"policy hash_algorithm {hash_algorithm!r} is not one of {', '.join(_DIGEST_SIZES)}")
     ak_trust = doc.get("ak_trust", "ek-certificate")
-    if ak_trust not in AK_TRUST_LEVELS:
+    if not isinstance(ak_trust, str) or ak_trust not in AK_TRUST_LEVELS:
         raise PolicyError(f"policy ak_trust {ak_trust!r} is not one of {', '.join(AK_TRUST_LEVELS)}")
     pcrs = doc.get("pcrs")
     if not isinstance(pcrs, dict) or not pcrs:
@@ -126,6 +127,8 @@ def _from_constellation(doc: dict) -> MeasurementPolicy:
             raise PolicyError(f"{where}: must be {{'expected': <hex>, 'warnOnly': <bool>}}")
         expected = rule["expected"]
         allowed = expected if isinstance(expected, list) else [expected]
+        if not allowed:
+            raise PolicyError(f"{where}: 'expected' must list at least one hex value")
         values = tuple(_hex_value(where, v, 32) for v in allowed)
         rules[index] = PcrRule(index, values, _flag(f"{where} warnOnly", rule.get("warnOnly", False)))
     if not rules:
@@ -148,6 +151,10 @@ def parse_policy(text: str | bytes, source: str = "policy") -> MeasurementPolicy
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PolicyError(f"{source} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise PolicyError(f"{source} is nested too deeply to be a measurement policy") from None
+    except ValueError as exc:  # e.g. an integer longer than Python converts (4300 digits)
+        raise PolicyError(f"{source} holds a value that cannot be read: {str(exc).splitlines()[0][:200]}") from None
     try:
         return policy_from_document(doc)
     except PolicyError as exc:

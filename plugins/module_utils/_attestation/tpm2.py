@@ -316,13 +316,16 @@ def make_credential(ek: Public, object_name: bytes, secret: bytes) -> Credential
     if ek.name_alg not in HASHES:
         raise StructureError(f"EK name algorithm 0x{ek.name_alg:04x} is not supported")
     sym_alg, sym_bits, sym_mode = ek.symmetric
-    if (sym_alg, sym_mode) != (ALG_AES, ALG_CFB):
-        raise StructureError("EK must use AES-CFB as its symmetric algorithm")
+    if (sym_alg, sym_mode) != (ALG_AES, ALG_CFB) or sym_bits not in (128, 192, 256):
+        raise StructureError("EK must use AES-128, AES-192 or AES-256 in CFB mode as its symmetric algorithm")
     digest_size = hashlib.new(HASHES[ek.name_alg]).digest_size
     if ek.type == ALG_RSA:
         seed = os.urandom(digest_size)
         algorithm = _hash(ek.name_alg)
-        encrypted_seed = ek.public_key().encrypt(seed, padding.OAEP(padding.MGF1(algorithm), algorithm, b"IDENTITY\x00"))
+        try:
+            encrypted_seed = ek.public_key().encrypt(seed, padding.OAEP(padding.MGF1(algorithm), algorithm, b"IDENTITY\x00"))
+        except ValueError as exc:  # a modulus too small for OAEP with this hash
+            raise StructureError(f"EK RSA key cannot protect a credential seed: {exc}") from None
     else:
         curve = _curve(ek.curve)
         ephemeral = ec.generate_private_key(curve)

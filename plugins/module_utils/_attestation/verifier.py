@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 try:
     from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
 except ImportError:  # reported by the modules through missing_required_lib()
     pass
 
@@ -197,10 +198,19 @@ class Verifier:
         try:
             certificate = x509.load_der_x509_certificate(evidence.ek_certificate)
             ek = tpm2.parse_public(evidence.ek_public)
+            # ek_public is not covered by any signature: prove now that it names a usable key (as for the AK).
+            ek_key = _spki(ek.public_key())
         except (ValueError, tpm2.StructureError) as exc:
             raise VerificationError("malformed", f"EK certificate or EK public key is unreadable: {exc}") from None
-        self._check_chain(certificate)
-        if certificate.public_key().public_numbers() != ek.public_key().public_numbers():
+        try:
+            self._check_chain(certificate)
+        except ValueError as exc:  # cryptography parses a certificate's fields on first use
+            raise VerificationError("malformed", f"EK certificate is unreadable: {exc}") from None
+        try:
+            certified_key = _spki(certificate.public_key())
+        except (ValueError, UnsupportedAlgorithm) as exc:
+            raise VerificationError("ek-certificate", f"EK certificate holds an unusable public key: {exc}") from None
+        if certified_key != ek_key:
             raise VerificationError("ek-certificate", "EK public key in the evidence is not the key of the EK certificate")
         missing = [name for name, bit in EK_REQUIRED_ATTRIBUTES.items() if not ek.attributes & bit]
         if missing:
@@ -224,10 +234,15 @@ class Verifier:
                 continue
             try:
                 certificate.verify_directly_issued_by(anchor)
-            except (ValueError, TypeError, InvalidSignature):
+            except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
                 continue
             return
         raise VerificationError("ek-certificate", f"EK certificate does not chain to the configured EK CA (issuer {certificate.issuer.rfc4514_string()})")
+
+
+def _spki(public_key) -> bytes:
+    """A public key of any type as SubjectPublicKeyInfo DER, so that keys of different types compare unequal instead of failing."""
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def _is_ca(certificate: x509.Certificate) -> bool:

@@ -25,6 +25,8 @@ KUBELET_CERT_VALIDITY = datetime.timedelta(days=365)
 BACKDATE = datetime.timedelta(minutes=5)
 NODES_GROUP = "system:nodes"
 NODE_USER_PREFIX = "system:node:"
+# X.520's upper bound for a common name, which cryptography enforces when it builds the kubelet subject.
+MAX_COMMON_NAME = 64
 RSA_MIN_BITS = 2048
 RSA_MAX_BITS = 8192
 EC_CURVES = ("secp256r1", "secp384r1")
@@ -81,6 +83,9 @@ def _attributes(name: x509.Name) -> list[tuple[str, str]]:
 
 def load_kubelet_csr(pem: bytes, node_name: str) -> x509.CertificateSigningRequest:
     """The kubelet's CSR: readable, self-signed, a strong key, and exactly the node's own identity."""
+    if len(NODE_USER_PREFIX + node_name) > MAX_COMMON_NAME:
+        raise RequestError("node-name", f"node name {node_name!r} is too long for a kubelet client certificate: "
+                                        f"'{NODE_USER_PREFIX}<node name>' may have at most {MAX_COMMON_NAME} characters")
     if len(pem) > MAX_CSR_BYTES:
         raise RequestError("csr-malformed", f"kubelet CSR is larger than {MAX_CSR_BYTES} bytes")
     try:

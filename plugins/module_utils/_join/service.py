@@ -19,6 +19,7 @@ from . import joinservice_pb2_grpc as pb2_grpc
 
 try:
     import grpc
+    from google.protobuf.message import DecodeError
     from grpc import aio as grpc_aio
 except ImportError as exc:  # reported by main() and build_service()
     GRPC_IMPORT_ERROR: ImportError | None = exc
@@ -39,7 +40,47 @@ SERVING = "SERVING"
 NOT_SERVING = "NOT_SERVING"
 REASON_METADATA = "confidential-kubernetes-reason"
 MAX_MESSAGE_BYTES = 256 * 1024
+MAX_DETAILS = 1024
 DRAIN_DELAY = 1.0
+
+
+class Undecodable:
+    """A request body that is not the RPC's protobuf message; the servicer refuses it as malformed."""
+
+    def __init__(self, message_type: str, error: str):
+        self.message_type = message_type
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"the request is not a valid {self.message_type} message ({self.error})"
+
+
+def _tolerant(deserializer):
+    def deserialize(raw: bytes):
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            return Undecodable(getattr(deserializer, "__self__", object).__name__, str(exc))
+    return deserialize
+
+
+class _TolerantRegistration:
+    """Registers the generated handlers with deserializers that hand an undecodable body to the servicer.
+
+    Without this grpc answers such a body with UNKNOWN "Unexpected DecodeError", unlogged; the servicer turns
+    it into INVALID_ARGUMENT with reason 'malformed', like every other refusal.
+    """
+
+    def __init__(self, server):
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        """The generated code also registers the same methods below; those are the ones served."""
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        tolerant = {name: handler._replace(request_deserializer=_tolerant(handler.request_deserializer)) for name, handler in handlers.items()}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, tolerant),))
+        self._server.add_registered_method_handlers(service, tolerant)
 
 
 class JoinServicer:
@@ -59,7 +100,15 @@ class JoinServicer:
         if self._draining.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the join service is shutting down; try another endpoint")
 
+    async def _refuse_undecodable(self, context, request, event: str) -> None:
+        if isinstance(request, Undecodable):
+            message = bounded(str(request))
+            self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=context.peer())
+            context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
+
     async def GetNonce(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "nonce")
         await self._refuse_while_draining(context)
         try:
             nonce = self._issuer.issue_nonce()
@@ -71,6 +120,7 @@ class JoinServicer:
         return pb2.GetNonceResponse(nonce=nonce, verifier_id=self._issuer.verifier_id)
 
     async def IssueJoinTicket(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "join")
         await self._refuse_while_draining(context)
         join = JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane, request.kubelet_csr, request.disk_uuid)
 
@@ -86,6 +136,7 @@ class JoinServicer:
                                            credential_encrypted_seed=ticket.credential_encrypted_seed)
 
     async def IssueRejoinTicket(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "rejoin")
         await self._refuse_while_draining(context)
         rejoin = RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
 
@@ -97,6 +148,7 @@ class JoinServicer:
                                              credential_encrypted_seed=ticket.credential_encrypted_seed)
 
     async def Health(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "health")
         return pb2.HealthResponse(status=NOT_SERVING if self._draining.is_set() else SERVING)
 
     async def _issue(self, context, event: str, node_name: str, work, **fields: object) -> IssuedTicket:
@@ -105,10 +157,11 @@ class JoinServicer:
         try:
             ticket = await work
         except Refusal as refusal:
-            self._log.warning(event, result="refused", code=refusal.code, reason=refusal.reason, msg=str(refusal),
+            message = bounded(str(refusal))
+            self._log.warning(event, result="refused", code=refusal.code, reason=refusal.reason, msg=message,
                               mismatches=refusal.mismatches, duration_ms=_elapsed_ms(started), **fields)
             context.set_trailing_metadata(((REASON_METADATA, refusal.reason),))
-            await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {refusal}")
+            await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {message}")
             raise
         except Exception as exc:  # noqa: BLE001 - the log gets the failure, the client a generic status
             self._log.error(event, result="error", reason="internal", error=type(exc).__name__, msg=scrub(str(exc)),
@@ -119,6 +172,16 @@ class JoinServicer:
         self._log.info(event, result="issued", ak_trust_level=ticket.ak_trust_level, warnings=ticket.warnings,
                        duration_ms=_elapsed_ms(started), **fields)
         return ticket
+
+
+def bounded(message: str) -> str:
+    """A refusal message short enough for a gRPC status (clients drop metadata over 16 KiB) and a log line.
+
+    Messages quote what the node sent (a node name, a field of the evidence), which an attacker can make huge.
+    """
+    if len(message) <= MAX_DETAILS:
+        return message
+    return f"{message[:MAX_DETAILS]}... ({len(message) - MAX_DETAILS} more characters)"
 
 
 def _elapsed_ms(started: float) -> float:
@@ -157,7 +220,7 @@ class JoinService:
     async def _bind(self, credentials) -> int:
         # No SO_REUSEPORT: a second service on the same port must fail to start, not share it silently.
         self._server = grpc_aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-        pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.issuer, self._log, self.draining), self._server)
+        pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.issuer, self._log, self.draining), _TolerantRegistration(self._server))
         return self._server.add_secure_port(self.listen, credentials)
 
     def _on_loop(self, coroutine):

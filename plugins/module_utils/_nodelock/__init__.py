@@ -124,12 +124,21 @@ class NodeLock:
         }).encode()
 
     def _write_record(self, cluster_id: str) -> None:
-        fd = os.open(self.record_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        """Create the record complete or not at all: readers without the flock (state()) never see it half written.
+
+        Written aside, then hard-linked into place, which fails if the record exists, like O_EXCL.
+        """
+        aside = f"{self.record_path}.{os.getpid()}.new"
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, self._record(cluster_id))
-            os.fsync(fd)
+            try:
+                os.write(fd, self._record(cluster_id))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(aside, self.record_path)
         finally:
-            os.close(fd)
+            os.unlink(aside)
         _fsync_dir(os.path.dirname(self.record_path) or ".")
 
     def _rewrite_boot_id(self, cluster_id: str) -> None:

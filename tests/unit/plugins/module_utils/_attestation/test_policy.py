@@ -8,6 +8,9 @@ import os
 import re
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller, issuer
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
@@ -307,6 +310,20 @@ def test_malformed_constellation_entry_is_named(rule):
     _refused({"15": rule}, "Constellation measurement 15: must be {'expected': <hex>, 'warnOnly': <bool>}")
 
 
+# Found by the fuzzer (tests/security/fuzz.py policy): each of these escaped parse_policy as something other than PolicyError,
+# or (the empty list) loaded as a rule no value can meet.
+@pytest.mark.parametrize("text,message", [
+    ('{"15": {"expected": []}}', "Constellation measurement 15: 'expected' must list at least one hex value"),
+    ("version: 1\nhash_algorithm: {a: 1}\npcrs: {15: {allowed: x}}\n", "policy hash_algorithm {'a': 1} is not one of"),
+    ("version: 1\nak_trust: [1]\npcrs: {15: {allowed: x}}\n", "policy ak_trust [1] is not one of"),
+    ("version: 1\n7: x\n~: y\npcrs: {15: {allowed: x}}\n", "policy has unknown key(s): 7, None"),
+    ("[" * 1100 + "]" * 1100, "policy is nested too deeply to be a measurement policy"),
+    ("version: " + "9" * 5000 + "\n", "policy holds a value that cannot be read: Exceeds the limit (4300 digits)"),
+], ids=["empty expected list", "unhashable hash_algorithm", "unhashable ak_trust", "non-string keys", "deep nesting", "huge integer"])
+def test_hostile_policy_documents_are_refused_with_a_policy_error(text, message):
+    _refused(text, message)
+
+
 # The node-lock mark: PCR 15 of a node locked for a cluster (DESIGN section 3), known answers computed with openssl.
 NODE_LOCK_VECTORS = [
     (bytes(32), "sha256", "6e96bce3e21a7bdcddd1735dab055b838071df7dc4ae4f0e16be0a1b4cb8735c"),
@@ -409,3 +426,58 @@ def test_measurement_policy_with_rule_does_not_change_the_original():
     policy = MeasurementPolicy("sha256", {0: PcrRule(0, (bytes(32),))}, "pcrs-only")
     changed = policy.with_rule(NODE_LOCK_PCR, [bytes(32)], warn_only=True)
     assert NODE_LOCK_PCR not in policy.rules and changed.rules[NODE_LOCK_PCR].warn_only is True
+
+
+# Properties (the coverage-guided fuzzer in tests/security/fuzz.py goes further, from real policies).
+PROPERTIES = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+_SIZES = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
+
+
+@st.composite
+def _policies(draw) -> MeasurementPolicy:
+    hash_algorithm = draw(st.sampled_from(sorted(_SIZES)))
+    indices = draw(st.sets(st.integers(0, 23), min_size=1, max_size=24))
+    digests = st.lists(st.binary(min_size=_SIZES[hash_algorithm], max_size=_SIZES[hash_algorithm]), min_size=1, max_size=3)
+    rules = {i: PcrRule(i, tuple(draw(digests)), draw(st.booleans())) for i in indices}
+    return MeasurementPolicy(hash_algorithm, rules, draw(st.sampled_from(["pcrs-only", "ek-certificate"])))
+
+
+@PROPERTIES
+@given(policy=_policies(), as_yaml=st.booleans())
+def test_every_policy_survives_a_round_trip_through_its_file(policy, as_yaml):
+    text = yaml.safe_dump(policy.to_document()) if as_yaml else dump_policy(policy)
+    assert parse_policy(text) == policy
+
+
+@PROPERTIES
+@given(policy=_policies())
+def test_every_sha256_policy_reads_the_same_in_constellation_format(policy):
+    if policy.hash_algorithm != "sha256":
+        return
+    doc = {str(i): {"expected": [v.hex() for v in rule.allowed], "warnOnly": rule.warn_only} for i, rule in policy.rules.items()}
+    assert parse_policy(json.dumps(doc)).rules == policy.rules
+
+
+_YAML_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    | st.sampled_from(["sha256", "pcrs-only", ZERO, "15", "allowed", "expected", "warnOnly", "version", "pcrs"]),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["version", "pcrs", "hash_algorithm", "ak_trust", "allowed", "warn_only", "expected", "warnOnly", "0", "15", "24"])
+        | st.integers(-1, 30) | st.text(max_size=5), children, max_size=5),
+    max_leaves=25,
+)
+
+
+@PROPERTIES
+@given(doc=_YAML_VALUES, as_yaml=st.booleans())
+def test_any_document_is_a_policy_or_a_policy_error(doc, as_yaml):
+    try:
+        text = yaml.safe_dump(doc) if as_yaml else json.dumps(doc)
+    except ValueError:
+        return
+    try:
+        policy = parse_policy(text)
+    except PolicyError as exc:
+        assert str(exc).startswith("policy")
+        return
+    assert policy.rules and all(rule.allowed for rule in policy.rules.values())

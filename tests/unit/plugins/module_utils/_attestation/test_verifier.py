@@ -266,3 +266,47 @@ def test_rsa_signature_for_ecc_key_fails_the_scheme_check(golden):
 def test_missing_tpm_is_a_clear_error(tmp_path):
     with pytest.raises(issuer.TpmError, match="cannot open TPM"):
         issuer.Tpm(f"swtpm:path={tmp_path}/absent.sock")
+
+
+def test_level2_ek_public_that_names_no_usable_key_is_malformed(golden):
+    """Found by the fuzzer (tests/security): an even RSA exponent escaped as a StructureError instead of a refusal."""
+    swtpm, nonce, evidence, unused_policy = golden
+    ek = tpm2.parse_public(evidence.ek_public)
+    assert ek.type == tpm2.ALG_RSA
+    exponent_at = len(evidence.ek_public) - (2 + len(ek.unique[0])) - 4
+    broken = evidence.ek_public[:exponent_at] + (4).to_bytes(4, "big") + evidence.ek_public[exponent_at + 4:]
+    doc = evidence.to_document()
+    doc["ek_public"] = base64.b64encode(broken).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
+    assert err.value.reason == "malformed" and "EK public key is unreadable" in str(err.value)
+
+
+def test_level2_ek_with_an_aes_key_size_no_aes_has_is_refused(golden):
+    """Found by the fuzzer (tests/security): an EK symmetric key size of 168 bits escaped make_credential as ValueError."""
+    swtpm, nonce, evidence, unused_policy = golden
+    ek = tpm2.parse_public(evidence.ek_public)
+    key_bits_at = 8 + 2 + len(ek.auth_policy) + 2
+    assert int.from_bytes(evidence.ek_public[key_bits_at:key_bits_at + 2], "big") == ek.symmetric[1]
+    doc = evidence.to_document()
+    doc["ek_public"] = base64.b64encode(evidence.ek_public[:key_bits_at] + (168).to_bytes(2, "big") + evidence.ek_public[key_bits_at + 2:]).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
+    assert err.value.reason == "ek-certificate" and "AES-128, AES-192 or AES-256 in CFB mode" in str(err.value)
+
+
+def test_level2_ek_certificate_with_an_unreadable_issuer_is_malformed(golden):
+    """Found by the fuzzer (tests/security): cryptography reads the issuer only on first use, which raised ValueError."""
+    swtpm, nonce, evidence, unused_policy = golden
+    issuer_der = x509.load_der_x509_certificate(evidence.ek_certificate).issuer.public_bytes()
+    at = evidence.ek_certificate.index(issuer_der)
+    broken = bytearray(evidence.ek_certificate)
+    first_set = at + 2 + (issuer_der[1] & 0x7F if issuer_der[1] & 0x80 else 0)
+    oid = first_set + 4  # SET { SEQUENCE { OID, value } }, short lengths
+    assert (broken[first_set], broken[first_set + 2], broken[oid]) == (0x31, 0x30, 0x06)
+    broken[oid + 2 + broken[oid + 1]] = 0x0F  # the attribute value's tag: a type no Name holds
+    doc = evidence.to_document()
+    doc["ek_certificate"] = base64.b64encode(bytes(broken)).decode()
+    with pytest.raises(VerificationError) as err:
+        _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
+    assert err.value.reason == "malformed" and "EK certificate is unreadable" in str(err.value)

@@ -25,6 +25,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule, dump_policy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2_grpc as pb2_grpc
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import request_ticket
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import ServiceConfig
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service
@@ -204,3 +205,23 @@ def join_lab(tmp_path, swtpm):
     lab = JoinLab(tmp_path, swtpm)
     yield lab
     lab.close()
+
+
+def document_json(document: dict) -> bytes:
+    return json.dumps(document).encode()
+
+
+def assert_refused(stub_call, code, reason):
+    """The call fails with this gRPC status, a message starting with the reason, and the reason in the trailing metadata."""
+    with pytest.raises(grpc.RpcError) as err:
+        stub_call()
+    assert err.value.code() == code, err.value.details()
+    assert err.value.details().startswith(f"{reason}: "), err.value.details()
+    assert dict(err.value.trailing_metadata())["confidential-kubernetes-reason"] == reason
+    return err.value
+
+
+def join_with_client(lab, service, node_name="worker-1", control_plane=False, csr=None, tcti=None, **kwargs):
+    """A node's whole join through the collection's client (nonce, evidence, request, credential activation, opening)."""
+    return request_ticket([service.endpoint], lab.ca_pem, tcti or lab.swtpm.tcti, node_name, control_plane=control_plane,
+                          disk_uuid=DISK_UUID, kubelet_csr_pem=csr or make_csr(node_name), **kwargs)

@@ -115,3 +115,13 @@ def test_missing_control_plane_file_is_an_operator_error(tmp_path):
     (tmp_path / "etcd" / "ca.key").unlink()
     with pytest.raises(PkiError, match="etcd/ca.key.*control-plane node"):
         ClusterPki.load(str(tmp_path)).control_plane_files()
+
+
+def test_node_name_too_long_for_the_kubelet_certificate_is_refused():
+    """Found by the fuzzer (tests/security): a valid DNS name of 53+ characters crashed the join with INTERNAL."""
+    name = "n" * 53
+    assert check_node_name(name) == name
+    with pytest.raises(RequestError) as err:
+        load_kubelet_csr(make_csr("worker-1"), name)
+    assert err.value.reason == "node-name" and "at most 64 characters" in str(err.value)
+    assert load_kubelet_csr(make_csr("n" * 52), "n" * 52)

@@ -1,0 +1,68 @@
+"""Fixtures of the security suites: the unit tests' swtpm instances and join harness, and the attack ledger."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import support  # noqa: E402
+
+_unit = support.unit_conftest()
+manufactured_tpms = _unit.manufactured_tpms
+swtpm = _unit.swtpm
+other_swtpm = _unit.other_swtpm
+foreign_swtpm = _unit.foreign_swtpm
+start_swtpm = _unit.start_swtpm
+
+from join_harness import JoinLab  # noqa: E402
+
+
+@pytest.fixture
+def join_lab(tmp_path, swtpm):  # pylint: disable=redefined-outer-name
+    lab = JoinLab(tmp_path, swtpm)
+    yield lab
+    lab.close()
+
+
+class AttackLedger:
+    """What each attack got: the test records it before asserting, the summary line adds it up."""
+
+    def __init__(self):
+        self.secrets: dict[str, int] = {}
+        self.outcomes: dict[str, bool] = {}
+
+
+_LEDGER = AttackLedger()
+
+
+class Attack:
+    def __init__(self, nodeid: str):
+        self.nodeid = nodeid
+        _LEDGER.secrets[nodeid] = 0
+
+    def obtained(self, what: str, count: int) -> None:
+        """Record ``count`` secrets the attacker got (tokens minted for it, payloads it decrypted); the test asserts zero."""
+        _LEDGER.secrets[self.nodeid] += count
+        assert count == 0, f"the attacker obtained {count} {what}"
+
+
+@pytest.fixture
+def attack(request):
+    return Attack(request.node.nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.nodeid in _LEDGER.secrets:
+        _LEDGER.outcomes[report.nodeid] = report.passed
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _LEDGER.secrets:
+        return
+    refused = sum(_LEDGER.outcomes.values())
+    terminalreporter.write_line(f"protocol attacks: {len(_LEDGER.secrets)} attacks, {refused} refused, "
+                                f"{sum(_LEDGER.secrets.values())} secrets obtained")

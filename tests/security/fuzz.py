@@ -1,0 +1,421 @@
+"""Coverage-guided fuzzing (atheris / libFuzzer) of what a hostile node controls.
+
+  python tests/security/fuzz.py evidence|policy|join [--runs N] [--seed S] [--artifacts DIR]
+
+Targets:
+  evidence  the evidence parser and verifier (level 1 and level 2 verifiers), from genuine swtpm evidence
+  policy    the measurement policy loader, our format and Constellation's, JSON and YAML
+  join      the join service's request decoding (IssueJoinTicketRequest / IssueRejoinTicketRequest protobuf)
+            and its validation in TicketIssuer (verify, node name, disk UUID, kubelet CSR, sealing); one input
+            in GRPC_EVERY goes to the real service over gRPC/TLS, whose status must carry a stated reason
+
+Seeds are genuine: evidence quoted by a real swtpm, the policy it meets, CSRs made for the node.
+Mutations are structure-aware (tests/security/mutate.py) plus libFuzzer's byte mutations, and
+atheris keeps the inputs that reach new code. Every input must be accepted or refused with a
+stated reason (VerificationError.reason, PolicyError, Refusal.reason, an undecodable protobuf body);
+anything else is counted as unhandled, its input written to --artifacts, and the exit status is 1.
+An accepted evidence document must carry exactly the genuine quote, signature, key and PCRs.
+
+The default run count is FUZZ_RUNS (env) or 12000 per target; FUZZ_RUNS=200000 for a long run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import support  # noqa: E402  (puts the collection on sys.path)
+
+support.unit_conftest()
+
+import atheris  # noqa: E402
+
+with atheris.instrument_imports(include=["ansible_collections.confidential.kubernetes"]):
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceStore
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+        MeasurementPolicy, PcrRule, PolicyError, dump_policy, parse_policy)
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
+        VerificationError, Verifier, load_ca_certificates)
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import X25519, EphemeralKey
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import JoinRequest, Refusal, RejoinRequest
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import Undecodable, _tolerant
+
+import grpc  # noqa: E402
+
+import mutate  # noqa: E402
+
+POLICY_PCRS = (0, 4, 8, 9, 15)
+DEFAULT_RUNS = 12000
+GRPC_EVERY = 20
+
+
+class Finding(Exception):
+    """An input was handled, but wrongly (e.g. accepted although it is not the genuine evidence)."""
+
+
+class Target:
+    name = ""
+    max_len = 400_000
+
+    def __init__(self, tpms: support.ManufacturedTpms):
+        self.seeds: list[bytes] = []
+
+    def run(self, data: bytes) -> tuple[str, str]:
+        """('accepted', detail) or ('rejected', reason); anything raised is unhandled."""
+        raise NotImplementedError
+
+    def mutate(self, data: bytes, rng: random.Random) -> bytes:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+
+def _genuine(tcti: str, nonce: bytes, user_data: bytes, include_ek: bool = True, event_log=None):
+    with issuer.Tpm(tcti) as tpm:
+        return issuer.issue_evidence(tpm, nonce, user_data, include_ek=include_ek, event_log=event_log)
+
+
+class EvidenceTarget(Target):
+    name = "evidence"
+
+    def __init__(self, tpms):
+        super().__init__(tpms)
+        instance = tpms.start("lab")
+        try:
+            self.nonce = os.urandom(32)
+            self.golden = _genuine(instance.tcti, self.nonce, EphemeralKey.generate().public_bytes())
+            others = [
+                _genuine(instance.tcti, self.nonce, EphemeralKey.generate().public_bytes(), include_ek=False),
+                _genuine(instance.tcti, self.nonce, os.urandom(32), event_log=[{"pcr": 9, "digest": "ab" * 32, "type": "kernel"}]),
+            ]
+        finally:
+            instance.stop()
+        values = self.golden.pcrs["sha256"]
+        rules = {i: PcrRule(i, (values[i],)) for i in POLICY_PCRS}
+        cas = load_ca_certificates(tpms.tpms["lab"].ca_pem)
+        self.verifiers = [Verifier(MeasurementPolicy("sha256", rules, "pcrs-only")),
+                          Verifier(MeasurementPolicy("sha256", rules, "ek-certificate"), cas)]
+        self.seeds = [self.golden.to_json().encode()] + [e.to_json().encode() for e in others]
+        self.documents = [json.loads(seed) for seed in self.seeds]
+
+    def run(self, data):
+        verifier = self.verifiers[len(data) % 2]
+        try:
+            result = verifier.verify(data, self.nonce)
+        except VerificationError as exc:
+            if not exc.reason or not str(exc):
+                raise Finding(f"VerificationError without reason or message: {exc.reason!r}") from None
+            return "rejected", exc.reason
+        genuine = self.golden if result.evidence.user_data == self.golden.user_data else None
+        signed = (result.evidence.quote, result.evidence.signature, result.evidence.ak_public)
+        if genuine is None or signed != (genuine.quote, genuine.signature, genuine.ak_public) or any(
+                result.pcrs[i] != genuine.pcrs["sha256"][i] for i in POLICY_PCRS):
+            # The other seeds are genuine too (same TPM, same nonce): accepted only if unchanged where it matters.
+            if not any(json.loads(seed)["quote"] == _b64(result.evidence.quote) for seed in self.seeds[1:]):
+                raise Finding("evidence accepted that is not a genuine quote")
+        return "accepted", "level-2 challenge" if result.challenge else "level-1"
+
+    def mutate(self, data, rng):
+        return mutate.mutate_json(data, rng, self.documents)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+_POLICY_REASONS = [
+    ("size", r"larger than"), ("not-yaml", r"neither JSON nor YAML"), ("not-mapping", r"must be a mapping, got"),
+    ("unknown-key", r"unknown key"), ("version", r"version .* is not supported"), ("hash-algorithm", r"hash_algorithm"),
+    ("ak-trust", r"ak_trust"), ("pcrs-shape", r"'pcrs' must be"), ("index", r"PCR index"), ("rule-shape", r"rule must be|must be \{"),
+    ("allowed", r"'allowed' must|'expected' must"), ("hex", r"hex digest"), ("flag", r"must be true or false"), ("empty", r"are empty"),
+    ("depth", r"nested too deeply"), ("unreadable-value", r"cannot be read"),
+]
+
+
+class PolicyTarget(Target):
+    name = "policy"
+    max_len = 300_000
+
+    def __init__(self, tpms):
+        super().__init__(tpms)
+        instance = tpms.start("lab")
+        try:
+            self.nonce = os.urandom(32)
+            self.golden = _genuine(instance.tcti, self.nonce, EphemeralKey.generate().public_bytes(), include_ek=False)
+        finally:
+            instance.stop()
+        self.golden_json = self.golden.to_json().encode()
+        values = self.golden.pcrs["sha256"]
+        own = MeasurementPolicy("sha256", {i: PcrRule(i, (values[i],), i == 9) for i in POLICY_PCRS}, "pcrs-only")
+        constellation = {str(i): {"expected": values[i].hex(), "warnOnly": i == 9} for i in POLICY_PCRS}
+        import yaml
+        self.seeds = [
+            dump_policy(own).encode(),
+            yaml.safe_dump(own.to_document()).encode(),
+            json.dumps(constellation).encode(),
+            yaml.safe_dump(constellation).encode(),
+            dump_policy(MeasurementPolicy("sha1", {0: PcrRule(0, (bytes(20),))}, "ek-certificate")).encode(),
+            b"version: 1\nhash_algorithm: sha384\npcrs:\n  15: {allowed: '" + b"00" * 48 + b"'}\n",
+        ]
+        self.documents = [yaml.safe_load(seed) for seed in self.seeds]
+
+    def run(self, data):
+        try:
+            policy = parse_policy(data, "fuzzed policy")
+        except PolicyError as exc:
+            message = str(exc)
+            if not message.startswith("fuzzed policy"):
+                raise Finding(f"PolicyError does not name its source: {message[:200]}") from None
+            return "rejected", next((code for code, pattern in _POLICY_REASONS if re.search(pattern, message)), "policy-error")
+        # A policy that loads must be usable: verifying genuine evidence against it only ever refuses with a reason.
+        if not isinstance(policy.rules, dict) or not all(isinstance(r.allowed, tuple) and r.allowed for r in policy.rules.values()):
+            raise Finding("policy loaded with an empty rule")
+        try:
+            Verifier(policy).verify(self.golden_json, self.nonce)
+            outcome = "verifies golden"
+        except VerificationError as exc:
+            outcome = f"golden: {exc.reason}"
+        return "accepted", outcome
+
+    def mutate(self, data, rng):
+        return mutate.mutate_policy(data, rng, self.documents)
+
+
+class _Reusable(NonceStore):
+    """The seeds' nonce stays valid, so mutated requests get past the nonce check to the checks behind it."""
+
+    def __init__(self, nonce: bytes):
+        super().__init__(ttl=60)
+        self.nonce = nonce
+
+    def consume(self, nonce):
+        if nonce != self.nonce:
+            super().consume(nonce)
+
+
+class JoinTarget(Target):
+    name = "join"
+
+    def __init__(self, tpms):
+        super().__init__(tpms)
+        import tempfile
+        from join_harness import DISK_UUID, FakeMinter, JoinLab, make_csr
+        from cryptography.hazmat.primitives.asymmetric import ec, rsa
+        self.swtpm = tpms.start("lab")
+        self.lab = JoinLab(Path(tempfile.mkdtemp(prefix="ck-fuzz-join-")), self.swtpm)
+        self.nonce = os.urandom(32)
+        # The real service (gRPC over TLS) around the issuer: every GRPC_EVERY-th input goes over the wire.
+        self.service = self.lab.start("ek-certificate", minter=FakeMinter(), nonces=_Reusable(self.nonce))
+        self.issuer = self.service.issuer
+        stub, self.channel = self.lab.stub(self.service)
+        self.raw_calls = {kind: self.channel.unary_unary(f"/confidential.kubernetes.join.v1.JoinService/{method}")
+                          for kind, method in ((b"J", "IssueJoinTicket"), (b"R", "IssueRejoinTicket"))}
+        self.inputs = 0
+        evidence = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate().public_bytes()).to_json().encode()
+        classic = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate(X25519).public_bytes()).to_json().encode()
+        self.csrs = [make_csr("worker-1"), make_csr("cp-2"), make_csr("worker-1", rsa.generate_private_key(65537, 1024)),
+                     make_csr("worker-1", ec.generate_private_key(ec.SECP521R1()))]
+        self.evidences = [evidence, classic]
+        self.seeds = [
+            b"J" + pb2.IssueJoinTicketRequest(evidence=evidence, nonce=self.nonce, node_name="worker-1", control_plane=False,
+                                              kubelet_csr=self.csrs[0], disk_uuid=DISK_UUID).SerializeToString(),
+            b"J" + pb2.IssueJoinTicketRequest(evidence=classic, nonce=self.nonce, node_name="cp-2", control_plane=True,
+                                              kubelet_csr=self.csrs[1], disk_uuid=DISK_UUID.upper()).SerializeToString(),
+            b"R" + pb2.IssueRejoinTicketRequest(evidence=evidence, nonce=self.nonce, node_name="worker-1",
+                                                disk_uuid=DISK_UUID).SerializeToString(),
+        ]
+        self.evidence_documents = [json.loads(e) for e in self.evidences]
+
+    def run(self, data):
+        kind, body = data[:1], data[1:]
+        self.inputs += 1
+        if self.inputs % GRPC_EVERY == 0:
+            return self._over_grpc(kind, body)
+        # The service's own deserializer: what a request body becomes before the servicer sees it.
+        request = _tolerant((pb2.IssueRejoinTicketRequest if kind == b"R" else pb2.IssueJoinTicketRequest).FromString)(body)
+        if isinstance(request, Undecodable):
+            return "rejected", "protobuf-decode"
+        try:
+            if kind == b"R":
+                # What JoinServicer.IssueRejoinTicket hands to the issuer.
+                self.issuer.issue_rejoin_ticket(RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid))
+                return "accepted", "rejoin"
+            prepared = self.issuer.prepare_join(JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane,
+                                                            request.kubelet_csr, request.disk_uuid))
+        except Refusal as refusal:
+            if refusal.code not in ("INVALID_ARGUMENT", "PERMISSION_DENIED", "FAILED_PRECONDITION", "ABORTED"):
+                raise Finding(f"refusal {refusal.reason} with status {refusal.code}") from None
+            return "rejected", refusal.reason
+        prepared.release()
+        return "accepted", "control-plane join" if request.control_plane else "join"
+
+    def _over_grpc(self, kind: bytes, body: bytes) -> tuple[str, str]:
+        try:
+            self.raw_calls.get(kind, self.raw_calls[b"J"])(body, timeout=60)
+        except grpc.RpcError as error:
+            reason = dict(error.trailing_metadata() or ()).get("confidential-kubernetes-reason")
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (error.details() or ""):
+                return "rejected", "message-size (gRPC)"  # the service's max_receive_message_length (MAX_MESSAGE_BYTES)
+            if error.code() in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL) or not reason:
+                raise Finding(f"gRPC {error.code().name} without a stated reason: {error.details()}") from None
+            return "rejected", f"{reason} (gRPC)"
+        return "accepted", "over gRPC"
+
+    def mutate(self, data, rng):
+        kind, body = (data[:1], data[1:]) if data[:1] in (b"J", b"R") else (b"J", data)
+        message_type = pb2.IssueRejoinTicketRequest if kind == b"R" else pb2.IssueJoinTicketRequest
+        op = rng.randrange(12)
+        if op == 0:
+            return rng.choice([b"J", b"R", b"X"]) + body
+        if op == 1:
+            return kind + mutate.mutate_bytes(body, rng)
+        if op == 2:  # protobuf merges a concatenation: fields given twice, unknown fields
+            extra = rng.choice([b"\x1a\x03cp1", b"\x20\x01", b"\x12\x00", b"\xf8\x07\x01", b"\x0a\xff\xff\xff\xff\x0f", b"\x32\x02\xc3\x28",
+                                rng.randbytes(rng.randrange(1, 12))])
+            return kind + (body + extra if rng.random() < 0.5 else extra + body)
+        request = _tolerant(message_type.FromString)(body)
+        if isinstance(request, Undecodable):
+            return kind + mutate.mutate_bytes(body, rng)
+        if op <= 6:
+            request.evidence = mutate.mutate_json(request.evidence or rng.choice(self.evidences), rng, self.evidence_documents)
+        elif op == 7:
+            request.nonce = rng.choice([b"", os.urandom(32), self.nonce[:31], self.nonce + b"\x00", bytes(32),
+                                        mutate.mutate_bytes(self.nonce, rng)])
+        elif op == 8:
+            request.node_name = rng.choice(["Worker-1", "worker_1", "", "a" * 254, "worker-1.", "-worker", "cp-2", "worker-1\u0000",
+                                            "w\u00f6rker", "worker-1 ", "x" * 63 + "." + "y" * 63, "\U0001d518", "..", "worker-2"])
+        elif op == 9 and kind != b"R":
+            if rng.random() < 0.5:
+                request.kubelet_csr = rng.choice(self.csrs)
+            else:
+                request.kubelet_csr = mutate.mutate_bytes(request.kubelet_csr or self.csrs[0], rng)
+        elif op == 10:
+            request.disk_uuid = rng.choice(["", "not-a-uuid", "0D3B1C4E-9F2A-4E57-8A61-2F4C9B7D5E13", "0d3b1c4e9f2a4e578a612f4c9b7d5e13",
+                                            "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13\n", "\uff10" * 8 + "-9f2a-4e57-8a61-2f4c9b7d5e13",
+                                            "../../etc/passwd", "{0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13}"])
+        elif kind != b"R":
+            request.control_plane = not request.control_plane
+        return kind + request.SerializeToString()
+
+    def close(self):
+        self.channel.close()
+        self.lab.close()
+        self.swtpm.stop()
+        shutil.rmtree(self.lab.dir, ignore_errors=True)
+
+
+TARGETS = {t.name: t for t in (EvidenceTarget, PolicyTarget, JoinTarget)}
+
+
+class Campaign:
+    def __init__(self, target: Target, runs: int, artifacts: Path):
+        self.target = target
+        self.runs = runs
+        self.artifacts = artifacts
+        self.count = 0
+        self.outcomes: collections.Counter = collections.Counter()
+        self.reasons: collections.Counter = collections.Counter()
+        self.unhandled: collections.Counter = collections.Counter()
+        self.started = time.monotonic()
+        self.cleanup: list[Path] = []
+
+    def test_one_input(self, data: bytes) -> None:
+        self.count += 1
+        try:
+            outcome, reason = self.target.run(data)
+        except Exception as exc:  # noqa: BLE001 - the property under test: nothing else escapes
+            self._record_unhandled(data, exc)
+        else:
+            self.outcomes[outcome] += 1
+            self.reasons[f"{outcome}:{reason}"] += 1
+        if self.count >= self.runs:
+            self.finish()
+
+    def _record_unhandled(self, data: bytes, exc: BaseException) -> None:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{type(exc).__name__} at {Path(frame.filename).name}:{frame.lineno}"
+        self.unhandled[where] += 1
+        if self.unhandled[where] == 1:
+            self.artifacts.mkdir(parents=True, exist_ok=True)
+            path = self.artifacts / f"{self.target.name}-{hashlib.sha256(data).hexdigest()[:16]}"
+            path.write_bytes(data)
+            sys.stderr.write(f"UNHANDLED {where}: {str(exc)[:300]}\n  input: {path}\n{''.join(traceback.format_exception(exc)[-6:])}\n")
+
+    def summary(self) -> str:
+        reasons = ", ".join(f"{reason.split(':', 1)[1]} {n}" for reason, n in self.reasons.most_common() if reason.startswith("rejected:"))
+        accepted = ", ".join(f"{reason.split(':', 1)[1]} {n}" for reason, n in self.reasons.most_common() if reason.startswith("accepted:"))
+        return (f"fuzz {self.target.name}: {self.count} inputs, {self.outcomes['accepted']} accepted ({accepted or '-'}), "
+                f"{self.outcomes['rejected']} rejected (reasons: {reasons or '-'}), {sum(self.unhandled.values())} unhandled, "
+                f"{time.monotonic() - self.started:.1f} s")
+
+    def finish(self) -> None:
+        sys.stdout.write(self.summary() + "\n")
+        for where, n in self.unhandled.most_common():
+            sys.stdout.write(f"  unhandled: {where} x{n}\n")
+        sys.stdout.flush()
+        self.target.close()
+        for directory in self.cleanup:
+            shutil.rmtree(directory, ignore_errors=True)
+        # libFuzzer would go on mutating; the campaign has its count.
+        os._exit(1 if self.unhandled else 0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Fuzz one target; ends the process with 0, or 1 if any input was unhandled (libFuzzer never returns)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("target", choices=sorted(TARGETS))
+    parser.add_argument("--runs", type=int, default=int(os.environ.get("FUZZ_RUNS", DEFAULT_RUNS)))
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("FUZZ_SEED", "1")))
+    parser.add_argument("--artifacts", type=Path, default=Path(os.environ.get("FUZZ_ARTIFACTS", "/tmp/ck-fuzz-artifacts")))
+    args = parser.parse_args(argv)
+    tpms = support.ManufacturedTpms()
+    target = TARGETS[args.target](tpms)
+    campaign = Campaign(target, args.runs, args.artifacts)
+    campaign.cleanup.append(tpms.dir)
+    corpus = tpms.dir / f"corpus-{args.target}"
+    corpus.mkdir()
+    for index, seed in enumerate(target.seeds):
+        (corpus / f"seed-{index}").write_bytes(seed)
+
+    def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
+        rng = random.Random(seed)
+        if rng.random() < 0.2:
+            return atheris.Mutate(data, max_size)
+        if not data or rng.random() < 0.5:
+            # Half the time start again from a genuine document, so that mutations reach the checks behind the parser.
+            data = rng.choice(target.seeds)
+        try:
+            result = target.mutate(data, rng)
+        except (RecursionError, TypeError, ValueError):
+            # A document nested deeper than the mutator walks, or YAML values JSON cannot hold: libFuzzer changes its bytes.
+            return atheris.Mutate(data, max_size)
+        return result[:max_size]
+
+    campaign.started = time.monotonic()
+    atheris.Setup([sys.argv[0], f"-seed={args.seed}", f"-runs={args.runs * 2}", f"-max_len={target.max_len}", "-rss_limit_mb=3072",
+                   "-timeout=60", "-mutate_depth=2", "-print_final_stats=0", "-print_pcs=0", str(corpus)],
+                  campaign.test_one_input, custom_mutator=custom_mutator)
+    try:
+        atheris.Fuzz()
+    finally:
+        campaign.finish()
+
+
+if __name__ == "__main__":
+    main()
