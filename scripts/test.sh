@@ -47,3 +47,9 @@ fi
 
 stage "pytest: unit tests on real swtpm, the lab tool and the test doubles"
 python -m pytest -p no:cacheprovider -q tests/unit
+
+stage "security suites: fuzzing (atheris), protocol attacks, the init/join race (tests/security)"
+tests/security/run
+
+stage "load: 2000 joins by 64 clients with a service restart and a policy change (tests/load)"
+python tests/load/join_load.py
