@@ -138,6 +138,15 @@ class ClusterSecrets:
                 if uuid.returncode == 0:
                     disk_key = derive.state_disk_key(raw["master_key"], raw["master_salt"], uuid.stdout.decode().strip().lower())
                     found[f"disk_key[{node}]"] = encodings(disk_key)
+        for node in self.lab.hosts():
+            # Short-lived node keys: the state disk's initial key, the init hand-over's ephemeral key.
+            listing = self.lab.ssh(node, "for f in /run/confidential-kubernetes/*.key; do [ -f \"$f\" ] && "
+                                   "echo \"$f $(od -An -tx1 -v \"$f\" | tr -d ' \\n')\"; done; true", check=False)
+            for line in listing.stdout.decode().splitlines():
+                path, _sep, value = line.partition(" ")
+                if value:
+                    raw = bytes.fromhex(value)
+                    found[f"{os.path.basename(path)}[{node}]"] = encodings(raw) if len(raw) <= 64 else [raw[16:-16]]
         control_plane = next(iter(self.lab.hosts()))
         state = self.lab.ssh(control_plane, f"cat {APISERVER_STATE}", check=False)
         if state.returncode == 0:
@@ -194,6 +203,21 @@ def scan_controller(lab: Lab, scanner: Scanner) -> None:
         scanner.stream(f"console log {console.parent.name}", console.read_bytes())
 
 
+def leftovers(lab: Lab) -> list[str]:
+    """What a converged node must not keep: a second keyslot, an initial disk key, a key file on tmpfs."""
+    problems = []
+    for node in lab.hosts():
+        check = lab.ssh(node, f"cryptsetup isLuks {STATE_DISK} || exit 0; "
+                        f"cryptsetup luksDump --dump-json-metadata {STATE_DISK} | python3 -c "
+                        "'import json, sys; print(\"keyslots\", len(json.load(sys.stdin)[\"keyslots\"]))'; "
+                        "ls -d /run/confidential-kubernetes/*.key /dev/shm/ck-disk-key-* /run/ck-disk-key-* 2>/dev/null; true",
+                        check=False).stdout.decode().split("\n")
+        for line in filter(None, check):
+            if line != "keyslots 1":
+                problems.append(f"{node}: {line}")
+    return problems
+
+
 def outcome_of(rc: int, output: str) -> str:
     if rc == 0:
         return "converges"
@@ -205,26 +229,30 @@ def last_failure(output: str) -> str:
     return lines[-1][:400] if lines else output.strip().splitlines()[-1][:400] if output.strip() else ""
 
 
-def fault_suite(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict) -> None:
-    init_steps = [step for step in steps if step["phase"] == "init"]
-    join_steps = [step for step in steps if step["phase"] == "join"]
-    cluster_ready = False
-    for step in init_steps:
-        lab.down()
-        lab.up(workers=0)
-        install_injector(lab, "cp-0", all_steps)
-        cluster_ready = run_step(lab, step, "init.yml", results)
-    if join_steps and not cluster_ready:
+def join_steps(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict, cluster_ready: bool) -> None:
+    """Each join step on a fresh worker of one initialised cluster (the hygiene suite's, when it ran first)."""
+    if not steps:
+        return
+    if not cluster_ready:
         lab.down()
         lab.up(workers=0)
         install_injector(lab, "cp-0", all_steps)
         rc, output, seconds = lab.playbook("site.yml")
         if rc != 0:
             raise SystemExit(f"site.yml on a fresh lab failed ({seconds:.0f} s): {last_failure(output)}")
-    for step in join_steps:
+    for step in steps:
         fresh_worker(lab)
         install_injector(lab, "worker-0", all_steps)
         run_step(lab, step, "join.yml", results)
+
+
+def init_steps(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict) -> None:
+    """Each init step on a fresh lab of one control plane."""
+    for step in steps:
+        lab.down()
+        lab.up(workers=0)
+        install_injector(lab, "cp-0", all_steps)
+        run_step(lab, step, "init.yml", results)
 
 
 def fresh_worker(lab: Lab) -> None:
@@ -252,6 +280,8 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
         problems.append(f"the fault did not fire ({playbook} rc {rc}: {last_failure(crashed_output)})")
     if outcome != step["expect"]:
         problems.append(f"expected {step['expect']}, got {outcome}: {last_failure(output)}")
+    if outcome == "converges":
+        problems += [f"left over after converging: {entry}" for entry in leftovers(lab)]
     results["steps"].append({"name": step["name"], "expect": step["expect"], "outcome": outcome, "fired": fired,
                              "problems": problems, "hits": scanner.hits, "files": scanner.files, "bytes": scanner.bytes,
                              "seconds": round(seconds + seconds_after, 1)})
@@ -265,12 +295,12 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
     return outcome == "converges"
 
 
-def hygiene_suite(lab: Lab, results: dict) -> None:
+def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> bool:
     """Every playbook with -vvv on a fresh lab, then every output, journal, console log and non-0600 file."""
     lab.down()
     lab.up(workers=1)
     for node in lab.hosts():
-        install_injector(lab, node, [])
+        install_injector(lab, node, all_steps)
     outputs = []
     order = ["site.yml"] + sorted(p.name for p in (REPO / "playbooks").glob("*.yml") if p.name != "site.yml")
     for playbook in order:
@@ -294,6 +324,7 @@ def hygiene_suite(lab: Lab, results: dict) -> None:
                           "secrets": len(scanner.secrets), "hits": scanner.hits, "protected": len(scanner.protected)}
     for hit in scanner.hits:
         log(f"   secret {hit['secret']} in {hit['where']}{' (mode ' + hit['mode'] + ')' if 'mode' in hit else ''}")
+    return not results["hygiene_problems"]
 
 
 def main() -> int:
@@ -317,10 +348,11 @@ def main() -> int:
     started = time.monotonic()
     failed = False
     try:
+        # The hygiene suite's cluster (fresh, initialised, nothing injected yet) serves the join steps after it.
+        cluster_ready = hygiene_suite(lab, all_steps, results) if args.suite in ("hygiene", "both") else False
         if args.suite in ("faults", "both"):
-            fault_suite(lab, steps, all_steps, results)
-        if args.suite in ("hygiene", "both"):
-            hygiene_suite(lab, results)
+            join_steps(lab, [s for s in steps if s["phase"] == "join"], all_steps, results, cluster_ready)
+            init_steps(lab, [s for s in steps if s["phase"] == "init"], all_steps, results)
     finally:
         if not args.keep_lab:
             lab.down()
