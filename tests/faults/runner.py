@@ -225,8 +225,8 @@ def outcome_of(rc: int, output: str) -> str:
 
 
 def last_failure(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.startswith(("fatal:", "failed:"))]
-    return lines[-1][:400] if lines else output.strip().splitlines()[-1][:400] if output.strip() else ""
+    lines = [line for line in output.splitlines() if line.startswith(("fatal:", "failed:", "ERROR!"))]
+    return lines[-1][:600] if lines else output.strip()[-600:]
 
 
 def join_steps(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict, cluster_ready: bool) -> None:
@@ -279,7 +279,7 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
     if not fired:
         problems.append(f"the fault did not fire ({playbook} rc {rc}: {last_failure(crashed_output)})")
     if outcome != step["expect"]:
-        problems.append(f"expected {step['expect']}, got {outcome}: {last_failure(output)}")
+        problems.append(f"expected {step['expect']}, got {outcome}" + ("" if rc_after == 0 else f": {last_failure(output)}"))
     if outcome == "converges":
         problems += [f"left over after converging: {entry}" for entry in leftovers(lab)]
     results["steps"].append({"name": step["name"], "expect": step["expect"], "outcome": outcome, "fired": fired,
