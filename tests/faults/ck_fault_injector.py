@@ -156,16 +156,16 @@ def _patch(module, spec) -> None:
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, spec):
+    def __init__(self, inner, step):
         self._inner = inner
-        self._spec = spec
+        self._step = step
 
-    def create_module(self, module_spec):
-        return self._inner.create_module(module_spec)
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        _patch(module, self._spec)
+        _patch(module, self._step)
 
 
 class _Finder(importlib.abc.MetaPathFinder):

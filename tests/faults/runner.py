@@ -322,8 +322,12 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> bool:
         results["hygiene_problems"].append("scanner self-check: no bootstrap token found in the API server double's state")
     results["hygiene"] = {"runs": len(outputs), "bytes": scanner.bytes, "files": scanner.files + scanner.streams,
                           "secrets": len(scanner.secrets), "hits": scanner.hits, "protected": len(scanner.protected)}
+    log(f"hygiene: {scanner.bytes} bytes in {scanner.files + scanner.streams} files/streams, {len(scanner.secrets)} secrets, "
+        f"{len(scanner.hits)} hits, {len(scanner.protected)} in 0600 files")
     for hit in scanner.hits:
         log(f"   secret {hit['secret']} in {hit['where']}{' (mode ' + hit['mode'] + ')' if 'mode' in hit else ''}")
+    for problem in results["hygiene_problems"]:
+        log(f"   {problem}")
     return not results["hygiene_problems"]
 
 
