@@ -97,6 +97,11 @@ def install_injector(lab: Lab, node: str, steps: list[dict]) -> None:
             "printf '/opt/ck-faults\\nimport ck_fault_injector\\n' > \"$site/ck-faults.pth\"", bundle)
 
 
+def service_restarts(lab: Lab, node: str) -> int:
+    """How often systemd restarted the join service after it died (manual restarts do not count)."""
+    return int(lab.ssh(node, "systemctl show -p NRestarts --value confidential-joinservice.service").stdout.decode().strip() or 0)
+
+
 def arm(lab: Lab, step: dict) -> None:
     if step["where"] == "node":
         lab.ssh(step["host"], f"echo {step['name']} > /run/ck-fault/step")
@@ -106,9 +111,12 @@ def arm(lab: Lab, step: dict) -> None:
             "systemctl daemon-reload && systemctl restart confidential-joinservice.service", drop_in)
 
 
-def disarm(lab: Lab, step: dict) -> bool:
-    """Remove the fault; True when it fired."""
+def disarm(lab: Lab, step: dict, restarts_before: int) -> bool:
+    """Remove the fault; True when it fired (and, for the join service, systemd saw it die)."""
     fired = lab.ssh(step["host"], f"test -e /run/ck-fault/fired-{step['name']}", check=False).returncode == 0
+    if step["where"] == "service":
+        time.sleep(float(step.get("delay", 0)) + 1)
+        fired = fired and service_restarts(lab, step["host"]) > restarts_before
     if step["where"] == "node":
         lab.ssh(step["host"], "rm -f /run/ck-fault/step")
     else:
@@ -267,8 +275,9 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
     """Run ``playbook`` with the fault armed, then site.yml; returns whether the cluster converged."""
     scanner = Scanner({})
     arm(lab, step)
+    restarts_before = service_restarts(lab, step["host"]) if step["where"] == "service" else 0
     rc, crashed_output, seconds = lab.playbook(playbook)
-    fired = disarm(lab, step)
+    fired = disarm(lab, step, restarts_before)
     rc_after, output, seconds_after = lab.playbook("site.yml")
     outcome = outcome_of(rc_after, output)
     scanner.secrets = ClusterSecrets(lab).collect()
