@@ -291,12 +291,15 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
         problems.append(f"expected {step['expect']}, got {outcome}" + ("" if rc_after == 0 else f": {last_failure(output)}"))
     if outcome == "converges":
         problems += [f"left over after converging: {entry}" for entry in leftovers(lab)]
-    results["steps"].append({"name": step["name"], "expect": step["expect"], "outcome": outcome, "fired": fired,
+    message = "" if rc_after == 0 else last_failure(output)
+    results["steps"].append({"name": step["name"], "expect": step["expect"], "outcome": outcome, "fired": fired, "message": message,
                              "problems": problems, "hits": scanner.hits, "files": scanner.files, "bytes": scanner.bytes,
                              "seconds": round(seconds + seconds_after, 1)})
     status = "ok" if not problems and not scanner.hits else "WRONG"
     log(f"{status} {step['name']}: {outcome} (expected {step['expect']}; fired={fired}; crashed run rc {rc} {seconds:.0f} s, "
         f"re-run {seconds_after:.0f} s; {scanner.files} files scanned, {len(scanner.hits)} secret(s) outside 0600)")
+    if message and not problems:
+        log(f"   {message}")
     for problem in problems:
         log(f"   {problem}")
     for hit in scanner.hits:
