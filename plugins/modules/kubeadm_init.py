@@ -11,7 +11,11 @@ version_added: 0.1.0
 description:
   - Renders an InitConfiguration, a ClusterConfiguration and a KubeletConfiguration (kubeadm config API V(v1beta4), or
     V(v1beta3) for kubeadm older than 1.31), validates them with C(kubeadm config validate) and runs C(kubeadm init).
-  - Nothing changes when the node is already initialised (C(/etc/kubernetes/admin.conf) exists).
+  - Nothing changes when the node is already initialised (C(/etc/kubernetes/admin.conf) exists and an earlier run of this
+    module recorded that C(kubeadm init) completed for the node's cluster CA). Where C(admin.conf) exists without that
+    record, an earlier C(kubeadm init) may have been cut short (C(admin.conf) is written before the control plane
+    starts), so the module asks the control plane for its bootstrap tokens; when it answers, the init is recorded as
+    complete (and the 24-hour token deleted), otherwise the task fails with V(needs_reset=true).
   - The 24-hour bootstrap token C(kubeadm init) mints is deleted again, because in this collection nodes join only with
     single-use tokens that the attested join service mints. Tokens and certificate keys are masked in all output.
   - If C(kubeadm init) fails, the task fails with kubeadm's error and V(needs_reset=true); a node that already took the
@@ -135,7 +139,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    ADMIN_CONF, CA_CERT, KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version,
+    ADMIN_CONF, CA_CERT, INIT_RECORD, KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version,
     render_init_config)
 
 OPTION_NAMES = list(InitOptions.__dataclass_fields__)
@@ -147,6 +151,18 @@ def _read(path: str) -> str:
             return handle.read()
     except FileNotFoundError:
         return ""
+
+
+def _finish_interrupted_init(module: AnsibleModule, kubeadm: Kubeadm, result: dict) -> None:
+    """admin.conf without the record of a completed init: the control plane must answer, or the node needs a reset."""
+    try:
+        result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
+    except KubeadmError as exc:
+        module.fail_json(msg=f"{ADMIN_CONF} exists but kubeadm init never completed on this node ({INIT_RECORD} is missing) and the "
+                             f"control plane does not answer: {exc}. An interrupted kubeadm init: the node needs a reset "
+                             "(kubeadm reset and a reboot) before it can be initialised again.", needs_reset=True, **result)
+    kubeadm.record_init_completed(result["ca_cert_hash"])
+    result["changed"] = result["deleted_default_tokens"] > 0
 
 
 def main() -> None:
@@ -184,6 +200,8 @@ def main() -> None:
             result["diff"] = dict(before=previous, after=rendered, before_header=params["config_path"], after_header="rendered")
         if os.path.exists(ADMIN_CONF):
             result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())
+            if not kubeadm.init_completed(result["ca_cert_hash"]) and not module.check_mode:
+                _finish_interrupted_init(module, kubeadm, result)
             module.exit_json(**result)
         with tempfile.NamedTemporaryFile("w", prefix="kubeadm-init-", suffix=".yaml", delete=False) as candidate:
             os.fchmod(candidate.fileno(), 0o600)
@@ -206,6 +224,7 @@ def main() -> None:
                              needs_reset=True, **result)
         result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
         result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())
+        kubeadm.record_init_completed(result["ca_cert_hash"])
     except (KubeadmError, OSError, ValueError) as exc:
         module.fail_json(msg=str(exc), **result)
     module.exit_json(**result)
