@@ -43,10 +43,13 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
 
   stage "the collection as installed from its Galaxy tarball (site, idempotence, verify on the lab)"
   bash scripts/installed-collection.sh
+
+  stage "fault (kill -9) suite and secret hygiene suite on the lab (CI subset; tests/faults/run --full for every step)"
+  tests/faults/run
 fi
 
 stage "pytest: unit tests on real swtpm, the lab tool and the test doubles"
-python -m pytest -p no:cacheprovider -q tests/unit
+python -m pytest -p no:cacheprovider -q tests/unit tests/faults/test_faults.py
 
 stage "security suites: fuzzing (atheris), protocol attacks, the init/join race (tests/security)"
 tests/security/run
