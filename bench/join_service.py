@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import datetime
 import gc
-import importlib.util
 import io
 import multiprocessing
 import os
@@ -36,15 +35,10 @@ SWTPMS = 2
 FLOOR_RUNS = 300
 
 
-def _load_test_conftest():
-    """tests/unit/conftest.py: swtpm manufacturing and the collection import path (not importable by name)."""
-    spec = importlib.util.spec_from_file_location("ck_unit_conftest", REPO / "tests" / "unit" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "tests"))
+from testenv import unit_conftest  # noqa: E402
 
-
-conftest = _load_test_conftest()
+conftest = unit_conftest()
 sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins" / "module_utils" / "_join"))
 
 import _figures  # noqa: E402

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -21,15 +20,10 @@ TTL = 60.0
 LEDGER_OPERATIONS = 200
 
 
-def _load_test_conftest():
-    """tests/unit/conftest.py: the collection import path (not importable by name)."""
-    spec = importlib.util.spec_from_file_location("ck_unit_conftest", REPO / "tests" / "unit" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "tests"))
+from testenv import unit_conftest  # noqa: E402
 
-
-_load_test_conftest()
+unit_conftest()
 
 import _figures  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import nonces  # noqa: E402

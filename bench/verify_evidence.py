@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import signal
@@ -28,15 +27,10 @@ POLICY_PCRS = (0, 4, 8, 9, 15)
 WARMUP = 50
 
 
-def _load_test_conftest():
-    """tests/unit/conftest.py: swtpm manufacturing and the collection import path (not importable by name)."""
-    spec = importlib.util.spec_from_file_location("ck_unit_conftest", REPO / "tests" / "unit" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "tests"))
+from testenv import unit_conftest  # noqa: E402
 
-
-conftest = _load_test_conftest()
+conftest = unit_conftest()
 
 import _figures  # noqa: E402
 

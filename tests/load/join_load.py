@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -50,15 +49,10 @@ BACKOFF = 0.25
 MAX_BACKOFF = 4.0
 
 
-def _load_test_conftest():
-    """tests/unit/conftest.py: swtpm manufacturing and the collection import path (not importable by name)."""
-    spec = importlib.util.spec_from_file_location("ck_unit_conftest", REPO / "tests" / "unit" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "tests"))
+from testenv import unit_conftest  # noqa: E402
 
-
-conftest = _load_test_conftest()
+conftest = unit_conftest()
 sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins" / "module_utils" / "_join"))
 
 import grpc  # noqa: E402

@@ -8,7 +8,6 @@ line, so the lines of two service processes never interleave).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -16,15 +15,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load_test_conftest():
-    """tests/unit/conftest.py puts the collection on the import path."""
-    spec = importlib.util.spec_from_file_location("ck_unit_conftest", REPO / "tests" / "unit" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "tests"))
+from testenv import unit_conftest  # noqa: E402
 
-
-_load_test_conftest()
+unit_conftest()
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import service  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TOKEN_PATTERN, TokenMinter, TokenMintError  # noqa: E402

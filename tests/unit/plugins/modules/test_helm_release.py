@@ -15,7 +15,7 @@ from ansible_collections.confidential.kubernetes.plugins.modules import helm_rel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils" / "_helm"))
 
 import helm_harness  # noqa: E402
-from helm_harness import make_chart  # noqa: E402
+from helm_charts import make_chart  # noqa: E402
 
 SECRET = "db-p4ssw0rd-value"
 

@@ -1,4 +1,5 @@
-"""Shared by the helm tests: a control plane of the k8s doubles (API double over HTTPS on 127.0.0.1) and chart archives."""
+"""Shared by the helm tests: a control plane of the k8s doubles (API double over HTTPS on 127.0.0.1); it also puts
+tests/ on the import path for helm_charts (the chart archives)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ TESTS = Path(__file__).resolve().parents[4]
 sys.path[:0] = [str(TESTS / "unit" / "doubles"), str(TESTS)]
 
 from k8s_doubles_harness import BIN, Cluster, Node, free_port, init_config, stop_pid  # noqa: E402
-from helm_charts import make_chart  # noqa: E402,F401  (re-exported for the helm tests)
 
 
 def control_plane(tmp_path: Path, monkeypatch):

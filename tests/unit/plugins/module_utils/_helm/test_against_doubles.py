@@ -17,7 +17,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.rele
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import (
     Helm, ReleasePendingError, ReleaseRequest)
 
-from helm_harness import make_chart
+from helm_charts import make_chart
 
 kubernetes = pytest.importorskip("kubernetes")
 

@@ -17,7 +17,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runn
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import (
     ValueMasker, merge_values, requested_values, values_equal)
 
-from helm_harness import make_chart
+from helm_charts import make_chart
 
 CHART = ChartRef("gadgets", "1.1.0", True)
 
