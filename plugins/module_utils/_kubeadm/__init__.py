@@ -22,6 +22,8 @@ except ImportError:  # reported by the modules through missing_required_lib()
 KUBEADM_API_GROUP = "kubeadm.k8s.io"
 ADMIN_CONF = "/etc/kubernetes/admin.conf"
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
+# kubeadm join writes it first and removes it once the kubelet has its certificate: left behind, a join was cut short.
+BOOTSTRAP_KUBELET_CONF = "/etc/kubernetes/bootstrap-kubelet.conf"
 CA_CERT = "/etc/kubernetes/pki/ca.crt"
 # Where join_ticket leaves the bootstrap token for kubeadm join (tmpfs, 0600).
 TOKEN_FILE = "/run/confidential-kubernetes/join-token"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 from . import (
     SECRETS_FILE, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid, root_secrets, secret_bytes, write_if_changed)
-from .._kubeadm import KUBELET_CONF, TOKEN_FILE
+from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
 
 try:
@@ -133,6 +133,12 @@ class NodeJoin:
             return FRESH
         if (record is not None and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "marked"
                 and os.path.exists(self.settings.token_file)):
+            # Workers get ca.crt from kubeadm itself; either file means kubeadm join started and was cut short.
+            started = [path for path in (self._path(BOOTSTRAP_KUBELET_CONF), None if self.settings.control_plane else self._path(CA_CERT))
+                       if path and os.path.exists(path)]
+            if started:
+                raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): the node needs a reset "
+                                  "(kubeadm reset, remove the lock record, reboot)")
             return PENDING
         raise TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a join failed after the "
                           "point of no return; the node needs a reset (kubeadm reset, remove the lock record, reboot)")

@@ -177,6 +177,19 @@ def test_ticket_applied_but_kubeadm_join_pending_is_resumed_without_a_new_ticket
     assert len(node.service.minter.tokens) == 1 and (node.root / "etc/kubernetes/kubelet.conf").exists()
 
 
+@pytest.mark.parametrize("left_behind", ["etc/kubernetes/bootstrap-kubelet.conf", "etc/kubernetes/pki/ca.crt"])
+def test_kubeadm_join_cut_short_needs_a_reset_and_nothing_runs_again(node, left_behind):
+    node.joining().join()
+    leftover = node.root / left_behind
+    leftover.parent.mkdir(parents=True, exist_ok=True)
+    leftover.write_text("written by an interrupted kubeadm join\n")
+    calls = len(node.kubeadm.calls)
+    with pytest.raises(TicketError, match=f"kubeadm join was interrupted on this node .*{left_behind}.*needs a reset"):
+        node.run()
+    assert len(node.kubeadm.calls) == calls and len(node.service.minter.tokens) == 1
+    assert not (node.root / "etc/kubernetes/kubelet.conf").exists()
+
+
 def test_member_whose_pcr15_was_reset_without_a_reboot_is_refused(node, start_swtpm):
     node.run()
     node.settings.tcti = node.tcti = start_swtpm("lab").tcti  # a TPM reset while the boot ID stays the same
