@@ -239,17 +239,16 @@ def last_failure(output: str) -> str:
     return lines[-1][:600] if lines else output.strip()[-600:]
 
 
-def join_steps(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict, cluster_ready: bool) -> None:
-    """Each join step on a fresh worker of one initialised cluster (the hygiene suite's, when it ran first)."""
+def join_steps(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict) -> None:
+    """Each join step on a fresh worker of one initialised cluster."""
     if not steps:
         return
-    if not cluster_ready:
-        lab.down()
-        lab.up(workers=0)
-        install_injector(lab, "cp-0", all_steps)
-        rc, output, seconds = lab.playbook("site.yml")
-        if rc != 0:
-            raise SystemExit(f"site.yml on a fresh lab failed ({seconds:.0f} s): {last_failure(output)}")
+    lab.down()
+    lab.up(workers=0)
+    install_injector(lab, "cp-0", all_steps)
+    rc, output, seconds = lab.playbook("site.yml")
+    if rc != 0:
+        raise SystemExit(f"site.yml on a fresh lab failed ({seconds:.0f} s): {last_failure(output)}")
     for step in steps:
         fresh_worker(lab)
         install_injector(lab, "worker-0", all_steps)
@@ -327,7 +326,7 @@ def cluster_id_of(lab: Lab) -> str:
     return RootSecrets.from_document(document, "the lab's cluster secrets").cluster_id().hex()
 
 
-def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> bool:
+def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
     """Every playbook with -vvv on a fresh lab, then every output, journal, console log and non-0600 file."""
     lab.down()
     lab.up(workers=1)
@@ -373,7 +372,6 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> bool:
         log(f"   secret {hit['secret']} in {hit['where']}{' (mode ' + hit['mode'] + ')' if 'mode' in hit else ''}")
     for problem in results["hygiene_problems"]:
         log(f"   {problem}")
-    return not results["hygiene_problems"]
 
 
 def main() -> int:
@@ -394,10 +392,11 @@ def main() -> int:
     started = time.monotonic()
     failed = False
     try:
-        # The hygiene suite's cluster (fresh, initialised, nothing injected yet) serves the join steps after it.
-        cluster_ready = hygiene_suite(lab, all_steps, results) if args.suite in ("hygiene", "both") else False
+        # The hygiene suite ends with remove_node.yml and reset.yml, so the join steps bring up a cluster of their own.
+        if args.suite in ("hygiene", "both"):
+            hygiene_suite(lab, all_steps, results)
         if args.suite in ("faults", "both"):
-            join_steps(lab, [s for s in steps if s["phase"] == "join"], all_steps, results, cluster_ready)
+            join_steps(lab, [s for s in steps if s["phase"] == "join"], all_steps, results)
             init_steps(lab, [s for s in steps if s["phase"] == "init"], all_steps, results)
     finally:
         if not args.keep_lab:
