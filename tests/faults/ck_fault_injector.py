@@ -105,7 +105,7 @@ def _kill_child(spec, original):
         child.stdin.close()
         deadline = time.monotonic() + float(spec.get("delay", 5))
         while time.monotonic() < deadline and child.poll() is None and not os.path.exists(spec.get("wait_for", "/nonexistent")):
-            time.sleep(0.02)
+            time.sleep(0.005)
         child.kill()
         _die()
     return run_command
