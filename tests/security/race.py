@@ -5,8 +5,8 @@
 Each trial starts a fresh swtpm (PCR 15 zero) and forks two processes that start together:
   init  the init path's node-lock step as init_ticket runs it: take the ephemeral key, open the sealed
         init secrets, derive the cluster ID, NodeLock.take, then keep the root secrets (its next write)
-  join  the join path as join_ticket runs it: NodeLock.state (a locked node stops there), then
-        apply_join_ticket (NodeLock.take first, then the state disk, the kubelet certificate, the token
+  join  the join path as join_ticket runs it: NodeJoin.state (a node that is not fresh stops there), then
+        applying the ticket (NodeLock.take first, then the state disk, the kubelet certificate, the token
         file and the join record)
 They hold tickets of two different clusters. Checked per trial: exactly one wins; the loser raised
 NodeLockError and wrote nothing; PCR 15 equals one extend of the winner's mark from zero
@@ -40,6 +40,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive, seal  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import join as join_ticket  # noqa: E402
 
 VERIFIER_ID = "confidential.kubernetes/controller"
@@ -73,27 +74,27 @@ def _init_contender(trial: Path, tcti: str, sealed: bytes, nonce: bytes, start, 
 
 
 def _join_contender(trial: Path, tcti: str, payload: dict, start, results) -> None:
-    """join_ticket's apply step with the files under the trial directory."""
+    """join_ticket's steps (NodeJoin.state, then applying the ticket) with the node's files under the trial directory."""
     root = trial / "join"
-    join_ticket.KUBELET_PKI_DIR = str(root / "kubelet-pki")
-    join_ticket.PKI_DIR = str(root / "pki")
 
     def key_state_disk(options, disk_key, check_mode):
         _ticket.write_if_changed(str(root / "state-disk-keyed"), disk_key, 0o600, check_mode)
         return {"changed": True, "uuid": DISK_UUID}
 
     join_ticket.key_state_disk = key_state_disk
-    params = {"state_disk": {"device": str(root / "disk")}, "control_plane": False, "secrets_file": str(root / "cluster-secrets.json"),
-              "token_file": str(root / "join-token"), "join_record": str(root / "join.json")}
-    lock = NodeLock.for_tcti(tcti, str(trial / "nodelock.json"))
+    settings = join_ticket.JoinSettings(
+        endpoints=[], cluster_ca="", node_name="worker-1", state_disk={"device": str(root / "disk")},
+        token_file=str(root / "join-token"), lock_record=str(trial / "nodelock.json"), join_record=str(root / "join.json"),
+        secrets_file=str(root / "cluster-secrets.json"))
+    node = join_ticket.NodeJoin(settings, NodeLock.for_tcti(tcti, settings.lock_record), root=str(root))
     start.wait(10)
     try:
-        # join_ticket's first step: a node already locked does not even ask for a ticket.
-        if lock.state().locked:
-            results.put(("join", "lost", "the node is locked before the join asked for a ticket"))
+        # join_ticket's first step: a node that is not fresh (here: locked by init) does not even ask for a ticket.
+        if node.state() != join_ticket.FRESH:
+            results.put(("join", "lost", f"the node is {node.state()}, not fresh, when the join looks"))
             return
-        join_ticket.apply_join_ticket(payload, params, lock, b"-----BEGIN PRIVATE KEY-----\n")
-    except NodeLockError as exc:
+        node._apply_join_ticket(payload, b"-----BEGIN PRIVATE KEY-----\n")  # pylint: disable=protected-access
+    except (NodeLockError, TicketError) as exc:
         results.put(("join", "lost", str(exc)))
         return
     results.put(("join", "won", _ticket.cluster_id_of(payload).hex()))
@@ -172,7 +173,8 @@ def check(result: dict) -> list[str]:
         problems.append(f"PCR 15 is {result['pcr15'].hex()}, not exactly one extend of the winner's mark")
     if result["record"].get("cluster_id") != cluster_id.hex():
         problems.append(f"lock record names {result['record'].get('cluster_id')}, not the winner {cluster_id.hex()}")
-    if not any(words in outcomes[loser][1] for words in ("already locked for cluster", "the node is locked before")):
+    # NodeLock.take's refusal, or NodeJoin.state's for a node init has locked.
+    if not any(words in outcomes[loser][1] for words in ("already locked for cluster", "but has not joined: a join failed after")):
         problems.append(f"the loser stopped for another reason: {outcomes[loser][1]}")
     if result["written"][loser]:
         problems.append(f"the loser ({loser}) wrote {result['written'][loser]}")
