@@ -1,6 +1,6 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Writing secret files: one way, atomic, 0600 from the first byte."""
+"""Writing files: one way, atomic, with their mode from the first byte (secret files 0600)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import os
 import tempfile
 
 
-def write_private_file(path: str, data: bytes) -> None:
-    """Atomically write ``data`` to ``path`` with mode 0600 (directory 0700 if created)."""
+def write_file_atomically(path: str, data: bytes, mode: int) -> None:
+    """Atomically write ``data`` to ``path`` with ``mode`` (directory 0700 if created); no partial file is ever seen."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o600)
+            os.fchmod(handle.fileno(), mode)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -24,3 +24,8 @@ def write_private_file(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_private_file(path: str, data: bytes) -> None:
+    """Atomically write ``data`` to ``path`` with mode 0600 (directory 0700 if created)."""
+    write_file_atomically(path, data, 0o600)

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
 from dataclasses import MISSING, dataclass, fields
@@ -20,6 +19,7 @@ except ImportError:  # reported by the service at start
 
 from .._crypto.root_secrets import RootSecrets, RootSecretsError
 from .._attestation.policy import MAX_POLICY_BYTES, MeasurementPolicy, PolicyError, parse_policy
+from .._files import write_file_atomically
 from .._kubeadm import ADMIN_CONF
 from .log import StructuredLog
 
@@ -195,23 +195,9 @@ class PolicyWatcher:
             return
         backup = self.path + ".previous"
         try:
-            _write_atomically(backup, self._text)
+            write_file_atomically(backup, self._text, 0o644)
         except OSError as exc:
             self._log.warning("policy-backup", result="failed", path=backup, msg=exc.strerror)
         self._policy, self._text = policy, text
         self._log.info("policy-reload", result="loaded", path=self.path, backup=backup, ak_trust=policy.ak_trust,
                        pcrs=sorted(policy.rules))
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".policy-")
-    with os.fdopen(fd, "wb") as handle:
-        os.fchmod(fd, 0o644)
-        handle.write(data)
-        handle.flush()
-        os.fsync(fd)
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        os.unlink(tmp)
-        raise

@@ -14,6 +14,8 @@ import ipaddress
 import os
 import sys
 
+from .._files import write_file_atomically, write_private_file
+
 try:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -73,13 +75,8 @@ def issue(pki_dir: str, cert_path: str, key_path: str, names: list[str]) -> bool
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
-    fd = os.open(key_path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    with open(cert_path + ".tmp", "wb") as handle:
-        handle.write(certificate.public_bytes(serialization.Encoding.PEM))
-    os.replace(key_path + ".tmp", key_path)
-    os.replace(cert_path + ".tmp", cert_path)
+    write_private_file(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    write_file_atomically(cert_path, certificate.public_bytes(serialization.Encoding.PEM), 0o644)
     return True
 
 

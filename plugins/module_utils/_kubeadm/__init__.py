@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from .._files import write_file_atomically
+
 try:
     import yaml
     from cryptography import x509
@@ -191,12 +193,7 @@ class Kubeadm:
             return False
 
     def record_init_completed(self, ca_hash: str) -> None:
-        path = self.path(INIT_RECORD)
-        with open(path + ".tmp", "w", encoding="ascii") as handle:
-            handle.write(ca_hash + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(path + ".tmp", path)
+        write_file_atomically(self.path(INIT_RECORD), (ca_hash + "\n").encode("ascii"), 0o644)
 
     def delete_default_tokens(self, kubeconfig: str) -> int:
         """kubeadm init mints a 24 h join token; joins here get theirs from the join service only."""
