@@ -8,6 +8,7 @@ import json
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm import RELEASE_SOURCE_OPTIONS
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.backup import (
     BackupError, backup_crds, make_upgrade_dir, save_release_inputs)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import ValuesError, requested_values
@@ -19,13 +20,7 @@ except ImportError:
     HAS_KUBERNETES = False
 
 RELEASE_OPTIONS = dict(
-    release_name=dict(type="str", required=True, aliases=["name"]),
-    release_namespace=dict(type="str", required=True, aliases=["namespace"]),
-    chart_ref=dict(type="str", required=True),
-    chart_version=dict(type="str"),
-    chart_repo_url=dict(type="str"),
-    values=dict(type="dict", default={}, no_log=True),
-    values_files=dict(type="list", elements="path", default=[]),
+    RELEASE_SOURCE_OPTIONS,
     # Accepted so that the upgrade role's release list can be passed as it is; they do not matter to a backup.
     wait_timeout=dict(type="str"),
     atomic=dict(type="bool"),

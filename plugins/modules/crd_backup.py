@@ -69,7 +69,7 @@ options:
         aliases: [namespace]
       chart_ref:
         description: The chart (a controller path is copied; a repository chart is recorded by reference).
-        type: str
+        type: path
         required: true
       chart_version:
         description: The chart version.

@@ -195,6 +195,7 @@ helm_major_version:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm import RELEASE_SOURCE_OPTIONS
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.chart import ChartError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.policy import VersionPolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.release import ReleaseFailed, ReleaseManager
@@ -205,13 +206,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.valu
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            release_name=dict(type="str", required=True, aliases=["name"]),
-            release_namespace=dict(type="str", required=True, aliases=["namespace"]),
-            chart_ref=dict(type="path", required=True),
-            chart_version=dict(type="str"),
-            chart_repo_url=dict(type="str"),
-            values=dict(type="dict", default={}, no_log=True),
-            values_files=dict(type="list", elements="path", default=[]),
+            RELEASE_SOURCE_OPTIONS,
             wait=dict(type="bool", default=True),
             skip_wait=dict(type="bool", default=False),
             wait_timeout=dict(type="str", default="5m0s"),
