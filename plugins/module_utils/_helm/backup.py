@@ -129,7 +129,9 @@ def save_release_inputs(upgrade_dir: str, releases: list[dict]) -> list[str]:
             written.append(target)
         reference = {k: release.get(k) for k in ("release_name", "release_namespace", "chart_ref", "chart_version", "chart_repo_url")}
         write_private_file(os.path.join(chart_dir, "reference.json"), json.dumps(reference, indent=2).encode())
-    _tighten(upgrade_dir)
+    # Only what was written here: backup_crds has tightened backups/ already (it can hold thousands of files).
+    for written_root in ("values", "charts"):
+        _tighten(os.path.join(upgrade_dir, written_root))
     return written
 
 
