@@ -1,7 +1,7 @@
 """Real chart archives for the helm tests and the `helm` molecule scenario: a .tgz with one top directory, as
 `helm package` makes, with CRDs in `crds/` (a namespaced kind with two served versions and one unserved, and a
-cluster-scoped kind), a ConfigMap and a Secret from the values, and optionally a pre-upgrade hook that the helm
-double makes `fail` or `hang` (tests/doubles/k8sdoubles/README.md)."""
+cluster-scoped kind), a ConfigMap and a Secret from the values, and optionally a pre-upgrade hook: a Job, which
+never completes where no kubelet runs pods (the lab, the loopback control plane), so helm times out on it."""
 
 from __future__ import annotations
 
@@ -74,7 +74,6 @@ metadata:
   name: {{ .Release.Name }}-migrate
   annotations:
     helm.sh/hook: pre-upgrade
-    k8s-doubles.test/hook: BEHAVIOUR
 spec:
   template:
     spec:
@@ -83,9 +82,9 @@ spec:
 """
 
 
-def make_chart(directory: Path, name: str = "gadgets", version: str = "1.0.0", crds: bool = True, hook: str | None = None,
+def make_chart(directory: Path, name: str = "gadgets", version: str = "1.0.0", crds: bool = True, hook: bool = False,
                schema: str | None = None, secret: bool = False) -> Path:
-    """``<name>-<version>.tgz`` in ``directory``; ``hook`` is the helm double's behaviour (fail, hang, succeed)."""
+    """``<name>-<version>.tgz`` in ``directory``; ``hook`` adds the pre-upgrade Job that never completes."""
     files = {
         "Chart.yaml": f"apiVersion: v2\nname: {name}\nversion: {version}\nappVersion: \"{version}\"\n",
         "values.yaml": "greeting: hello\n" + ("password: \"\"\n" if secret else ""),
@@ -96,7 +95,7 @@ def make_chart(directory: Path, name: str = "gadgets", version: str = "1.0.0", c
     if crds:
         files["crds/crds.yaml"] = CRDS
     if hook:
-        files["templates/hook.yaml"] = HOOK.replace("BEHAVIOUR", hook)
+        files["templates/hook.yaml"] = HOOK
     if schema:
         files["values.schema.json"] = schema
     archive = directory / f"{name}-{version}.tgz"

@@ -154,3 +154,36 @@ def start_swtpm(manufactured_tpms):
     yield start
     for instance in started:
         instance.stop()
+
+
+sys.path.insert(0, str(REPO / "tests"))
+
+import control_plane  # noqa: E402  (tests/control_plane.py: the real control plane on loopback)
+
+
+def _require_control_plane() -> None:
+    missing = control_plane.missing_binaries()
+    if missing:
+        message = (f"the real Kubernetes binaries are not built ({', '.join(missing)} missing in "
+                   f"{control_plane.binaries_dir()}): run tests/lab/lab kubernetes")
+        if os.environ.get("CK_REQUIRE_KUBERNETES") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def kube_control_plane():
+    """One real etcd + kube-apiserver + kube-controller-manager on loopback for the whole session."""
+    _require_control_plane()
+    started = control_plane.start_control_plane()
+    try:
+        yield started
+    finally:
+        control_plane.stop_control_plane(started)
+
+
+@pytest.fixture(scope="module", params=["helm-3.17.2", "helm-4.1.4"])
+def helm_binary(request) -> str:
+    """Each real helm the collection supports."""
+    _require_control_plane()
+    return str(control_plane.binaries_dir() / request.param)

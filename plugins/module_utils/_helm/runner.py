@@ -99,25 +99,27 @@ class Helm:
         return self._major
 
     def status(self, name: str, namespace: str) -> DeployedRelease | None:
-        """The latest revision of ``name``, or None when helm knows no such release."""
-        rc, out, err = self._run_command([self.binary, "status", name, *self._global(namespace), "-o", "json"])
+        """The latest revision of ``name``, or None when helm knows no such release.
+
+        ``helm get metadata`` (Helm >= 3.13): ``helm status -o json`` carries no chart name or version.
+        """
+        rc, out, err = self._run_command([self.binary, "get", "metadata", name, *self._global(namespace), "-o", "json"])
         if rc != 0:
             if _NOT_FOUND.search(err):
                 return None
-            raise HelmError(f"helm status {name} failed: {_message(err or out)}")
+            raise HelmError(f"helm get metadata {name} failed: {_message(err or out)}")
         try:
             release = json.loads(out)
-            metadata = release.get("chart", {}).get("metadata", {})
             return DeployedRelease(
                 name=release["name"],
-                namespace=release.get("namespace", namespace),
-                revision=int(release["version"]),
-                status=release["info"]["status"],
-                chart_name=str(metadata.get("name", "")),
-                chart_version=str(metadata.get("version", "")),
+                namespace=release.get("namespace") or namespace,
+                revision=int(release["revision"]),
+                status=release["status"],
+                chart_name=str(release["chart"]),
+                chart_version=str(release["version"]),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise HelmError(f"cannot read helm status {name}: {exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HelmError(f"cannot read the metadata of release {name} from helm: {exc}") from None
 
     def history(self, name: str, namespace: str) -> list[dict]:
         out = self.run(["history", name, *self._global(namespace), "-o", "json"], f"helm history {name}")
@@ -207,6 +209,9 @@ class private_values_file:
 
 
 def _message(text: str) -> str:
-    """helm's error without the ``Error:`` prefix."""
-    text = text.strip()
-    return text[len("Error: "):] if text.startswith("Error: ") else text
+    """helm's error without the ``Error:`` prefix, and without the log lines Helm 4 prints before it."""
+    lines = text.strip().splitlines()
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith("Error: "):
+            return "\n".join([lines[index][len("Error: "):], *lines[index + 1:]]).strip()
+    return text.strip()

@@ -1,10 +1,9 @@
-"""helm_release's main(): kubernetes.core's rhythm (check changed, run changed, re-run unchanged) on the doubles."""
+"""helm_release's main(): kubernetes.core's rhythm (check changed, run changed, re-run unchanged) with real helm 3 and 4
+against a real API server (tests/control_plane.py)."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from ansible.module_utils import basic
@@ -12,22 +11,16 @@ from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.confidential.kubernetes.plugins.modules import helm_release
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils" / "_helm"))
-
-import helm_harness  # noqa: E402
-from helm_charts import make_chart  # noqa: E402
+from helm_charts import make_chart
 
 SECRET = "db-p4ssw0rd-value"
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    yield from helm_harness.control_plane(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def helm_binary() -> str:
-    return helm_harness.HELM_BINARY
+def cluster(kube_control_plane, helm_binary, request):
+    """The session's control plane; each test and helm gets a namespace of its own (``cluster.namespace``)."""
+    kube_control_plane.namespace = f"{request.node.originalname.replace('_', '-')}-{helm_binary.rsplit('-', 1)[1].replace('.', '-')}"
+    return kube_control_plane
 
 
 class AnsibleExitJson(Exception):
@@ -61,9 +54,9 @@ def run(args: dict, outcome=AnsibleExitJson, check=False, diff=False) -> dict:
 def test_rhythm_and_secrets(cluster, helm_binary, tmp_path):
     values_file = tmp_path / "values.yaml"
     values_file.write_text("greeting: from-file\nextra: {a: 1}\n")
-    args = dict(release_name="web", release_namespace="apps", chart_ref=str(make_chart(tmp_path, version="1.0.0")),
+    args = dict(release_name="web", release_namespace=cluster.namespace, chart_ref=str(make_chart(tmp_path, version="1.0.0")),
                 values={"greeting": "hello", "password": SECRET}, values_files=[str(values_file)],
-                create_namespace=True, kubeconfig=cluster.control_plane.admin_conf, binary_path=helm_binary,
+                create_namespace=True, kubeconfig=str(cluster.admin_kubeconfig), binary_path=helm_binary,
                 wait_timeout="30s")
     check = run(args, check=True, diff=True)
     assert check["changed"] and check["action"] == "install" and "command" not in check
@@ -84,8 +77,8 @@ def test_rhythm_and_secrets(cluster, helm_binary, tmp_path):
 
 
 def test_policy_refusal(cluster, helm_binary, tmp_path):
-    args = dict(release_name="web", release_namespace="apps", chart_ref=str(make_chart(tmp_path, version="2.0.0")),
-                create_namespace=True, kubeconfig=cluster.control_plane.admin_conf, binary_path=helm_binary)
+    args = dict(release_name="web", release_namespace=cluster.namespace, chart_ref=str(make_chart(tmp_path, version="2.0.0")),
+                create_namespace=True, kubeconfig=str(cluster.admin_kubeconfig), binary_path=helm_binary)
     run(args)
     failed = run(dict(args, chart_ref=str(make_chart(tmp_path, version="1.9.0"))), AnsibleFailJson)
     assert failed["policy"] == "downgrade" and "refusing to downgrade from 2.0.0 to 1.9.0" in failed["msg"]

@@ -1,22 +1,14 @@
-"""Fixtures of the helm tests (see helm_harness.py)."""
+"""Fixtures of the helm tests: real helm (3.17 and 4.1) against the session's real control plane."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import re
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import helm_harness  # noqa: E402
-
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    yield from helm_harness.control_plane(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def helm_binary() -> str:
-    return helm_harness.HELM_BINARY
+def release_namespace(request, helm_binary) -> str:
+    """A namespace of its own for each test and helm, so tests share one control plane without meeting."""
+    name = re.sub(r"[^a-z0-9]+", "-", f"{request.node.originalname}-{helm_binary.rsplit('-', 1)[1]}".lower())
+    return name.strip("-")[-63:].strip("-")

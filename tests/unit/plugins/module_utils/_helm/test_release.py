@@ -120,20 +120,21 @@ class ScriptedHelm(Helm):
         self.calls: list[list[str]] = []
         self.values_files: list[tuple[str, int, dict]] = []
 
-    def _status_json(self, release):
-        return json.dumps({"name": release.name, "namespace": release.namespace, "version": release.revision,
-                           "info": {"status": release.status},
-                           "chart": {"metadata": {"name": release.chart_name, "version": release.chart_version}}})
+    def _metadata_json(self, release):
+        """``helm get metadata -o json`` as helm 3.17 prints it."""
+        return json.dumps({"name": release.name, "chart": release.chart_name, "version": release.chart_version,
+                           "appVersion": release.chart_version, "namespace": release.namespace,
+                           "revision": release.revision, "status": release.status, "deployedAt": "2026-11-24T02:27:03Z"})
 
     def _run_command(self, argv, data=None):
         self.calls.append(argv)
         verb = argv[1]
         if verb == "version":
             return 0, self.version + "\n", ""
-        if verb == "status":
+        if argv[1:3] == ["get", "metadata"]:
             if self.release is None:
                 return 1, "", "Error: release: not found\n"
-            return 0, self._status_json(self.release), ""
+            return 0, self._metadata_json(self.release), ""
         if verb == "get":
             return 0, json.dumps(self.values or None), ""
         if verb == "upgrade":
@@ -236,3 +237,14 @@ def test_refusal_by_helm_is_not_a_change(tmp_path):
     with pytest.raises(ReleaseFailed) as failed:
         ReleaseManager(helm, request(chart), {"greeting": 1}).ensure(False, False)
     assert failed.value.result["changed"] is False and failed.value.result["revision"] == 2
+
+
+def test_helm_4_log_lines_before_the_error_are_left_out(tmp_path):
+    """Helm 4 prints slog lines before ``Error:``; the task's message is helm's error alone."""
+    logged = ('time=2026-11-24T02:27:04Z level=WARN msg="upgrade failed" name=web error="context deadline exceeded"\n'
+              "Error: UPGRADE FAILED: pre-upgrade hooks failed: timed out waiting for the condition\n")
+    helm = ScriptedHelm("v4.1.4+g05fa379", status=deployed(version="1.0.0"), upgrade=(1, "", logged),
+                        after=deployed(version="1.0.0"))
+    with pytest.raises(ReleaseFailed) as failed:
+        ReleaseManager(helm, request(make_chart(tmp_path, version="1.1.0")), {}).ensure(False, False)
+    assert str(failed.value) == "UPGRADE FAILED: pre-upgrade hooks failed: timed out waiting for the condition"
