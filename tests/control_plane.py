@@ -110,6 +110,9 @@ class ControlPlane:
         self.kubeadm("init", "phase", "kubeconfig", "admin", f"--config={config}", f"--kubeconfig-dir={self.root}")
         self.kubeadm("init", "phase", "kubeconfig", "controller-manager", f"--config={config}",
                      f"--kubeconfig-dir={self.root}")
+        # kubeadm points the controller-manager at the advertise address; here the API server is on loopback only.
+        manager_conf = self.root / "controller-manager.conf"
+        manager_conf.write_text(manager_conf.read_text().replace(f"https://{ADVERTISE_ADDRESS}:", "https://127.0.0.1:"))
         pki = self.pki
         self._start("etcd", [str(self.bin / "etcd"), f"--data-dir={self.root / 'etcd'}", "--name=test",
                              f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
