@@ -21,9 +21,12 @@ options:
     elements: str
     default: []
   config_api_version:
-    description: The kubeadm config API; V(auto) picks V(v1beta4) for kubeadm 1.31 and later, else V(v1beta3).
+    description:
+      - The kubeadm config API; V(auto) picks what the installed kubeadm reads - V(v1beta4) from kubeadm 1.31,
+        V(v1beta3) from 1.22, V(v1beta2) before.
+      - Phases to skip are in the configuration from V(v1beta3) on; with V(v1beta2) they go to kubeadm as C(--skip-phases).
     type: str
-    choices: [auto, v1beta3, v1beta4]
+    choices: [auto, v1beta2, v1beta3, v1beta4]
     default: auto
   binary_path:
     description: The kubeadm binary.

@@ -9,8 +9,10 @@ module: kubeadm_init
 short_description: Initialise the first Kubernetes control plane with kubeadm
 version_added: 0.1.0
 description:
-  - Renders an InitConfiguration, a ClusterConfiguration and a KubeletConfiguration (kubeadm config API V(v1beta4), or
-    V(v1beta3) for kubeadm older than 1.31), validates them with C(kubeadm config validate) and runs C(kubeadm init).
+  - Renders an InitConfiguration, a ClusterConfiguration and a KubeletConfiguration in the config API the installed
+    kubeadm reads (V(v1beta4) from 1.31, V(v1beta3) from 1.22, V(v1beta2) before), has kubeadm validate them
+    (C(kubeadm config validate) from 1.26, C(kubeadm config images list) before, which loads them the way C(kubeadm init)
+    does) and runs C(kubeadm init).
   - Nothing changes when the node is already initialised (C(/etc/kubernetes/admin.conf) exists and an earlier run of this
     module recorded that C(kubeadm init) completed for the node's cluster CA). Where C(admin.conf) exists without that
     record, an earlier C(kubeadm init) may have been cut short (C(admin.conf) is written before the control plane
@@ -123,6 +125,10 @@ config_api_version:
   description: The kubeadm config API used.
   returned: success
   type: str
+config_validated:
+  description: Whether kubeadm validated the rendered configuration before anything changed.
+  returned: when the node was not initialised yet
+  type: bool
 deleted_default_tokens:
   description: How many default bootstrap tokens of C(kubeadm init) were deleted.
   returned: when kubeadm init ran
@@ -140,7 +146,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
     ADMIN_CONF, CA_CERT, INIT_RECORD, KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version,
-    render_init_config)
+    render_init_config, skip_phases)
 
 OPTION_NAMES = list(InitOptions.__dataclass_fields__)
 
@@ -207,7 +213,7 @@ def main() -> None:
             os.fchmod(candidate.fileno(), 0o600)
             candidate.write(rendered)
         try:
-            kubeadm.validate(candidate.name)
+            result["config_validated"] = kubeadm.validate(candidate.name, "init")
         finally:
             os.unlink(candidate.name)
         result["changed"] = True
@@ -218,7 +224,8 @@ def main() -> None:
         with os.fdopen(fd, "w") as handle:
             handle.write(rendered)
         try:
-            result["stdout"] = kubeadm.init(params["config_path"], params["ignore_preflight_errors"], params["upload_certs"])
+            result["stdout"] = kubeadm.init(params["config_path"], params["ignore_preflight_errors"], params["upload_certs"],
+                                            skip_phases(api_version, params["skip_phases"])[1])
         except KubeadmError as exc:
             module.fail_json(msg=f"{exc}. The node needs a reset (kubeadm reset and a reboot) before it can be initialised again.",
                              needs_reset=True, **result)

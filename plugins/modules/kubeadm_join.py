@@ -9,9 +9,10 @@ module: kubeadm_join
 short_description: Join a node to the cluster with kubeadm, pinned to the cluster CA
 version_added: 0.1.0
 description:
-  - Renders a JoinConfiguration (kubeadm config API V(v1beta4), or V(v1beta3) for kubeadm older than 1.31) with
-    bootstrap-token discovery pinned to the cluster CA (C(caCertHashes); C(unsafeSkipCAVerification) is never used),
-    validates it with C(kubeadm config validate) and runs C(kubeadm join).
+  - Renders a JoinConfiguration in the config API the installed kubeadm reads (V(v1beta4) from 1.31, V(v1beta3) from
+    1.22, V(v1beta2) before) with bootstrap-token discovery pinned to the cluster CA (C(caCertHashes);
+    C(unsafeSkipCAVerification) is never used), validates it with C(kubeadm config validate) (kubeadm 1.26 and later;
+    older kubeadm validates it itself before C(kubeadm join) changes anything) and runs C(kubeadm join).
   - The bootstrap token is read from O(token_file) on the node (written 0600 by M(confidential.kubernetes.join_ticket))
     and travels to kubeadm in a 0600 configuration file, never on the command line. Both files are deleted after the join.
   - Control planes join with C(controlPlane.localAPIEndpoint) and skip kubeadm's C(control-plane-prepare/download-certs)
@@ -84,6 +85,10 @@ config_api_version:
   description: The kubeadm config API used.
   returned: success
   type: str
+config_validated:
+  description: Whether C(kubeadm config validate) checked the configuration before the join (kubeadm 1.26 and later).
+  returned: when the node had not joined yet
+  type: bool
 stdout:
   description: kubeadm's output, tokens and certificate keys masked.
   returned: when kubeadm join ran

@@ -1,6 +1,7 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""kubeadm: configuration rendering (v1beta4, v1beta3 for older kubeadm), CA pins, and one command runner seam."""
+"""kubeadm: configuration rendering (config API v1beta2, v1beta3 or v1beta4 by kubeadm version), CA pins, and one command
+runner seam."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ KUBEADM_OPTIONS = dict(
     cri_socket=dict(type="str"),
     kubelet_extra_args=dict(type="dict", default={}),
     ignore_preflight_errors=dict(type="list", elements="str", default=[]),
-    config_api_version=dict(type="str", default="auto", choices=["auto", "v1beta3", "v1beta4"]),
+    config_api_version=dict(type="str", default="auto", choices=["auto", "v1beta2", "v1beta3", "v1beta4"]),
     binary_path=dict(type="path", default="kubeadm"),
 )
 
@@ -68,22 +69,39 @@ def ca_cert_hash(ca_pem: bytes) -> str:
     return "sha256:" + hashlib.sha256(spki).hexdigest()
 
 
-def config_api_version(kubeadm_version: str, wanted: str = "auto") -> str:
-    """v1beta4 from kubeadm 1.31 on, v1beta3 before (or as asked)."""
-    if wanted != "auto":
-        return wanted
+def _minor(kubeadm_version: str) -> tuple[int, int]:
     match = _VERSION.match(kubeadm_version.strip())
     if not match:
         raise KubeadmError(f"cannot read the kubeadm version {kubeadm_version!r}")
-    major, minor = int(match.group(1)), int(match.group(2))
-    return "v1beta4" if (major, minor) >= (1, 31) else "v1beta3"
+    return int(match.group(1)), int(match.group(2))
+
+
+def config_api_version(kubeadm_version: str, wanted: str = "auto") -> str:
+    """The config API a kubeadm reads: v1beta2 before 1.22, v1beta3 from 1.22, v1beta4 from 1.31 (or as asked)."""
+    if wanted != "auto":
+        return wanted
+    minor = _minor(kubeadm_version)
+    if minor >= (1, 31):
+        return "v1beta4"
+    return "v1beta3" if minor >= (1, 22) else "v1beta2"
 
 
 def extra_args(api_version: str, args: dict[str, str]) -> object:
-    """v1beta4 takes a list of {name, value}; v1beta3 a map."""
+    """v1beta4 takes a list of {name, value}; v1beta2 and v1beta3 a map."""
     if api_version == "v1beta4":
         return [{"name": str(k), "value": str(v)} for k, v in sorted(args.items())]
     return {str(k): str(v) for k, v in sorted(args.items())}
+
+
+def skip_phases(api_version: str, phases: list | None) -> tuple[list, list[str]]:
+    """Where phases to skip go: ``skipPhases`` in the configuration from v1beta3 on, ``--skip-phases`` before.
+
+    Returns (the configuration's skipPhases, the command-line flags).
+    """
+    phases = list(phases or [])
+    if api_version == "v1beta2":
+        return [], ["--skip-phases=" + ",".join(phases)] if phases else []
+    return phases, []
 
 
 def _prune(doc: dict) -> dict:
@@ -122,7 +140,7 @@ def render_init_config(options: InitOptions, api_version: str) -> str:
         "kind": "InitConfiguration",
         "localAPIEndpoint": _prune({"advertiseAddress": options.advertise_address, "bindPort": options.bind_port}),
         "nodeRegistration": node_registration,
-        "skipPhases": options.skip_phases or [],
+        "skipPhases": skip_phases(api_version, options.skip_phases)[0],
     })
     cluster = _prune({
         "apiVersion": api,
@@ -148,6 +166,7 @@ class Kubeadm:
     def __init__(self, binary: str = "kubeadm", root: str = "/"):
         self.binary = binary
         self.root = root
+        self._version: str | None = None
 
     def path(self, absolute: str) -> str:
         return os.path.join(self.root, absolute.lstrip("/"))
@@ -168,13 +187,27 @@ class Kubeadm:
         return out
 
     def version(self) -> str:
-        return self.run("version", "-o", "short", what="kubeadm version").strip()
+        if self._version is None:
+            self._version = self.run("version", "-o", "short", what="kubeadm version").strip()
+        return self._version
 
-    def validate(self, config_path: str) -> None:
-        self.run("config", "validate", "--config", config_path, what="kubeadm config validate")
+    def validate(self, config_path: str, kind: str) -> bool:
+        """Have kubeadm load, default and validate a configuration without changing anything; False where it cannot.
 
-    def init(self, config_path: str, ignore_preflight_errors: list[str], upload_certs: bool) -> str:
-        args = ["init", "--config", config_path, "--skip-token-print", "--skip-certificate-key-print"]
+        ``kubeadm config validate`` came with 1.26. Before it, ``config images list`` loads an init configuration
+        through the same code as ``kubeadm init``; a join configuration has no such command, and ``kubeadm join``
+        validates it before it changes anything.
+        """
+        if _minor(self.version()) >= (1, 26):
+            self.run("config", "validate", "--config", config_path, what="kubeadm config validate")
+            return True
+        if kind == "init":
+            self.run("config", "images", "list", "--config", config_path, what="kubeadm config validation (config images list)")
+            return True
+        return False
+
+    def init(self, config_path: str, ignore_preflight_errors: list[str], upload_certs: bool, phase_flags: list[str] = ()) -> str:
+        args = ["init", "--config", config_path, "--skip-token-print", "--skip-certificate-key-print", *phase_flags]
         if ignore_preflight_errors:
             args.append("--ignore-preflight-errors=" + ",".join(ignore_preflight_errors))
         if upload_certs:
@@ -243,9 +276,7 @@ def render_join_config(options: JoinOptions, api_version: str, token: str) -> st
     """JoinConfiguration with bootstrap-token discovery pinned to the CA; never unsafeSkipCAVerification."""
     if not options.ca_cert_hashes:
         raise KubeadmError("a join needs at least one CA pin (sha256:<hex>); unpinned discovery is never used")
-    skip = list(options.skip_phases or [])
-    if options.control_plane:
-        skip += [phase for phase in CONTROL_PLANE_SKIP_PHASES if phase not in skip]
+    skip = join_skip_phases(options)
     join = _prune({
         "apiVersion": f"{KUBEADM_API_GROUP}/{api_version}",
         "kind": "JoinConfiguration",
@@ -261,13 +292,20 @@ def render_join_config(options: JoinOptions, api_version: str, token: str) -> st
         }),
         "controlPlane": {"localAPIEndpoint": _prune({"advertiseAddress": options.advertise_address, "bindPort": options.bind_port})}
         if options.control_plane else None,
-        "skipPhases": skip,
+        "skipPhases": skip_phases(api_version, skip)[0],
     })
     return yaml.safe_dump(join, sort_keys=False)
 
 
-def join(kubeadm: Kubeadm, config_path: str, ignore_preflight_errors: list[str]) -> str:
-    args = ["join", "--config", config_path]
+def join_skip_phases(options: JoinOptions) -> list:
+    skip = list(options.skip_phases or [])
+    if options.control_plane:
+        skip += [phase for phase in CONTROL_PLANE_SKIP_PHASES if phase not in skip]
+    return skip
+
+
+def join(kubeadm: Kubeadm, config_path: str, ignore_preflight_errors: list[str], phase_flags: list[str] = ()) -> str:
+    args = ["join", "--config", config_path, *phase_flags]
     if ignore_preflight_errors:
         args.append("--ignore-preflight-errors=" + ",".join(ignore_preflight_errors))
     return scrub(kubeadm.run(*args, what="kubeadm join"))
@@ -307,10 +345,11 @@ def join_with_token_file(kubeadm: Kubeadm, options: JoinOptions, token_file: str
         try:
             with os.fdopen(fd, "w") as handle:
                 handle.write(rendered)
-            kubeadm.validate(config_path)
+            result["config_validated"] = kubeadm.validate(config_path, "join")
             result["changed"] = True
             if not check_mode:
-                result["stdout"] = join(kubeadm, config_path, ignore_preflight_errors)
+                phase_flags = skip_phases(result["config_api_version"], join_skip_phases(options))[1]
+                result["stdout"] = join(kubeadm, config_path, ignore_preflight_errors, phase_flags)
         finally:
             os.unlink(config_path)
     except KubeadmError as exc:
