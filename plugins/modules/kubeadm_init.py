@@ -53,7 +53,9 @@ options:
     description: A stable address (DNS name or load balancer, with port) for all control planes.
     type: str
   kubernetes_version:
-    description: The Kubernetes version, for example V(v1.31.4).
+    description:
+      - The Kubernetes version, for example V(v1.31.4).
+      - Omitted, the version of the installed kubeadm, so that kubeadm never looks a version up on the internet.
     type: str
   cluster_name:
     description: The cluster name in the kubeconfigs.
@@ -199,7 +201,9 @@ def main() -> None:
     result = dict(changed=False, admin_kubeconfig=ADMIN_CONF)
     try:
         api_version = config_api_version(kubeadm.version(), params["config_api_version"])
-        rendered = render_init_config(InitOptions(**{name: params[name] for name in OPTION_NAMES}), api_version)
+        options = InitOptions(**{name: params[name] for name in OPTION_NAMES})
+        options.kubernetes_version = options.kubernetes_version or kubeadm.version()
+        rendered = render_init_config(options, api_version)
         result["config_api_version"] = api_version
         previous = _read(params["config_path"])
         if module._diff:
