@@ -29,7 +29,9 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.ro
 LAB = REPO / "tests" / "lab" / "lab"
 VENV_PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
 STATE_DISK = "/srv/state-disk.img"
-APISERVER_STATE = "/etc/kubernetes/double-apiserver/state.json"
+# The bootstrap-token Secrets as the real API server serves them (read on the control plane, as root).
+TOKEN_SECRETS = ("kubectl --kubeconfig=/etc/kubernetes/admin.conf get secrets --namespace=kube-system "
+                 "--field-selector=type=bootstrap.kubernetes.io/token -o json")
 PKI_KEYS = ("ca.key", "sa.key", "front-proxy-ca.key", "etcd/ca.key")
 DROP_IN_DIR = "/etc/systemd/system/confidential-joinservice.service.d"
 # Node paths that are not the cluster's: the node venv, the injector, and the LUKS image (ciphertext, 64 MiB).
@@ -158,9 +160,9 @@ class ClusterSecrets:
                     raw = bytes.fromhex(value)
                     found[f"{os.path.basename(path)}[{node}]"] = encodings(raw) if len(raw) <= 64 else [raw[16:-16]]
         control_plane = next(iter(self.lab.hosts()))
-        state = self.lab.ssh(control_plane, f"cat {APISERVER_STATE}", check=False)
-        if state.returncode == 0:
-            for token in bootstrap_tokens(state.stdout):
+        served = self.lab.ssh(control_plane, TOKEN_SECRETS, check=False)
+        if served.returncode == 0:
+            for token in bootstrap_tokens(served.stdout):
                 token_id, secret = token.split(".")
                 found[f"bootstrap_token[{token_id}]"] = sorted({token.encode(), *encodings(secret.encode())})
         for key in PKI_KEYS:
@@ -172,7 +174,7 @@ class ClusterSecrets:
         return self.secrets
 
 
-def bootstrap_tokens(state_json: bytes) -> list[str]:
+def bootstrap_tokens(secrets_json: bytes) -> list[str]:
     tokens: list[str] = []
 
     def visit(value) -> None:
@@ -186,7 +188,7 @@ def bootstrap_tokens(state_json: bytes) -> list[str]:
             for item in value:
                 visit(item)
 
-    visit(json.loads(state_json))
+    visit(json.loads(secrets_json))
     return tokens
 
 
@@ -363,7 +365,7 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
         if not any(entry["secret"] == name and entry["where"] == where for entry in scanner.protected):
             results["hygiene_problems"].append(f"scanner self-check: {name} not found in {where}")
     if not any(name.startswith("bootstrap_token[") for name in scanner.secrets):
-        results["hygiene_problems"].append("scanner self-check: no bootstrap token found in the API server double's state")
+        results["hygiene_problems"].append("scanner self-check: no bootstrap token found among the bootstrap-token Secrets the API server serves")
     results["hygiene"] = {"runs": len(outputs), "bytes": scanner.bytes, "files": scanner.files + scanner.streams,
                           "secrets": len(scanner.secrets), "hits": scanner.hits, "protected": len(scanner.protected)}
     log(f"hygiene: {scanner.bytes} bytes in {scanner.files + scanner.streams} files/streams, {len(scanner.secrets)} secrets, "
