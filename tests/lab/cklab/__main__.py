@@ -1,10 +1,10 @@
-"""Command line of the lab: `lab up|down|status|ssh`."""
+"""Command line of the lab: `lab up|down|status|ssh|kubernetes`."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import LabError, lab
+from . import LabError, kubernetes, lab
 from .paths import LabPaths
 
 
@@ -21,6 +21,10 @@ def parser() -> argparse.ArgumentParser:
     ssh = commands.add_parser("ssh", help="ssh into a node, or run a command there")
     ssh.add_argument("node")
     ssh.add_argument("remote", nargs=argparse.REMAINDER, metavar="CMD")
+    real = commands.add_parser("kubernetes", help="build (once) and verify the real Kubernetes binaries in the cache; "
+                                                  "prints their bin dir")
+    real.add_argument("--verify-only", action="store_true",
+                      help="check every binary against SHA256SUMS, change nothing; exit 1 on any problem")
     return top
 
 
@@ -36,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "status":
             return lab.status(paths)
+        if args.command == "kubernetes":
+            return _kubernetes(paths, args.verify_only)
         return lab.ssh(paths, args.node, args.remote)
     except LabError as exc:
         print(f"lab {args.command}: error: {exc}", file=sys.stderr)
@@ -43,6 +49,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"lab {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _kubernetes(paths: LabPaths, verify_only: bool) -> int:
+    if not verify_only:
+        print(kubernetes.ensure_kubernetes(paths, lab.log))
+        return 0
+    problems = kubernetes.verify_kubernetes(paths, log=lab.log)
+    for name, problem in problems.items():
+        lab.log(f"kubernetes: {name}: {problem}")
+    if problems:
+        return 1
+    lab.log(f"kubernetes: {kubernetes.RELEASE.version}: all {len(kubernetes.RELEASE.artefacts)} binaries "
+            "match SHA256SUMS")
+    print(kubernetes.CacheLayout(paths, kubernetes.RELEASE).bin_dir)
+    return 0
 
 
 if __name__ == "__main__":
