@@ -313,7 +313,7 @@ def _install(step: str, data_source: Path | bytes, target_dir: Path, name: str,
             if actual != recorded[name]:
                 raise LabError(
                     f"kubernetes {step} step: the new {name} has sha256 {actual}, SHA256SUMS records "
-                    f"{recorded[name]}; not used (to build and record afresh, remove {target_dir.parent})")
+                    f"{recorded[name]}; not used (to build and record afresh, remove {target_dir.parent / 'SHA256SUMS'})")
         temporary.rename(target_dir / name)
     finally:
         temporary.unlink(missing_ok=True)
