@@ -145,10 +145,10 @@ def parse_sums(text: str, expected: Sequence[str]) -> dict[str, str]:
     """Name -> sha256 from SHA256SUMS; LabError unless it lists exactly the expected binaries."""
     digests: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        digest, _, path = line.partition("  ")
+        digest, separator, path = line.partition("  ")
         name = path.removeprefix("bin/")
-        if (len(digest) != 64 or not path.startswith("bin/") or name not in expected or name in digests
-                or any(c not in "0123456789abcdef" for c in digest)):
+        well_formed = separator and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        if not well_formed or not path.startswith("bin/") or name not in expected or name in digests:
             raise LabError(f"SHA256SUMS line {number} is not '<sha256>  bin/<expected binary>': {line!r}")
         digests[name] = digest
     missing = [name for name in expected if name not in digests]
@@ -313,7 +313,7 @@ def _install(step: str, data_source: Path | bytes, target_dir: Path, name: str,
             if actual != recorded[name]:
                 raise LabError(
                     f"kubernetes {step} step: the new {name} has sha256 {actual}, SHA256SUMS records "
-                    f"{recorded[name]}; not used (to build and record afresh, remove {target_dir.parent})")
+                    f"{recorded[name]}; not used (to build and record afresh, remove {target_dir.parent / 'SHA256SUMS'})")
         temporary.rename(target_dir / name)
     finally:
         temporary.unlink(missing_ok=True)
@@ -384,10 +384,9 @@ BULLSEYE_PREFERENCES = "Package: *\nPin: release n=bullseye\nPin-Priority: 100\n
 def mirror_from_indextargets(output: str, suite: str = MIRROR_SUITE) -> str:
     """The URI of the host's Debian `deb` entry for suite, from `apt-get indextargets` lines TARGET|RELEASE|URI."""
     for line in output.splitlines():
-        target_of, _, rest = line.partition("|")
-        release, _, uri = rest.partition("|")
-        if target_of == "deb" and release == suite and uri:
-            return uri.rstrip("/")
+        fields = line.split("|")
+        if len(fields) == 3 and fields[0] == "deb" and fields[1] == suite and fields[2]:
+            return fields[2].rstrip("/")
     raise LabError(f"kubernetes apt step: no '{suite}' deb entry in the apt sources to take the Debian mirror from")
 
 
@@ -400,8 +399,8 @@ def host_mirror(runner: StepRunner) -> str:
 def missing_debian_packages(packages: Sequence[str]) -> list[str]:
     done = subprocess.run(["dpkg-query", "-W", "-f", "${Package}|${db:Status-Abbrev}\n", *packages],
                           capture_output=True, text=True, check=False)
-    installed = {name for name, _, status in (line.partition("|") for line in done.stdout.splitlines())
-                 if status.startswith("ii")}
+    rows = (line.split("|", 1) for line in done.stdout.splitlines())
+    installed = {row[0] for row in rows if len(row) == 2 and row[1].startswith("ii")}
     return [package for package in packages if package not in installed]
 
 
