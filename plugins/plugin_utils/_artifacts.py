@@ -62,15 +62,15 @@ class Artifact:
 
 
 def load_table(path: str) -> dict:
-    """The shipped table: the mapping under ``kubernetes_versions``."""
+    """The shipped table: the mapping under ``node_kubernetes_versions``."""
     try:
         with open(path, encoding="utf-8") as stream:
             document = yaml.safe_load(stream)
     except (OSError, yaml.YAMLError) as exc:
         raise VersionTableError(f"cannot read the versions table {path}: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("kubernetes_versions"), dict):
-        raise VersionTableError(f"{path} has no 'kubernetes_versions' mapping")
-    return {str(version): row for version, row in document["kubernetes_versions"].items()}
+    if not isinstance(document, dict) or not isinstance(document.get("node_kubernetes_versions"), dict):
+        raise VersionTableError(f"{path} has no 'node_kubernetes_versions' mapping")
+    return {str(version): row for version, row in document["node_kubernetes_versions"].items()}
 
 
 def merged_table(shipped: dict, extra: dict | None) -> dict:
