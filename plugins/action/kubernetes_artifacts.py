@@ -42,8 +42,8 @@ class ActionModule(ActionBase):
             shipped = _artifacts.load_table(params["versions_file"])
             table = _artifacts.merged_table(shipped, params["versions_extra"])
             version = str(params["kubernetes_version"]).lstrip("v")
-            secure = frozenset(shipped) - frozenset(str(v) for v in params["versions_extra"])
-            row = _artifacts.select_row(table, version, secure)
+            strict = frozenset(shipped) - frozenset(str(v) for v in params["versions_extra"])
+            row = _artifacts.select_row(table, version, strict)
             arches = sorted({_artifacts.node_arch(machine) for machine in params["architectures"]})
             artifacts = _artifacts.row_artifacts(version, row, arches)
         except _artifacts.VersionTableError as exc:
@@ -74,7 +74,7 @@ class ActionModule(ActionBase):
                            **{arch: dict(path=paths[name][arch], sha256=row["artifacts"][name][arch]["sha256"],
                                          filename=os.path.basename(paths[name][arch]))
                               for arch in arches})
-                for name in _artifacts.ARTIFACTS
+                for name in _artifacts.ARTIFACTS if row["artifacts"][name] is not None
             },
         )
         return result

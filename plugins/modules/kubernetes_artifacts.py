@@ -55,7 +55,8 @@ options:
   versions_extra:
     description:
       - Rows merged over the table, keyed by version, in the table's format (a row here replaces a shipped row
-        whole). Their URLs may be plain C(http) (a local mirror); shipped rows must be C(https).
+        whole). Their URLs may be plain C(http) (a local mirror), and an artefact set to null says explicitly that
+        the row provides none (a lab build without crictl); shipped rows must be complete and C(https).
     type: dict
     default: {}
   cache_dir:
@@ -117,6 +118,7 @@ images:
 artifacts:
   description:
     - By artefact name, its C(version) and, for each architecture, the cached file's C(path), C(sha256) and C(filename).
+    - An artefact an extra row sets to null is absent.
   returned: success
   type: dict
 """

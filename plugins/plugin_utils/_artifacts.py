@@ -80,10 +80,11 @@ def merged_table(shipped: dict, extra: dict | None) -> dict:
     return table
 
 
-def row_problems(version: str, row, secure: bool = True) -> list[str]:
+def row_problems(version: str, row, shipped: bool = True) -> list[str]:
     """Every problem of one row, not just the first: missing artefacts and arches, bad URLs, bad sha256, bad images.
 
-    ``secure`` requires https URLs (the shipped rows); a lab's extra row may point at a plain-http mirror.
+    A shipped row must be complete and use https. An inventory's extra row may point at a plain-http mirror and
+    may set an artefact to null, saying explicitly that it provides none (a lab build without crictl).
     """
     problems: list[str] = []
     if not isinstance(row, dict):
@@ -93,6 +94,8 @@ def row_problems(version: str, row, secure: bool = True) -> list[str]:
         return [f"{version}: no 'artifacts' mapping"]
     for name in ARTIFACTS:
         entry = artifacts.get(name)
+        if entry is None and name in artifacts and not shipped:
+            continue
         if not isinstance(entry, dict):
             problems.append(f"{version}: artefact {name} is missing")
             continue
@@ -111,8 +114,8 @@ def row_problems(version: str, row, secure: bool = True) -> list[str]:
                 continue
             url = str(item.get("url") or "")
             scheme = urllib.parse.urlsplit(url).scheme
-            if scheme not in (("https",) if secure else ("https", "http")) or not urllib.parse.urlsplit(url).path:
-                problems.append(f"{version}: {name} {arch} url {url!r} is not an {'https' if secure else 'http(s)'} URL")
+            if scheme not in (("https",) if shipped else ("https", "http")) or not urllib.parse.urlsplit(url).path:
+                problems.append(f"{version}: {name} {arch} url {url!r} is not an {'https' if shipped else 'http(s)'} URL")
             if not SHA256.match(str(item.get("sha256") or "")):
                 problems.append(f"{version}: {name} {arch} sha256 is not 64 lower-case hex digits")
     images = row.get("images")
@@ -125,13 +128,13 @@ def row_problems(version: str, row, secure: bool = True) -> list[str]:
     return problems
 
 
-def select_row(table: dict, version: str, secure_versions: frozenset[str] = frozenset()) -> dict:
+def select_row(table: dict, version: str, shipped_versions: frozenset[str] = frozenset()) -> dict:
     """The row for ``version``, checked; an unknown version fails with the list of supported ones."""
     version = str(version).lstrip("v")
     if version not in table:
         supported = ", ".join(sorted(table, key=_version_key)) or "none"
         raise VersionTableError(f"Kubernetes {version or '(empty)'} is not in the versions table; supported: {supported}")
-    problems = row_problems(version, table[version], secure=version in secure_versions)
+    problems = row_problems(version, table[version], shipped=version in shipped_versions)
     if problems:
         raise VersionTableError("the versions table row is malformed: " + "; ".join(problems))
     return table[version]
@@ -143,6 +146,8 @@ def row_artifacts(version: str, row: dict, arches: list[str]) -> list[Artifact]:
     for arch in arches:
         for name in ARTIFACTS:
             entry = row["artifacts"][name]
+            if entry is None:
+                continue
             if arch not in entry:
                 raise VersionTableError(f"Kubernetes {version} has no {name} for {arch}")
             result.append(Artifact(name, str(entry["version"]), arch, entry[arch]["url"], entry[arch]["sha256"]))

@@ -95,6 +95,17 @@ def test_an_extra_row_is_merged_and_may_use_http(table):
     assert set(table) == {"1.32.10", "1.33.8", "1.34.4"}
 
 
+def test_only_an_extra_row_may_say_explicitly_that_it_provides_no_artefact(table):
+    lab = copy.deepcopy(table["1.34.4"])
+    lab["artifacts"]["crictl"] = None
+    assert _artifacts.row_problems("1.20.2", lab, shipped=False) == []
+    assert [a.name for a in _artifacts.row_artifacts("1.20.2", lab, ["amd64"])] == [
+        "kubeadm", "kubelet", "kubectl", "containerd", "runc", "cni_plugins", "helm"]
+    assert "1.34.4: artefact crictl is missing" in _artifacts.row_problems("1.34.4", lab, shipped=True)
+    del lab["artifacts"]["crictl"]
+    assert "1.20.2: artefact crictl is missing" in _artifacts.row_problems("1.20.2", lab, shipped=False)
+
+
 def test_node_architectures():
     assert _artifacts.node_arch("x86_64") == "amd64"
     assert _artifacts.node_arch("aarch64") == "arm64"
