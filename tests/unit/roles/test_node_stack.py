@@ -86,6 +86,11 @@ def _recap(stdout: str) -> dict:
 def test_install_then_rerun_changes_nothing(tmp_path):
     row = _offline_tree(tmp_path / "offline")
     destdir = tmp_path / "root"
+    # What stood there before (the lab links its doubles into /usr/local/bin) is replaced, never written through.
+    (tmp_path / "double").write_bytes(b"a double")
+    (destdir / "usr/local/bin").mkdir(parents=True)
+    for name in ("helm", "kubeadm", "crictl"):
+        (destdir / "usr/local/bin" / name).symlink_to(tmp_path / "double")
     first = _play(tmp_path, row, destdir)
     assert first.returncode == 0, first.stdout + first.stderr
     assert _recap(first.stdout)["changed"] > 0
@@ -94,6 +99,8 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert {p.name for p in bin_dir.iterdir()} >= {"kubeadm", "kubelet", "kubectl", "runc", "crictl", "containerd", "ctr",
                                                     "containerd-shim-runc-v2", "helm"}
     assert not (bin_dir / "LICENSE").exists() and not (bin_dir / f"linux-{ARCH}").exists()
+    assert (bin_dir / "helm").read_bytes() == b"helm" and not (bin_dir / "helm").is_symlink()
+    assert (bin_dir / "crictl").read_bytes() == b"crictl" and (tmp_path / "double").read_bytes() == b"a double"
     assert {p.name for p in (destdir / "opt/cni/bin").iterdir()} == {"bridge", "loopback", "host-local"}
     config = (destdir / "etc/containerd/config.toml").read_text()
     assert "SystemdCgroup = true" in config and "sandbox = 'registry.k8s.io/pause:3.10.1'" in config and "version = 3" in config
