@@ -18,11 +18,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import yaml
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 
 ARTIFACTS = ("kubeadm", "kubelet", "kubectl", "crictl", "containerd", "runc", "cni_plugins", "helm")
 IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "coredns", "pause")
@@ -247,10 +248,10 @@ def _fetch_to_temporary(artifact: Artifact, directory: str, mirror_url: str | No
     origin = source_url(artifact, mirror_url)
     progress(f"{artifact.label}: downloading {origin}")
     try:
-        with urllib.request.urlopen(origin, timeout=timeout) as response:  # noqa: S310 (https, or the operator's mirror)
+        with open_url(origin, timeout=timeout) as response:
             length = response.headers.get("Content-Length")
             return _stream_verified(response, directory, artifact, origin, int(length) if length else None, progress)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, UrlsConnectionError, OSError, ValueError) as exc:
         raise ArtifactError(f"cannot download {artifact.label} from {origin}: {exc}") from exc
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import http.server
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -113,34 +111,6 @@ def test_node_architectures():
         _artifacts.node_arch("ppc64le")
 
 
-class _Files(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def server(tmp_path):
-    """A real HTTP server on 127.0.0.1 serving tmp_path/www; yields (base URL, root, request log)."""
-    root = tmp_path / "www"
-    root.mkdir()
-    requests: list[str] = []
-
-    class Handler(_Files):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def do_GET(self):
-            requests.append(self.path)
-            super().do_GET()
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", root, requests
-    httpd.shutdown()
-    httpd.server_close()
-
-
 def _publish(root: Path, path: str, content: bytes) -> None:
     target = root / path.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +148,7 @@ def test_a_tampered_file_is_refused_naming_artefact_and_url_and_nothing_is_cache
     assert "kubeadm 1.34.4 (amd64)" in message
     assert f"{base}/release/v1.34.4/bin/linux/amd64/kubeadm" in message
     assert "sha256 mismatch" in message
-    assert [p for p in cache.rglob("*")] == []
+    assert not list(cache.rglob("*"))
 
 
 def test_a_cached_file_that_was_altered_is_fetched_again(server, tmp_path):
@@ -186,7 +156,7 @@ def test_a_cached_file_that_was_altered_is_fetched_again(server, tmp_path):
     content = b"kubeadm bytes"
     artifact = _artifact(content)
     _publish(root, "/release/v1.34.4/bin/linux/amd64/kubeadm", content)
-    path, _ = _artifacts.fetch(artifact, str(tmp_path / "cache"), mirror_url=base)
+    path = _artifacts.fetch(artifact, str(tmp_path / "cache"), mirror_url=base)[0]
     Path(path).write_bytes(b"altered on disk")
     path, fetched = _artifacts.fetch(artifact, str(tmp_path / "cache"), mirror_url=base)
     assert fetched and Path(path).read_bytes() == content and len(requests) == 2
