@@ -205,7 +205,7 @@ def _stream_verified(source, target_dir: str, artifact: Artifact, origin: str, t
         if digest.hexdigest() != artifact.sha256:
             raise ArtifactError(
                 f"sha256 mismatch for {artifact.label} from {origin}: expected {artifact.sha256}, got "
-                f"{digest.hexdigest()}; nothing was cached or installed")
+                f"{digest.hexdigest()}; it was not cached and nothing was installed")
         return tmp
     except BaseException:
         os.unlink(tmp)
