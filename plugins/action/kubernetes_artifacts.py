@@ -1,0 +1,80 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Runs on the controller: select a Kubernetes version's row and fetch its artefacts, verified, into the cache."""
+
+from __future__ import annotations
+
+import os
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
+
+display = Display()
+
+SHIPPED_TABLE = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "node", "vars", "kubernetes_versions.yml")
+ARGUMENT_SPEC = dict(
+    kubernetes_version=dict(type="str", required=True),
+    architectures=dict(type="list", elements="str", default=["x86_64"]),
+    versions_file=dict(type="path", default=SHIPPED_TABLE),
+    versions_extra=dict(type="dict", default={}),
+    cache_dir=dict(type="path", default="~/.cache/confidential-kubernetes/artifacts"),
+    mirror_url=dict(type="str", default=""),
+    source_dir=dict(type="path", default=""),
+    timeout=dict(type="int", default=60),
+)
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        params = validation.validated_parameters
+        result["changed"] = False
+        if params["mirror_url"] and params["source_dir"]:
+            result.update(failed=True, msg="mirror_url and source_dir are alternatives; set one of them")
+            return result
+        try:
+            shipped = _artifacts.load_table(params["versions_file"])
+            table = _artifacts.merged_table(shipped, params["versions_extra"])
+            version = str(params["kubernetes_version"]).lstrip("v")
+            strict = frozenset(shipped) - frozenset(str(v) for v in params["versions_extra"])
+            row = _artifacts.select_row(table, version, strict)
+            arches = sorted({_artifacts.node_arch(machine) for machine in params["architectures"]})
+            artifacts = _artifacts.row_artifacts(version, row, arches)
+        except _artifacts.VersionTableError as exc:
+            result.update(failed=True, msg=str(exc))
+            return result
+        host = task_vars.get("inventory_hostname", "controller")
+        cache_dir = os.path.abspath(os.path.expanduser(params["cache_dir"]))
+        if self._task.check_mode:
+            missing = [a.label for a in artifacts if not os.path.exists(_artifacts.cache_path(cache_dir, a))]
+            result.update(changed=bool(missing), fetched=missing, version=version, images=row["images"],
+                          msg="check mode: nothing fetched")
+            return result
+        try:
+            paths, fetched = _artifacts.fetch_all(
+                artifacts, cache_dir, mirror_url=params["mirror_url"] or None, source_dir=params["source_dir"] or None,
+                timeout=params["timeout"], progress=lambda line: display.display(f"[{host}] kubernetes_artifacts: {line}"))
+        except _artifacts.ArtifactError as exc:
+            result.update(failed=True, msg=str(exc))
+            return result
+        result.update(
+            changed=bool(fetched),
+            fetched=fetched,
+            version=version,
+            cache_dir=cache_dir,
+            images=row["images"],
+            artifacts={
+                name: dict(version=str(row["artifacts"][name]["version"]),
+                           **{arch: dict(path=paths[name][arch], sha256=row["artifacts"][name][arch]["sha256"],
+                                         filename=os.path.basename(paths[name][arch]))
+                              for arch in arches})
+                for name in _artifacts.ARTIFACTS if row["artifacts"][name] is not None
+            },
+        )
+        return result

@@ -1,0 +1,124 @@
+#!/usr/bin/python
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kubernetes_artifacts
+short_description: Fetch and verify the binaries of one Kubernetes version into the controller's cache
+version_added: 0.1.0
+description:
+  - Runs on the controller. Selects the row of O(kubernetes_version) in the versions table (the collection's
+    C(roles/node/vars/kubernetes_versions.yml), with O(versions_extra) merged over it) and fetches every artefact of
+    that row for the given architectures - kubeadm, kubelet, kubectl, crictl, containerd, runc, the CNI plugins
+    and helm - into O(cache_dir).
+  - Each artefact is hashed while it streams into a temporary file beside its cache entry and renamed into
+    C(<cache_dir>/<sha256>/<file name>) only when its sha256 is the table's. A mismatch fails naming the artefact
+    and the URL it came from, and caches nothing.
+  - A cached file is hashed again before it is used; a verified cache hit touches no network and reports no change.
+  - Sources, one of - upstream's URL from the table; O(mirror_url), the same URL path under another base URL; or
+    O(source_dir), a directory holding a mirror's tree (C(<source_dir>/<URL path>)) for air-gapped sites.
+  - Prints one line per artefact fetched and a progress line every few seconds while a download runs.
+  - An unknown version fails with the list of supported ones; a malformed row fails listing every problem.
+author:
+  - confidential.kubernetes contributors (@confidential-kubernetes)
+extends_documentation_fragment:
+  - confidential.kubernetes._attributes
+attributes:
+  action:
+    support: full
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+  check_mode:
+    support: full
+    details:
+      - Fetches nothing; reports a change when an artefact is not cached yet.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  kubernetes_version:
+    description: The Kubernetes version whose row pins every artefact, for example C(1.34.4) (a leading C(v) is ignored).
+    type: str
+    required: true
+  architectures:
+    description:
+      - The nodes' machine names as Ansible reports them (C(ansible_architecture)) - C(x86_64) or C(aarch64).
+        Each distinct architecture's artefacts are fetched.
+    type: list
+    elements: str
+    default: [x86_64]
+  versions_file:
+    description: The versions table; the collection's own by default.
+    type: path
+  versions_extra:
+    description:
+      - Rows merged over the table, keyed by version, in the table's format (a row here replaces a shipped row
+        whole). Their URLs may be plain C(http) (a local mirror), and an artefact set to null says explicitly that
+        the row provides none (a lab build without crictl); shipped rows must be complete and C(https).
+    type: dict
+    default: {}
+  cache_dir:
+    description: The controller directory holding verified artefacts.
+    type: path
+    default: ~/.cache/confidential-kubernetes/artifacts
+  mirror_url:
+    description: A base URL serving the upstream URL paths, used instead of upstream (for example C(https://mirror.example.com/k8s)).
+    type: str
+    default: ""
+  source_dir:
+    description: A local directory holding the upstream URL paths, read instead of any network; mutually exclusive with O(mirror_url).
+    type: path
+    default: ""
+  timeout:
+    description: Seconds to wait for a server before a download fails.
+    type: int
+    default: 60
+notes:
+  - The nodes receive the artefacts from the controller (the C(kubernetes) entry point of the role
+    C(confidential.kubernetes.node)); they need no internet.
+"""
+
+EXAMPLES = r"""
+- name: Fetch the binaries of Kubernetes 1.34.4 for the play's nodes
+  confidential.kubernetes.kubernetes_artifacts:
+    kubernetes_version: 1.34.4
+    architectures: "{{ ansible_play_hosts | map('extract', hostvars, 'ansible_architecture') | unique }}"
+  run_once: true
+  register: artifacts
+
+- name: The same from a site mirror
+  confidential.kubernetes.kubernetes_artifacts:
+    kubernetes_version: 1.34.4
+    mirror_url: https://mirror.example.com/kubernetes
+  run_once: true
+"""
+
+RETURN = r"""
+version:
+  description: The selected Kubernetes version.
+  returned: success
+  type: str
+  sample: 1.34.4
+fetched:
+  description: The artefacts fetched by this run (empty on a verified cache hit).
+  returned: always
+  type: list
+  elements: str
+  sample: ["kubeadm 1.34.4 (amd64)"]
+cache_dir:
+  description: The absolute cache directory.
+  returned: success
+  type: str
+images:
+  description: The images of the row, by name (C(kube-apiserver), C(etcd), C(coredns), C(pause), ...).
+  returned: success
+  type: dict
+artifacts:
+  description:
+    - By artefact name, its C(version) and, for each architecture, the cached file's C(path), C(sha256) and C(filename).
+    - An artefact an extra row sets to null is absent.
+  returned: success
+  type: dict
+"""

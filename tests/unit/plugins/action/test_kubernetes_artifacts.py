@@ -1,0 +1,85 @@
+"""The kubernetes_artifacts action in a real ansible-playbook run against a real HTTP mirror on 127.0.0.1."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
+
+REPO = Path(__file__).resolve().parents[4]
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
+
+
+def _lab_row(root: Path, base: str, tamper: str | None = None) -> dict:
+    """A complete extra row (the lab's shape) whose artefacts the mirror serves; one of them tampered if asked."""
+    row = copy.deepcopy(_artifacts.load_table(str(REPO / "roles" / "node" / "vars" / "kubernetes_versions.yml"))["1.34.4"])
+    (root / "lab").mkdir(exist_ok=True)
+    for name in _artifacts.ARTIFACTS:
+        content = f"{name} for the lab".encode()
+        (root / "lab" / name).write_bytes(content + (b" tampered" if name == tamper else b""))
+        row["artifacts"][name] = {"version": "1.20.2", "amd64": {"url": f"{base}/lab/{name}", "sha256": hashlib.sha256(content).hexdigest()}}
+    return row
+
+
+def _play(tmp_path: Path, **args) -> dict:
+    """Run the action once; return its registered result and the play's output."""
+    out = tmp_path / "out.json"
+    out.unlink(missing_ok=True)
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"confidential.kubernetes.kubernetes_artifacts": args, "register": "out", "ignore_errors": True},
+                  {"ansible.builtin.copy": {"content": "{{ out | to_json }}", "dest": str(out)}}],
+    }]))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
+    run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return dict(json.loads(out.read_text()), stdout=run.stdout)
+
+
+def test_fetch_then_rerun_without_change_then_tampered_mirror_refused(server, tmp_path):
+    base, root, requests = server
+    cache = tmp_path / "cache"
+    common = dict(kubernetes_version="1.20.2", architectures=["x86_64"], cache_dir=str(cache))
+
+    first = _play(tmp_path, versions_extra={"1.20.2": _lab_row(root, base)}, **common)
+    assert first["changed"] is True and not first.get("failed")
+    assert len(first["fetched"]) == len(_artifacts.ARTIFACTS) and len(requests) == len(_artifacts.ARTIFACTS)
+    kubeadm = first["artifacts"]["kubeadm"]["amd64"]
+    assert Path(kubeadm["path"]).read_bytes() == b"kubeadm for the lab"
+    assert first["images"]["pause"] == "registry.k8s.io/pause:3.10.1"
+    assert "kubernetes_artifacts: kubeadm 1.20.2 (amd64): downloading" in first["stdout"]
+
+    second = _play(tmp_path, versions_extra={"1.20.2": _lab_row(root, base)}, **common)
+    assert second["changed"] is False and second["fetched"] == []
+    assert len(requests) == len(_artifacts.ARTIFACTS)
+
+    before = sorted(str(p) for p in cache.rglob("*"))
+    (root / "lab" / "runc").write_bytes(b"runc for the lab, tampered")
+    tampered_row = _lab_row(root, base, tamper="runc")
+    tampered_row["artifacts"]["runc"]["amd64"]["sha256"] = hashlib.sha256(b"a runc never cached").hexdigest()
+    third = _play(tmp_path, versions_extra={"1.20.2": tampered_row}, **common)
+    assert third["failed"] is True
+    assert f"sha256 mismatch for runc 1.20.2 (amd64) from {base}/lab/runc" in third["msg"]
+    assert sorted(str(p) for p in cache.rglob("*")) == before
+
+
+def test_unknown_version_refused_with_supported_list(tmp_path):
+    result = _play(tmp_path, kubernetes_version="1.29.0", cache_dir=str(tmp_path / "cache"))
+    assert result["failed"] is True
+    assert result["msg"] == "Kubernetes 1.29.0 is not in the versions table; supported: 1.32.10, 1.33.8, 1.34.4"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_mirror_and_local_directory_are_exclusive(tmp_path):
+    result = _play(tmp_path, kubernetes_version="1.34.4", mirror_url="http://127.0.0.1:1", source_dir=str(tmp_path))
+    assert result["failed"] is True and "alternatives" in result["msg"]

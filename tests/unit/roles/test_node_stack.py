@@ -1,0 +1,126 @@
+"""The node role's kubernetes entry point, staged into a temporary root on this host with real ansible-playbook.
+
+Host preparation that changes this machine (swap, modules, sysctls, services) is switched off with the role's
+explicit variables; everything else runs as on a node: fetch and verify on the controller, push, unpack, configure.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
+
+REPO = Path(__file__).resolve().parents[3]
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}[os.uname().machine]
+
+
+def _tgz(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid = len(content), 0o755, 1001, 1001
+            archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def _offline_tree(root: Path) -> dict:
+    """A mirror tree on disk with upstream's layout and a lab-style row for it (the archives shaped like upstream's)."""
+    files = {
+        "kubeadm": b"#!/bin/sh\necho kubeadm\n",
+        "kubelet": b"#!/bin/sh\necho kubelet\n",
+        "kubectl": b"#!/bin/sh\necho kubectl\n",
+        "runc": b"#!/bin/sh\necho runc\n",
+        "crictl": _tgz({"crictl": b"crictl"}),
+        "containerd": _tgz({"bin/containerd": b"containerd", "bin/ctr": b"ctr", "bin/containerd-shim-runc-v2": b"shim"}),
+        "cni_plugins": _tgz({"./bridge": b"bridge", "./loopback": b"loopback", "./host-local": b"host-local"}),
+        "helm": _tgz({f"linux-{ARCH}/helm": b"helm", f"linux-{ARCH}/LICENSE": b"license"}),
+    }
+    row = copy.deepcopy(_artifacts.load_table(str(REPO / "roles" / "node" / "vars" / "kubernetes_versions.yml"))["1.34.4"])
+    for name, content in files.items():
+        url = row["artifacts"][name][ARCH]["url"]
+        target = root / url.split("/", 3)[3]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        row["artifacts"][name] = {"version": row["artifacts"][name]["version"], ARCH: {"url": url, "sha256": hashlib.sha256(content).hexdigest()}}
+    return row
+
+
+def _play(tmp_path: Path, row: dict, destdir: Path) -> subprocess.CompletedProcess:
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"ansible.builtin.include_role": {"name": "confidential.kubernetes.node", "tasks_from": "kubernetes"}}],
+    }]))
+    extra = dict(
+        ansible_python_interpreter=sys.executable,
+        kubernetes_version="9.9.9", kubernetes_versions_extra={"9.9.9": row},
+        kubernetes_artifacts_dir=str(tmp_path / "offline"), kubernetes_artifacts_cache=str(tmp_path / "cache"),
+        node_stack_destdir=str(destdir), node_stack_swap_off=False, node_stack_kernel_modules=False,
+        node_stack_sysctl=False, node_stack_services=False,
+    )
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+
+
+def _recap(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if line.startswith("localhost") and "ok=" in line)
+    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", line)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
+def test_install_then_rerun_changes_nothing(tmp_path):
+    row = _offline_tree(tmp_path / "offline")
+    destdir = tmp_path / "root"
+    # What stood there before (the lab links its doubles into /usr/local/bin) is replaced, never written through.
+    (tmp_path / "double").write_bytes(b"a double")
+    (destdir / "usr/local/bin").mkdir(parents=True)
+    for name in ("helm", "kubeadm", "crictl"):
+        (destdir / "usr/local/bin" / name).symlink_to(tmp_path / "double")
+    first = _play(tmp_path, row, destdir)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert _recap(first.stdout)["changed"] > 0
+    bin_dir = destdir / "usr/local/bin"
+    assert (bin_dir / "kubeadm").read_bytes() == b"#!/bin/sh\necho kubeadm\n" and os.access(bin_dir / "kubeadm", os.X_OK)
+    expected = {"kubeadm", "kubelet", "kubectl", "runc", "crictl", "containerd", "ctr", "containerd-shim-runc-v2", "helm"}
+    assert {p.name for p in bin_dir.iterdir()} >= expected
+    assert not (bin_dir / "LICENSE").exists() and not (bin_dir / f"linux-{ARCH}").exists()
+    assert (bin_dir / "helm").read_bytes() == b"helm" and not (bin_dir / "helm").is_symlink()
+    assert (bin_dir / "crictl").read_bytes() == b"crictl" and (tmp_path / "double").read_bytes() == b"a double"
+    assert {p.name for p in (destdir / "opt/cni/bin").iterdir()} == {"bridge", "loopback", "host-local"}
+    config = (destdir / "etc/containerd/config.toml").read_text()
+    assert "SystemdCgroup = true" in config and "sandbox = 'registry.k8s.io/pause:3.10.1'" in config and "version = 3" in config
+    assert "runtime-endpoint: unix:///run/containerd/containerd.sock" in (destdir / "etc/crictl.yaml").read_text()
+    dropin = (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text()
+    assert "ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS" in dropin
+    assert "ExecStart=/usr/local/bin/containerd" in (destdir / "etc/systemd/system/containerd.service").read_text()
+
+    second = _play(tmp_path, row, destdir)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert _recap(second.stdout)["changed"] == 0, second.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
+def test_a_tampered_artefact_installs_nothing(tmp_path):
+    row = _offline_tree(tmp_path / "offline")
+    url = row["artifacts"]["helm"][ARCH]["url"]
+    (tmp_path / "offline" / url.split("/", 3)[3]).write_bytes(b"not helm")
+    destdir = tmp_path / "root"
+    run = _play(tmp_path, row, destdir)
+    assert run.returncode != 0
+    assert f"sha256 mismatch for helm 3.18.4 ({ARCH}) from {tmp_path}/offline/" in run.stdout
+    assert not destdir.exists()
