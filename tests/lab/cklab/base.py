@@ -23,12 +23,19 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 NODE_VENV = "/opt/confidential-kubernetes/venv"
 DOUBLES_MOUNT = "/opt/k8s-doubles"
-DOUBLE_TOOLS = ("kubeadm", "kubelet", "kubectl", "helm")
+KUBERNETES_MOUNT = "/opt/kubernetes/bin"
+# /usr/local/bin links: the real binaries (bound from the host, paths.kubernetes_bin) and the kubelet stand-in.
+KUBERNETES_TOOLS = {name: name for name in (
+    "kubeadm", "kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "etcdctl")}
+KUBERNETES_TOOLS["helm"] = "helm-3.17.2"
+STANDIN_TOOLS = ("kubelet", "crictl")
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
     "iproute2", "cryptsetup-bin", "tpm2-tools", "libtss2-esys-3.0.2-0", "libtss2-tctildr0",
     "libtss2-tcti-swtpm0", "libtss2-mu0", "libtss2-rc0", "libtss2-fapi1",
     "ca-certificates", "procps",
+    # What kubeadm's preflight looks for on a node.
+    "conntrack", "iptables", "ethtool", "socat", "ebtables",
 )
 NODE_IMPORT_CHECK = "import tpm2_pytss, cryptography.hazmat.primitives.hpke, grpc, yaml"
 
@@ -51,6 +58,61 @@ Before=ssh.service
 [Service]
 Type=oneshot
 ExecStart=/usr/bin/ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# kubelet.service and kubeadm's drop-in as the kubernetes packages install them (kubelet in /usr/local/bin).
+KUBELET_UNIT = """\
+[Unit]
+Description=kubelet: The Kubernetes Node Agent
+Documentation=https://kubernetes.io/docs/home/
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart=/usr/local/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
+KUBEADM_DROPIN = """\
+# Note: This dropin only works with kubeadm and kubelet v1.11+
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+# This is a file that "kubeadm init" and "kubeadm join" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+# This is a file that the user can use for overrides of the kubelet args as a last resort. Preferably, the user should use
+# the .NodeRegistration.KubeletExtraArgs object in the configuration files instead. KUBELET_EXTRA_ARGS should be sourced from this file.
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
+"""
+# The stand-in runs static pods as its own child processes: a kubelet restart must leave them running.
+STANDIN_DROPIN = """\
+[Service]
+KillMode=process
+"""
+
+# systemd-sysctl skips containers (read-only /proc/sys); /proc/sys/net is the node's own and writable.
+SYSCTL_CONF = """\
+net.ipv4.ip_forward = 1
+net.bridge.bridge-nf-call-iptables = 1
+net.bridge.bridge-nf-call-ip6tables = 1
+"""
+SYSCTL_UNIT = """\
+[Unit]
+Description=Kubernetes network sysctls of this lab node
+Before=kubelet.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/sbin/sysctl -q -e -p /etc/sysctl.d/90-kubernetes.conf
 
 [Install]
 WantedBy=multi-user.target
@@ -155,18 +217,33 @@ def _configure(root: Path, key: str) -> None:
     (root / "etc/ssh/sshd_config.d/cklab.conf").write_text(SSHD_CONFIG)
     (root / "etc/systemd/system/cklab-ssh-hostkey.service").write_text(HOSTKEY_UNIT)
     (root / "etc/hostname").write_text("localhost\n")
+    (root / "etc/hosts").write_text(hosts_file())
     (root / "etc/machine-id").write_text("")
     (root / "etc/confidential-kubernetes-lab-image").write_text(key + "\n")
-    for directory in (DOUBLES_MOUNT, "srv", "root/.ssh", "run/tpm"):
+    for directory in (DOUBLES_MOUNT, KUBERNETES_MOUNT, "srv", "root/.ssh", "run/tpm",
+                      "etc/systemd/system/kubelet.service.d", "etc/kubernetes/manifests", "etc/sysctl.d"):
         (root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
     (root / "root/.ssh").chmod(0o700)
-    for tool in DOUBLE_TOOLS:
+    links = {**{tool: f"{KUBERNETES_MOUNT}/{name}" for tool, name in KUBERNETES_TOOLS.items()},
+             **{tool: f"{DOUBLES_MOUNT}/bin/{tool}" for tool in STANDIN_TOOLS}}
+    for tool, target in links.items():
         link = root / "usr/local/bin" / tool
         link.unlink(missing_ok=True)
-        link.symlink_to(f"{DOUBLES_MOUNT}/bin/{tool}")
+        link.symlink_to(target)
+    (root / "etc/systemd/system/kubelet.service").write_text(KUBELET_UNIT)
+    (root / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").write_text(KUBEADM_DROPIN)
+    (root / "etc/systemd/system/kubelet.service.d/20-kubelet-standin.conf").write_text(STANDIN_DROPIN)
+    (root / "etc/sysctl.d/90-kubernetes.conf").write_text(SYSCTL_CONF)
+    (root / "etc/systemd/system/cklab-sysctl.service").write_text(SYSCTL_UNIT)
     run(["systemctl", f"--root={root}", "enable", "systemd-networkd.service", "ssh.service",
-         "cklab-ssh-hostkey.service"], what="systemctl enable in the base")
+         "cklab-ssh-hostkey.service", "kubelet.service", "cklab-sysctl.service"], what="systemctl enable in the base")
     run(["systemctl", f"--root={root}", "mask", *MASKED_UNITS], what="systemctl mask in the base")
+
+
+def hosts_file(name: str = "", address: str = "") -> str:
+    """/etc/hosts: localhost, and the node's own name (without it getfqdn() waits for DNS that is not there)."""
+    own = f"{address}\t{name}\n" if name else ""
+    return f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{own}"
 
 
 def _nspawn_pipe(root: Path, *extra: str) -> list[str]:

@@ -52,6 +52,7 @@ def boot_timeout(node_count: int) -> float:
 def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) -> None:
     wanted = plan_nodes(control_planes, workers, set(tamper))
     check_host()
+    check_kubernetes_bin(paths)
     # The nodes mount the Kubernetes tool doubles from here; they may not be written yet.
     (paths.doubles_dir / "bin").mkdir(parents=True, exist_ok=True)
     with locked(paths):
@@ -68,6 +69,15 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
             raise
     log(f"{len(wanted)} nodes up ({len(fresh)} started) in {time.monotonic() - started:.1f} s")
     print(paths.inventory)
+
+
+def check_kubernetes_bin(paths: LabPaths) -> None:
+    """The nodes run the real binaries bound from paths.kubernetes_bin: all of them must be there."""
+    missing = [name for name in sorted(set(base_image.KUBERNETES_TOOLS.values()))
+               if not os.access(paths.kubernetes_bin / name, os.X_OK)]
+    if missing:
+        raise LabError(f"Kubernetes binaries missing from {paths.kubernetes_bin}: {' '.join(missing)} "
+                       "(build them there, or set CK_KUBERNETES_BIN to a directory that has them)")
 
 
 def _ensure_lab_identity(paths: LabPaths) -> None:

@@ -1,7 +1,7 @@
 """One lab node: its files on the host, its nspawn process, and how it is stopped.
 
 nodes/NAME/ holds upper/ (the overlay upper dir: authorized_keys, the node's SSH host
-key, the state-disk file), etc/ (hostname and network unit, bound read-only), tpm/
+key, the state-disk file), etc/ (hostname, hosts and network unit, bound read-only), tpm/
 (bound to /run/tpm), tpm-state/, node.json, the pid files and the logs.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import LabError
-from .base import DOUBLES_MOUNT, Base
+from .base import DOUBLES_MOUNT, KUBERNETES_MOUNT, Base, hosts_file
 from .host import run
 from .plan import BRIDGE, MACHINE_PREFIX, NodeSpec, network_unit
 from .paths import LabPaths
@@ -57,6 +57,7 @@ def prepare(paths: LabPaths, node: NodeSpec, image_id: str, authorized_key: str)
     etc = directory / "etc"
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "hostname").write_text(node.name + "\n")
+    (etc / "hosts").write_text(hosts_file(node.name, node.address))
     (etc / "80-container-host0.network").write_text(network_unit(node))
     (directory / "node.json").write_text(json.dumps({**asdict(node), "image_id": image_id}, indent=2) + "\n")
 
@@ -77,9 +78,11 @@ def nspawn_command(paths: LabPaths, node: NodeSpec, base: Base) -> list[str]:
         f"--overlay={base.root}:{upper_dir(paths, node.name)}:/",
         f"--network-bridge={BRIDGE}",
         f"--bind-ro={directory}/etc/hostname:/etc/hostname",
+        f"--bind-ro={directory}/etc/hosts:/etc/hosts",
         f"--bind-ro={directory}/etc/80-container-host0.network:/etc/systemd/network/80-container-host0.network",
         f"--bind={directory}/tpm:/run/tpm",
         f"--bind-ro={paths.doubles_dir}:{DOUBLES_MOUNT}",
+        f"--bind-ro={paths.kubernetes_bin}:{KUBERNETES_MOUNT}",
         "--console=read-only", "--link-journal=no", "--resolv-conf=off", "--timezone=off",
     ]
 

@@ -7,6 +7,13 @@ from pathlib import Path
 
 DEFAULT_LAB_DIR = "/var/tmp/confidential-kubernetes-lab"
 DEFAULT_CACHE_DIR = "/var/cache/confidential-kubernetes-lab"
+KUBERNETES_VERSION = "v1.20.2"
+
+
+def kubernetes_bin_dir(cache_dir: Path) -> Path:
+    """The real Kubernetes binaries the nodes get: CK_KUBERNETES_BIN, else the lab cache's build of KUBERNETES_VERSION."""
+    configured = os.environ.get("CK_KUBERNETES_BIN")
+    return Path(configured).absolute() if configured else cache_dir / "kubernetes" / KUBERNETES_VERSION / "bin"
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,10 @@ class LabPaths:
     @property
     def requirements_node(self) -> Path:
         return self.repo_root / "requirements-node.txt"
+
+    @property
+    def kubernetes_bin(self) -> Path:
+        return kubernetes_bin_dir(self.cache_dir)
 
     @property
     def doubles_dir(self) -> Path:
