@@ -4,12 +4,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .paths import KUBERNETES_VERSION
 from .plan import NodeSpec
 
 NODE_PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
 NODE_TPM_TCTI = "swtpm:path=/run/tpm/swtpm.sock"
 NODE_STATE_DISK = "/srv/state-disk.img"
 NODE_EVENT_LOG = "/run/tpm/eventlog.json"
+# The kubelet stand-in's CRI endpoint (tests/doubles/kubelet_standin): kubeadm asks its crictl about images and pods.
+NODE_CRI_SOCKET = "unix:///run/kubelet-standin/runtime.sock"
+# Lab-only: the images of pods the stand-in cannot run (kube-proxy, CoreDNS, pause) cannot be pulled here.
+LAB_IGNORED_PREFLIGHT_ERRORS = ["ImagePull"]
 
 
 def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
@@ -43,6 +48,9 @@ def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_
         # Lab-only: a cheap argon2id cost keeps keyslot operations fast on this 2-core machine.
         "confidential_state_disk": {"device": NODE_STATE_DISK, "state": "formatted", "pbkdf_memory": 32768, "pbkdf_iterations": 4},
         "confidential_tpm_event_log": NODE_EVENT_LOG,
+        "kubernetes_version": KUBERNETES_VERSION,
+        "init_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
+        "join_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
         "lab_dir": str(lab_dir),
     }
     lines = ["# Written by tests/lab/lab up; rewritten on every up.", "all:", "  vars:"]

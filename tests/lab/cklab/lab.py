@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import LabError, base as base_image, measure, network, nodes, tpm
+from . import LabError, base as base_image, kubernetes, measure, network, nodes, tpm
 from .host import check_host, ensure_inotify_instances, run
 from .inventory import render_inventory, ssh_options
 from .paths import LabPaths
@@ -52,7 +52,7 @@ def boot_timeout(node_count: int) -> float:
 def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) -> None:
     wanted = plan_nodes(control_planes, workers, set(tamper))
     check_host()
-    check_kubernetes_bin(paths)
+    ensure_kubernetes_bin(paths)
     # The nodes mount the Kubernetes tool doubles from here; they may not be written yet.
     (paths.doubles_dir / "bin").mkdir(parents=True, exist_ok=True)
     with locked(paths):
@@ -71,8 +71,12 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
     print(paths.inventory)
 
 
-def check_kubernetes_bin(paths: LabPaths) -> None:
-    """The nodes run the real binaries bound from paths.kubernetes_bin: all of them must be there."""
+def ensure_kubernetes_bin(paths: LabPaths) -> None:
+    """The nodes run the real binaries bound from paths.kubernetes_bin: the cache's build, made and verified here,
+    or a directory given as CK_KUBERNETES_BIN, which must hold all of them."""
+    if not os.environ.get("CK_KUBERNETES_BIN"):
+        kubernetes.ensure_kubernetes(paths, log=log)
+        return
     missing = [name for name in sorted(set(base_image.KUBERNETES_TOOLS.values()))
                if not os.access(paths.kubernetes_bin / name, os.X_OK)]
     if missing:
