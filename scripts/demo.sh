@@ -12,6 +12,11 @@ lab_dir=${CK_LAB_DIR:-/var/tmp/confidential-kubernetes-lab}
 "$repo/tests/lab/lab" up --control-planes "${CONTROL_PLANES:-1}" --workers "${WORKERS:-2}"
 ansible-playbook -i "$lab_dir/inventory.yml" confidential.kubernetes.site "$@"
 
+# What the real API server on cp-0 says: the nodes (their kubelet is the lab's stand-in) and the pods, of which only
+# the control plane's static pods run (as processes); the others stay Pending, since no container runs in the lab.
+"$repo/tests/lab/lab" ssh cp-0 kubectl --kubeconfig=/etc/kubernetes/admin.conf get nodes -o wide
+"$repo/tests/lab/lab" ssh cp-0 kubectl --kubeconfig=/etc/kubernetes/admin.conf get pods -A
+
 cat <<EOT
 
 The lab is up.
