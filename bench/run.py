@@ -2,7 +2,7 @@
 release to release.
 
 Run: .venv/bin/python bench/run.py [--quick] [--json FILE] [--lab-runs N]
---quick leaves out the lab benchmarks (lab_updown, playbooks), which need root and take minutes. The lab ones use
+--quick leaves out the lab benchmarks (lab_updown, playbooks, bringup), which need root and take minutes. The lab ones use
 the lab of CK_LAB_INDEX in CK_LAB_DIR (export both when other labs run beside yours). Each benchmark runs as a
 process of its own and hands its figures over through ``--figures``; one that fails shows as a failed row and makes
 the exit code 1. Missed targets are reported in the table, not in the exit code.
@@ -29,6 +29,7 @@ BENCHMARKS = (
     ("join_service.py", [], False),
     ("lab_updown.py", ["--runs", "{lab_runs}"], True),
     ("playbooks.py", ["--runs", "{lab_runs}"], True),
+    ("bringup.py", [], True),
 )
 HEADER = ("benchmark", "figure", "value", "unit", "target", "met?")
 
