@@ -128,37 +128,57 @@ def _parse_event_log(value: object) -> list[dict]:
     return value
 
 
+def _load_text(document: str) -> object:
+    # A genuine document is ASCII (JSON escapes the rest): its length is its UTF-8 size and it holds no lone surrogate.
+    if document.isascii():
+        size = len(document)
+    else:
+        try:
+            size = len(document.encode())
+        except UnicodeEncodeError as exc:
+            raise EvidenceError(f"evidence document is not valid Unicode text (a lone surrogate at character {exc.start})") from None
+    if size > MAX_DOCUMENT_BYTES:
+        raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
+    try:
+        return json.loads(document)
+    except (ValueError, RecursionError):
+        raise EvidenceError("evidence document is not valid JSON") from None
+
+
+def _check_object_size(document: dict) -> None:
+    try:
+        size = len(json.dumps(document, ensure_ascii=False).encode())
+    except UnicodeEncodeError as exc:
+        raise EvidenceError(f"evidence document holds text that is not valid Unicode (a lone surrogate: {exc.object[exc.start:exc.end]!r})") from None
+    except (TypeError, ValueError, RecursionError):
+        raise EvidenceError("evidence document holds values that are not JSON") from None
+    if size > MAX_DOCUMENT_BYTES:
+        raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
+
+
 def parse_evidence(document: object) -> Evidence:
     """Validate shape and size limits; bytes, str and dict are accepted."""
-    if isinstance(document, (bytes, bytearray)):
+    if isinstance(document, str):
+        document = _load_text(document)
+    elif isinstance(document, (bytes, bytearray)):
         if len(document) > MAX_DOCUMENT_BYTES:
             raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
         try:
-            document = document.decode()
+            text = document.decode()
         except UnicodeDecodeError:
             raise EvidenceError("evidence document is not UTF-8") from None
+        document = _load_text(text)
     elif isinstance(document, dict):
-        try:
-            size = len(json.dumps(document, ensure_ascii=False).encode())
-        except (TypeError, ValueError, RecursionError):
-            raise EvidenceError("evidence document holds values that are not JSON") from None
-        if size > MAX_DOCUMENT_BYTES:
-            raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
-    if isinstance(document, str):
-        if len(document) > MAX_DOCUMENT_BYTES // 4 and len(document.encode()) > MAX_DOCUMENT_BYTES:
-            raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
-        try:
-            document = json.loads(document)
-        except (ValueError, RecursionError):
-            raise EvidenceError("evidence document is not valid JSON") from None
+        _check_object_size(document)
     if not isinstance(document, dict):
         raise EvidenceError(f"evidence document must be a JSON object, got {type(document).__name__}")
     missing = [k for k in _REQUIRED if k not in document]
     if missing:
         raise EvidenceError(f"evidence document lacks field(s): {', '.join(missing)}")
-    unknown = sorted(k for k in document if k not in _REQUIRED + _OPTIONAL)
+    # A dict from a caller may have keys of any type (YAML gives integers, dates, null): name them as text.
+    unknown = sorted(str(k) for k in document if k not in _REQUIRED + _OPTIONAL)
     if unknown:
-        raise EvidenceError(f"evidence document has unknown field(s): {', '.join(map(str, unknown))}")
+        raise EvidenceError(f"evidence document has unknown field(s): {', '.join(unknown)}")
     version = document["version"]
     if isinstance(version, bool) or version != EVIDENCE_VERSION:
         raise EvidenceError(f"evidence version {version!r} is not supported (expected {EVIDENCE_VERSION})")
