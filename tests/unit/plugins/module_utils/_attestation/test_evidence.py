@@ -279,6 +279,14 @@ def test_bad_pcrs_are_named(golden, mutate, message):
     _assert_refused(golden, mutate(golden.document()), message)
 
 
+def test_a_pcr_value_known_in_one_bank_is_still_checked_in_another(golden):
+    """Decoded PCR values are remembered per bank: a 20-byte value seen in a sha1 bank stays wrong in a sha256 bank."""
+    value = _b64(b"\x07" * 20)
+    parse_evidence(_with_pcr(golden.document(), "sha1", "0", value))
+    _assert_refused(golden, _with_pcr(golden.document(), "sha256", "0", value), "PCR sha256:0 has 20 bytes, expected 32")
+    assert parse_evidence(_with_pcr(golden.document(), "sha1", "0", value)).pcrs["sha1"] == {0: b"\x07" * 20}
+
+
 @pytest.mark.parametrize("index", ["\u00b2", "9" * 5000], ids=["superscript two", "5000 digits"])
 def test_pcr_index_that_int_cannot_read_is_refused(golden, index):
     doc = _with_pcr(golden.document(), "sha256", index, golden.document()["pcrs"]["sha256"]["2"])
