@@ -71,6 +71,7 @@ def _hash(alg: int):
 
 @lru_cache(maxsize=None)
 def _ecdsa(alg: int):
+    """ECDSA with the hash of a TPM hash algorithm, made once."""
     return ec.ECDSA(_hash(alg))
 
 
@@ -380,7 +381,9 @@ def _kdfe(hash_alg: int, z: bytes, label: bytes, party_u: bytes, party_v: bytes,
     return out[: (bits + 7) // 8]
 
 
-def pcr_digest(hash_alg: int, values: list[bytes]) -> bytes:
+@lru_cache(maxsize=256)
+def pcr_digest(hash_alg: int, values: tuple[bytes, ...]) -> bytes:
+    """The digest TPM2_Quote signs over the selected PCR values; the same values come join after join."""
     return _HASHLIB[hash_alg](b"".join(values)).digest()
 
 

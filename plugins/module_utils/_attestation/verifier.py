@@ -14,6 +14,7 @@ import hmac
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 try:
     from cryptography import x509
@@ -65,8 +66,9 @@ class ActivationChallenge:
                                     "the AK was not proven by credential activation: the TPM holding the EK did not release the credential")
 
 
-@dataclass(frozen=True)
-class VerificationResult:
+class VerificationResult(NamedTuple):
+    """What a verify established (immutable; a tuple, made on every verify, so cheaper to build than a frozen dataclass)."""
+
     evidence: Evidence
     ak_name: bytes
     ak_trust_level: int
@@ -185,7 +187,7 @@ class Verifier:
         if absent:
             raise VerificationError("pcr-digest", f"evidence lacks values for quoted PCR(s) {', '.join(map(str, absent))}")
         # TPM2_Quote digests the selected PCRs with the signing scheme's hash.
-        if not hmac.compare_digest(tpm2.pcr_digest(digest_alg, values), attest.pcr_digest):
+        if not hmac.compare_digest(tpm2.pcr_digest(digest_alg, tuple(values)), attest.pcr_digest):
             raise VerificationError("pcr-digest", "PCR values in the evidence do not match the digest the TPM quoted")
         # Only quoted values: a value the evidence carries beyond the selection is not covered by the signature.
         bank = evidence.pcrs.get(self.policy.hash_algorithm, {})
