@@ -1,11 +1,12 @@
-"""Run every benchmark and print one table of figures (benchmark, figure, value, unit, target, met?), comparable
+"""Run every benchmark and print one table of figures (benchmark, figure, value, unit, target, met or MISSED), comparable
 release to release.
 
-Run: .venv/bin/python bench/run.py [--quick] [--json FILE] [--lab-runs N]
---quick leaves out the lab benchmarks (lab_updown, playbooks, bringup), which need root and take minutes. The lab ones use
-the lab of CK_LAB_INDEX in CK_LAB_DIR (export both when other labs run beside yours). Each benchmark runs as a
-process of its own and hands its figures over through ``--figures``; one that fails shows as a failed row and makes
-the exit code 1. Missed targets are reported in the table, not in the exit code.
+Run: .venv/bin/python bench/run.py [--quick] [--json FILE] [--lab-runs N] [--baseline REF]
+--baseline REF also times the evidence verifier of git ref REF (before and after from one run). --quick leaves out
+the lab benchmarks (lab_updown, playbooks, bringup), which need root and take minutes. The lab ones use the lab of
+CK_LAB_INDEX in CK_LAB_DIR (export both when other labs run beside yours). Each benchmark runs as a process of its
+own and hands its figures over through ``--figures``; one that fails shows as a failed row and makes the exit code 1.
+Missed targets are reported in the table (MISSED), not in the exit code.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ BENCHMARKS = (
     ("playbooks.py", ["--runs", "{lab_runs}"], True),
     ("bringup.py", [], True),
 )
-HEADER = ("benchmark", "figure", "value", "unit", "target", "met?")
+HEADER = ("benchmark", "figure", "value", "unit", "target", "result")
 
 
 def run(script: str, arguments: list[str], workdir: str) -> tuple[list[dict], str]:
@@ -55,7 +56,7 @@ def cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
-        return "yes" if value else "NO"
+        return "met" if value else "MISSED"
     if isinstance(value, float):
         return f"{value:g}" if abs(value) >= 0.01 else f"{value:.3g}"
     return str(value)
@@ -78,6 +79,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="leave out the lab benchmarks (lab bring-up, playbooks)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures and the machine they were taken on as JSON")
     parser.add_argument("--lab-runs", type=int, default=3, help="runs of each lab measurement (default 3)")
+    parser.add_argument("--baseline", metavar="REF", help="also time the evidence verifier of this git ref (e.g. main)")
     parser.add_argument("--verbose", action="store_true", help="show each benchmark's own printout")
     args = parser.parse_args()
     figures: list[dict] = []
@@ -91,7 +93,10 @@ def main() -> int:
             if needs_lab and os.geteuid() != 0:
                 figures.append({"benchmark": name, "figure": "skipped: the lab needs root", "value": None, "unit": "", "target": "", "met": None})
                 continue
-            result, printout = run(script, [a.format(lab_runs=args.lab_runs) for a in arguments], workdir)
+            arguments = [a.format(lab_runs=args.lab_runs) for a in arguments]
+            if script == "verify_evidence.py" and args.baseline:
+                arguments += ["--baseline", args.baseline]
+            result, printout = run(script, arguments, workdir)
             if args.verbose:
                 sys.stderr.write(printout)
             figures.extend(result)

@@ -91,6 +91,47 @@ def _genuine(tcti: str, nonce: bytes, user_data: bytes, include_ek: bool = True,
         return issuer.issue_evidence(tpm, nonce, user_data, include_ek=include_ek, event_log=event_log)
 
 
+# Evidence arrives as bytes (the join service), or as text or an object (an Ansible task's `evidence` option, maybe
+# from YAML). An input starting with one of these markers (never the start of JSON) is given to the verifier in
+# that form: the rest as text that keeps lone surrogates, or that text loaded as JSON with its integer-looking
+# top-level keys as integers, as YAML loads `1: x`.
+AS_TEXT, AS_OBJECT = b"\x00S", b"\x00D"
+
+
+def _text(body: bytes) -> str:
+    try:
+        return body.decode("utf-8", "surrogatepass")  # UTF-8 with encoded surrogates (ED A0 80) as lone surrogates
+    except UnicodeDecodeError:
+        return body.decode("utf-8", "surrogateescape")  # other invalid bytes as lone surrogates U+DC80..U+DCFF
+
+
+def _document_form(data: bytes):
+    """The document as the verifier gets it: bytes, or the text or object an input with a marker stands for."""
+    form, body = data[:2], data[2:]
+    if form == AS_TEXT:
+        return _text(body)
+    if form == AS_OBJECT:
+        try:
+            document = json.loads(_text(body))
+        except (ValueError, RecursionError):
+            return body  # not JSON: the verifier gets the bytes
+        if isinstance(document, dict):
+            return {int(key) if re.fullmatch(r"-?[0-9]{1,5}", key) else key: value for key, value in document.items()}
+        return document
+    return data
+
+
+def _long_text_with_a_lone_surrogate(document: dict) -> bytes:
+    """Issue 14: over 16,384 characters with a lone surrogate made parse_evidence raise UnicodeEncodeError."""
+    text = json.dumps(dict(document, pad="\ud800" + "x" * 16_400), ensure_ascii=False)
+    return AS_TEXT + text.encode("utf-8", "surrogatepass")
+
+
+def _keys_of_mixed_types(document: dict) -> bytes:
+    """Issue 14: an object with unknown keys of mixed types (integer and text) made sorted() raise TypeError."""
+    return AS_OBJECT + json.dumps(dict(document, **{"1": "x", "extra": "y"})).encode()
+
+
 class EvidenceTarget(Target):
     name = "evidence"
 
@@ -111,13 +152,16 @@ class EvidenceTarget(Target):
         cas = load_ca_certificates(tpms.tpms["lab"].ca_pem)
         self.verifiers = [Verifier(MeasurementPolicy("sha256", rules, "pcrs-only")),
                           Verifier(MeasurementPolicy("sha256", rules, "ek-certificate"), cas)]
-        self.seeds = [self.golden.to_json().encode()] + [e.to_json().encode() for e in others]
-        self.documents = [json.loads(seed) for seed in self.seeds]
+        genuine = [self.golden.to_json().encode()] + [e.to_json().encode() for e in others]
+        self.documents = [json.loads(seed) for seed in genuine]
+        golden = self.documents[0]
+        self.seeds = genuine + [AS_TEXT + genuine[0], AS_OBJECT + genuine[0],
+                                _long_text_with_a_lone_surrogate(golden), _keys_of_mixed_types(golden)]
 
     def run(self, data):
         verifier = self.verifiers[len(data) % 2]
         try:
-            result = verifier.verify(data, self.nonce)
+            result = verifier.verify(_document_form(data), self.nonce)
         except VerificationError as exc:
             if not exc.reason or not str(exc):
                 raise Finding(f"VerificationError without reason or message: {exc.reason!r}") from None
@@ -127,12 +171,15 @@ class EvidenceTarget(Target):
         if genuine is None or signed != (genuine.quote, genuine.signature, genuine.ak_public) or any(
                 result.pcrs[i] != genuine.pcrs["sha256"][i] for i in POLICY_PCRS):
             # The other seeds are genuine too (same TPM, same nonce): accepted only if unchanged where it matters.
-            if not any(json.loads(seed)["quote"] == _b64(result.evidence.quote) for seed in self.seeds[1:]):
+            if not any(document["quote"] == _b64(result.evidence.quote) for document in self.documents[1:]):
                 raise Finding("evidence accepted that is not a genuine quote")
         return "accepted", "level-2 challenge" if result.challenge else "level-1"
 
     def mutate(self, data, rng):
-        return mutate.mutate_json(data, rng, self.documents)
+        form, body = (data[:2], data[2:]) if data[:2] in (AS_TEXT, AS_OBJECT) else (b"", data)
+        if rng.random() < 0.05:
+            form = rng.choice([b"", AS_TEXT, AS_OBJECT])
+        return form + mutate.mutate_json(body, rng, self.documents)
 
 
 def _b64(raw: bytes) -> str:

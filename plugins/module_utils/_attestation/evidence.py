@@ -26,7 +26,15 @@ _FIELD_LIMITS = {
 }
 _REQUIRED = ("version", "variant", "ak_public", "quote", "signature", "pcrs", "user_data")
 _OPTIONAL = ("ek_public", "ek_certificate", "event_log")
+_REQUIRED_SET = frozenset(_REQUIRED)
+_KNOWN = frozenset(_REQUIRED + _OPTIONAL)
 _BANKS = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
+_JSON = json.JSONDecoder()
+_JSON_WHITESPACE = " \t\n\r"
+# Decoded PCR values by their exact base64 text, per bank: the same values come again and again (each join of a
+# node, every node of one image). Only values of the bank's size go in; a full cache is emptied.
+_DECODED_PCRS: dict[str, dict[str, bytes]] = {bank: {} for bank in _BANKS}
+_DECODED_PCRS_LIMIT = 1024
 
 
 class EvidenceError(ValueError):
@@ -99,24 +107,30 @@ def _parse_pcrs(value: object) -> dict[str, dict[int, bytes]]:
             raise EvidenceError(f"evidence PCR bank {bank!r} is not one of {', '.join(_BANKS)}")
         if not isinstance(entries, dict):
             raise EvidenceError(f"evidence PCR bank {bank!r} must be an object of index -> value")
-        parsed: dict[int, bytes] = {}
-        size = _BANKS[bank]
-        # The hot path of verification: decode directly and build messages only on failure.
-        for index, pcr_value in entries.items():
-            number = _PCR_INDEX_NAMES.get(index) if isinstance(index, str) else None
-            if number is None:
-                raise EvidenceError(f"evidence PCR index {index!r} in bank {bank!r} is not 0..23")
-            try:
-                raw = binascii.a2b_base64(pcr_value, strict_mode=True) if isinstance(pcr_value, str) and len(pcr_value) < 100 else None
-            except (binascii.Error, ValueError):
-                raw = None
-            if raw is None or len(raw) != size:
-                raw = _decode_b64(f"pcrs.{bank}.{index}", pcr_value, size)  # the precise error, if any
-            if len(raw) != size:
-                raise EvidenceError(f"evidence PCR {bank}:{index} has {len(raw)} bytes, expected {size}")
-            parsed[number] = raw
-        banks[bank] = parsed
+        known = _DECODED_PCRS[bank]
+        try:
+            banks[bank] = {_PCR_INDEX_NAMES[index]: known[pcr_value] for index, pcr_value in entries.items()}
+        except (KeyError, TypeError):  # an index that is not 0..23, a value not seen yet or not text
+            banks[bank] = _parse_bank(bank, entries, known)
     return banks
+
+
+def _parse_bank(bank: str, entries: dict, known: dict[str, bytes]) -> dict[int, bytes]:
+    """A bank entry by entry, with a message naming the first bad index or value; good values are remembered."""
+    size = _BANKS[bank]
+    parsed: dict[int, bytes] = {}
+    for index, pcr_value in entries.items():
+        number = _PCR_INDEX_NAMES.get(index) if isinstance(index, str) else None
+        if number is None:
+            raise EvidenceError(f"evidence PCR index {index!r} in bank {bank!r} is not 0..23")
+        raw = _decode_b64(f"pcrs.{bank}.{index}", pcr_value, size)
+        if len(raw) != size:
+            raise EvidenceError(f"evidence PCR {bank}:{index} has {len(raw)} bytes, expected {size}")
+        parsed[number] = raw
+    if len(known) + len(parsed) > _DECODED_PCRS_LIMIT:
+        known.clear()
+    known.update(zip(entries.values(), parsed.values()))
+    return parsed
 
 
 def _parse_event_log(value: object) -> list[dict]:
@@ -128,48 +142,82 @@ def _parse_event_log(value: object) -> list[dict]:
     return value
 
 
+def _load_text(document: str) -> object:
+    # A genuine document is ASCII (JSON escapes the rest): its length is its UTF-8 size and it holds no lone surrogate.
+    if document.isascii():
+        size = len(document)
+    else:
+        try:
+            size = len(document.encode())
+        except UnicodeEncodeError as exc:
+            raise EvidenceError(f"evidence document is not valid Unicode text (a lone surrogate at character {exc.start})") from None
+    if size > MAX_DOCUMENT_BYTES:
+        raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
+    try:
+        return _decode_json(document)
+    except (ValueError, RecursionError):
+        raise EvidenceError("evidence document is not valid JSON") from None
+
+
+def _decode_json(text: str) -> object:
+    """json.loads, straight to its C scanner when the value starts the text (as it does in a document we issue);
+    anything else, errors included, goes the whole way so that the answer is json.loads's own."""
+    try:
+        value, end = _JSON.scan_once(text, 0)
+    except (StopIteration, ValueError):
+        return _JSON.decode(text)
+    if end != len(text) and text[end:].strip(_JSON_WHITESPACE):
+        return _JSON.decode(text)
+    return value
+
+
+def _check_object_size(document: dict) -> None:
+    try:
+        size = len(json.dumps(document, ensure_ascii=False).encode())
+    except UnicodeEncodeError as exc:
+        raise EvidenceError(f"evidence document holds text that is not valid Unicode (a lone surrogate: {exc.object[exc.start:exc.end]!r})") from None
+    except (TypeError, ValueError, RecursionError):
+        raise EvidenceError("evidence document holds values that are not JSON") from None
+    if size > MAX_DOCUMENT_BYTES:
+        raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
+
+
 def parse_evidence(document: object) -> Evidence:
     """Validate shape and size limits; bytes, str and dict are accepted."""
-    if isinstance(document, (bytes, bytearray)):
+    if isinstance(document, str):
+        document = _load_text(document)
+    elif isinstance(document, (bytes, bytearray)):
         if len(document) > MAX_DOCUMENT_BYTES:
             raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
         try:
-            document = document.decode()
+            text = document.decode()
         except UnicodeDecodeError:
             raise EvidenceError("evidence document is not UTF-8") from None
+        document = _load_text(text)
     elif isinstance(document, dict):
-        try:
-            size = len(json.dumps(document, ensure_ascii=False).encode())
-        except (TypeError, ValueError, RecursionError):
-            raise EvidenceError("evidence document holds values that are not JSON") from None
-        if size > MAX_DOCUMENT_BYTES:
-            raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
-    if isinstance(document, str):
-        if len(document) > MAX_DOCUMENT_BYTES // 4 and len(document.encode()) > MAX_DOCUMENT_BYTES:
-            raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
-        try:
-            document = json.loads(document)
-        except (ValueError, RecursionError):
-            raise EvidenceError("evidence document is not valid JSON") from None
+        _check_object_size(document)
     if not isinstance(document, dict):
         raise EvidenceError(f"evidence document must be a JSON object, got {type(document).__name__}")
-    missing = [k for k in _REQUIRED if k not in document]
-    if missing:
-        raise EvidenceError(f"evidence document lacks field(s): {', '.join(missing)}")
-    unknown = sorted(k for k in document if k not in _REQUIRED + _OPTIONAL)
-    if unknown:
-        raise EvidenceError(f"evidence document has unknown field(s): {', '.join(map(str, unknown))}")
+    keys = document.keys()
+    if not keys >= _REQUIRED_SET:
+        raise EvidenceError(f"evidence document lacks field(s): {', '.join(k for k in _REQUIRED if k not in document)}")
+    if not keys <= _KNOWN:
+        # A dict from a caller may have keys of any type (YAML gives integers, dates, null): name them as text.
+        raise EvidenceError(f"evidence document has unknown field(s): {', '.join(sorted(map(str, keys - _KNOWN)))}")
     version = document["version"]
     if isinstance(version, bool) or version != EVIDENCE_VERSION:
         raise EvidenceError(f"evidence version {version!r} is not supported (expected {EVIDENCE_VERSION})")
     if document["variant"] not in VARIANTS:
         raise EvidenceError(f"evidence variant {document['variant']!r} is not supported (known: {', '.join(VARIANTS)})")
-    fields = {name: _decode_b64(name, document[name], _FIELD_LIMITS[name]) for name in ("ak_public", "quote", "signature", "user_data")}
-    for name in ("ek_public", "ek_certificate"):
-        fields[name] = _decode_b64(name, document[name], _FIELD_LIMITS[name]) if document.get(name) is not None else None
-    return Evidence(
-        variant=document["variant"],
-        pcrs=_parse_pcrs(document["pcrs"]),
-        event_log=_parse_event_log(document["event_log"]) if "event_log" in document else [],
-        **fields,
-    )
+    ak_public = _decode_b64("ak_public", document["ak_public"], _FIELD_LIMITS["ak_public"])
+    quote = _decode_b64("quote", document["quote"], _FIELD_LIMITS["quote"])
+    signature = _decode_b64("signature", document["signature"], _FIELD_LIMITS["signature"])
+    user_data = _decode_b64("user_data", document["user_data"], _FIELD_LIMITS["user_data"])
+    ek_public, ek_certificate = document.get("ek_public"), document.get("ek_certificate")
+    if ek_public is not None:
+        ek_public = _decode_b64("ek_public", ek_public, _FIELD_LIMITS["ek_public"])
+    if ek_certificate is not None:
+        ek_certificate = _decode_b64("ek_certificate", ek_certificate, _FIELD_LIMITS["ek_certificate"])
+    pcrs = _parse_pcrs(document["pcrs"])
+    event_log = _parse_event_log(document["event_log"]) if "event_log" in document else []
+    return Evidence(document["variant"], ak_public, quote, signature, pcrs, user_data, ek_public, ek_certificate, event_log)

@@ -13,7 +13,8 @@ import hmac
 import os
 import struct
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
+from typing import NamedTuple
 
 try:
     from cryptography.exceptions import InvalidSignature
@@ -56,12 +57,22 @@ ATTR_DECRYPT = 0x00020000
 ATTR_SIGN = 0x00040000
 
 HASHES = {ALG_SHA1: "sha1", ALG_SHA256: "sha256", ALG_SHA384: "sha384", ALG_SHA512: "sha512"}
+# hashlib's constructors by TPM algorithm: faster than hashlib.new(name) on the verifier's hot path.
+_HASHLIB = {ALG_SHA1: hashlib.sha1, ALG_SHA256: hashlib.sha256, ALG_SHA384: hashlib.sha384, ALG_SHA512: hashlib.sha512}
 HASH_IDS = {name: alg for alg, name in HASHES.items()}
 _CURVES = {ECC_NIST_P256: "SECP256R1", ECC_NIST_P384: "SECP384R1"}
 
 
+@lru_cache(maxsize=None)
 def _hash(alg: int):
+    """The cryptography hash of a TPM hash algorithm; made once, as they are immutable and verification is hot."""
     return getattr(hashes, HASHES[alg].upper())()
+
+
+@lru_cache(maxsize=None)
+def _ecdsa(alg: int):
+    """ECDSA with the hash of a TPM hash algorithm, made once."""
+    return ec.ECDSA(_hash(alg))
 
 
 def _curve(curve_id: int):
@@ -72,7 +83,12 @@ class StructureError(ValueError):
     """A TPM structure is truncated, has trailing bytes or an unsupported algorithm."""
 
 
-_U8, _U16, _U32, _U64 = (struct.Struct(f) for f in (">B", ">H", ">I", ">Q"))
+_U16, _U32 = struct.Struct(">H"), struct.Struct(">I")
+# TPMS_ATTEST up to qualifiedSigner's size; clockInfo and firmwareVersion; one TPMS_PCR_SELECTION's hash and size.
+_ATTEST_HEAD = struct.Struct(">IHH")
+_CLOCK_AND_FIRMWARE = struct.Struct(">QIIBQ")
+_SELECTION_HEAD = struct.Struct(">HB")
+_SIGNATURE_HEAD = struct.Struct(">HH")
 
 
 class _Reader:
@@ -80,13 +96,6 @@ class _Reader:
         self.data = data
         self.pos = 0
         self.what = what
-
-    def take(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > len(self.data):
-            raise StructureError(f"{self.what} is truncated at byte {self.pos}")
-        out = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return out
 
     def _unpack(self, fmt: struct.Struct) -> int:
         try:
@@ -96,17 +105,11 @@ class _Reader:
         self.pos += fmt.size
         return value
 
-    def u8(self) -> int:
-        return self._unpack(_U8)
-
     def u16(self) -> int:
         return self._unpack(_U16)
 
     def u32(self) -> int:
         return self._unpack(_U32)
-
-    def u64(self) -> int:
-        return self._unpack(_U64)
 
     def tpm2b(self) -> bytes:
         size = self._unpack(_U16)
@@ -203,8 +206,7 @@ def parse_public(data: bytes) -> Public:
     return Public(data, key_type, name_alg, attributes, auth_policy, symmetric, scheme, curve, key_bits, exponent, unique)
 
 
-@dataclass(frozen=True)
-class Attest:
+class Attest(NamedTuple):
     """A parsed TPMS_ATTEST of a quote."""
 
     magic: int
@@ -220,55 +222,80 @@ class Attest:
     pcr_digest: bytes
 
 
-def parse_pcr_selection(r: _Reader) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    count = r.u32()
-    if count > 16:
-        raise StructureError(f"PCR selection lists {count} banks")
-    banks = []
-    for _bank in range(count):
-        alg = r.u16()
-        size = r.u8()
-        bitmap = r.take(size)
-        indices = tuple(i * 8 + bit for i, byte in enumerate(bitmap) for bit in range(8) if byte >> bit & 1)
-        banks.append((alg, indices))
-    return tuple(banks)
+@lru_cache(maxsize=64)
+def _pcr_indices(bitmap: bytes) -> tuple[int, ...]:
+    """PCR indices set in a selection bitmap; a quote's bitmap is the same from call to call."""
+    return tuple(i * 8 + bit for i, byte in enumerate(bitmap) for bit in range(8) if byte >> bit & 1)
+
+
+def _check_end(what: str, data: bytes, pos: int) -> None:
+    """A structure parsed up to ``pos`` must end exactly there: a length field pointing past the end is truncation."""
+    if pos > len(data):
+        raise StructureError(f"{what} is truncated at byte {len(data)}")
+    if pos < len(data):
+        raise StructureError(f"{what} has {len(data) - pos} trailing bytes")
 
 
 def parse_attest(data: bytes) -> Attest:
-    r = _Reader(data, "TPMS_ATTEST")
-    magic = r.u32()
-    attest_type = r.u16()
-    signer = r.tpm2b()
-    extra = r.tpm2b()
-    clock, reset_count, restart_count, safe = r.u64(), r.u32(), r.u32(), r.u8()
-    firmware = r.u64()
-    if attest_type != TPM_ST_ATTEST_QUOTE:
-        return Attest(magic, attest_type, signer, extra, clock, reset_count, restart_count, safe, firmware, (), b"")
-    selection = parse_pcr_selection(r)
-    digest = r.tpm2b()
-    r.done()
-    return Attest(magic, attest_type, signer, extra, clock, reset_count, restart_count, safe, firmware, selection, digest)
+    """One pass over a TPMS_ATTEST: fixed-size runs of fields unpacked at once; unpack_from raising struct.error
+    is the truncation check (a TPM2B size pointing past the end makes the next unpack fail, or _check_end)."""
+    pos = 0
+    try:
+        magic, attest_type, size = _ATTEST_HEAD.unpack_from(data)
+        pos = _ATTEST_HEAD.size + size
+        signer = data[_ATTEST_HEAD.size:pos]
+        (size,) = _U16.unpack_from(data, pos)
+        extra = data[pos + 2:pos + 2 + size]
+        pos += 2 + size
+        clock, reset_count, restart_count, safe, firmware = _CLOCK_AND_FIRMWARE.unpack_from(data, pos)
+        pos += _CLOCK_AND_FIRMWARE.size
+        if attest_type != TPM_ST_ATTEST_QUOTE:
+            return Attest(magic, attest_type, signer, extra, clock, reset_count, restart_count, safe, firmware, (), b"")
+        (count,) = _U32.unpack_from(data, pos)
+        if count > 16:
+            raise StructureError(f"PCR selection lists {count} banks")
+        pos += 4
+        banks = []
+        for _bank in range(count):
+            alg, size = _SELECTION_HEAD.unpack_from(data, pos)
+            pos += _SELECTION_HEAD.size + size
+            banks.append((alg, _pcr_indices(data[pos - size:pos])))
+        (size,) = _U16.unpack_from(data, pos)
+        digest = data[pos + 2:pos + 2 + size]
+        pos += 2 + size
+    except struct.error:
+        raise StructureError(f"TPMS_ATTEST is truncated at byte {pos}") from None
+    _check_end("TPMS_ATTEST", data, pos)
+    return Attest(magic, attest_type, signer, extra, clock, reset_count, restart_count, safe, firmware, tuple(banks), digest)
 
 
-@dataclass(frozen=True)
-class Signature:
+class Signature(NamedTuple):
     alg: int
     hash_alg: int
     der_or_raw: bytes
 
 
 def parse_signature(data: bytes) -> Signature:
-    r = _Reader(data, "TPMT_SIGNATURE")
-    alg = r.u16()
-    hash_alg = r.u16()
-    if alg == ALG_ECDSA:
-        sig_r, sig_s = r.tpm2b(), r.tpm2b()
-        value = encode_dss_signature(int.from_bytes(sig_r, "big"), int.from_bytes(sig_s, "big"))
-    elif alg in (ALG_RSASSA, ALG_RSAPSS):
-        value = r.tpm2b()
-    else:
-        raise StructureError(f"signature algorithm 0x{alg:04x} is not supported")
-    r.done()
+    pos = 0
+    try:
+        alg, hash_alg = _SIGNATURE_HEAD.unpack_from(data)
+        if alg == ALG_ECDSA:
+            (size,) = _U16.unpack_from(data, 4)
+            pos = 6 + size
+            sig_r = data[6:pos]
+            (size,) = _U16.unpack_from(data, pos)
+            sig_s = data[pos + 2:pos + 2 + size]
+            pos += 2 + size
+            value = encode_dss_signature(int.from_bytes(sig_r, "big"), int.from_bytes(sig_s, "big"))
+        elif alg in (ALG_RSASSA, ALG_RSAPSS):
+            (size,) = _U16.unpack_from(data, 4)
+            pos = 6 + size
+            value = data[6:pos]
+        else:
+            raise StructureError(f"signature algorithm 0x{alg:04x} is not supported")
+    except struct.error:
+        raise StructureError(f"TPMT_SIGNATURE is truncated at byte {pos}") from None
+    _check_end("TPMT_SIGNATURE", data, pos)
     return Signature(alg, hash_alg, value)
 
 
@@ -276,14 +303,14 @@ def verify_signature(public: Public, signature: Signature, message: bytes) -> bo
     """True when ``signature`` by ``public`` over ``message`` is valid."""
     if signature.hash_alg not in HASHES:
         return False
-    algorithm = _hash(signature.hash_alg)
     key = public.public_key()
     try:
         if signature.alg == ALG_ECDSA:
-            key.verify(signature.der_or_raw, message, ec.ECDSA(algorithm))
+            key.verify(signature.der_or_raw, message, _ecdsa(signature.hash_alg))
         elif signature.alg == ALG_RSASSA:
-            key.verify(signature.der_or_raw, message, padding.PKCS1v15(), algorithm)
+            key.verify(signature.der_or_raw, message, padding.PKCS1v15(), _hash(signature.hash_alg))
         else:
+            algorithm = _hash(signature.hash_alg)
             key.verify(signature.der_or_raw, message, padding.PSS(padding.MGF1(algorithm), padding.PSS.AUTO), algorithm)
     except InvalidSignature:
         return False
@@ -354,8 +381,10 @@ def _kdfe(hash_alg: int, z: bytes, label: bytes, party_u: bytes, party_v: bytes,
     return out[: (bits + 7) // 8]
 
 
-def pcr_digest(hash_alg: int, values: list[bytes]) -> bytes:
-    return hashlib.new(HASHES[hash_alg], b"".join(values)).digest()
+@lru_cache(maxsize=256)
+def pcr_digest(hash_alg: int, values: tuple[bytes, ...]) -> bytes:
+    """The digest TPM2_Quote signs over the selected PCR values; the same values come join after join."""
+    return _HASHLIB[hash_alg](b"".join(values)).digest()
 
 
 def extend(hash_name: str, current: bytes, digest: bytes) -> bytes:

@@ -13,6 +13,8 @@ import datetime
 import hmac
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
 
 try:
     from cryptography import x509
@@ -32,6 +34,7 @@ AK_REQUIRED_ATTRIBUTES = {
     "fixedParent": tpm2.ATTR_FIXED_PARENT,
     "sensitiveDataOrigin": tpm2.ATTR_SENSITIVE_DATA_ORIGIN,
 }
+_AK_REQUIRED_MASK = sum(AK_REQUIRED_ATTRIBUTES.values())
 EK_REQUIRED_ATTRIBUTES = {"restricted": tpm2.ATTR_RESTRICTED, "decrypt": tpm2.ATTR_DECRYPT, "fixedTPM": tpm2.ATTR_FIXED_TPM}
 _SCHEMES_FOR_KEY = {tpm2.ALG_ECC: (tpm2.ALG_ECDSA,), tpm2.ALG_RSA: (tpm2.ALG_RSASSA, tpm2.ALG_RSAPSS)}
 
@@ -63,8 +66,9 @@ class ActivationChallenge:
                                     "the AK was not proven by credential activation: the TPM holding the EK did not release the credential")
 
 
-@dataclass(frozen=True)
-class VerificationResult:
+class VerificationResult(NamedTuple):
+    """What a verify established (immutable; a tuple, made on every verify, so cheaper to build than a frozen dataclass)."""
+
     evidence: Evidence
     ak_name: bytes
     ak_trust_level: int
@@ -92,19 +96,43 @@ def load_ca_certificates(pem_data: bytes) -> list[x509.Certificate]:
     return certs
 
 
+@lru_cache(maxsize=64)
+def _usable_public(raw: bytes) -> tpm2.Public:
+    """A TPMT_PUBLIC parsed, its key built and its name computed once per exact byte string: a node quotes
+    with the same AK join after join. Keyed by the bytes themselves, so a different AK is never served from here."""
+    public = tpm2.parse_public(raw)
+    # ak_public is not covered by the signature: prove now that it names a usable key.
+    public.public_key()
+    public.name
+    return public
+
+
 class Verifier:
     def __init__(self, policy: MeasurementPolicy, ek_ca_certificates: list[x509.Certificate] | None = None,
                  now=lambda: datetime.datetime.now(datetime.timezone.utc)):
         self.policy = policy
         self.ek_ca_certificates = ek_ca_certificates or []
         self._now = now
+        # What every verify asks of the policy, worked out once.
+        self._ak_trust_level = policy.ak_trust_level
+        self._bank_id = tpm2.HASH_IDS[policy.hash_algorithm]
+        self._policy_pcrs = frozenset(policy.rules)
+        self._rules = tuple((index, rule.allowed, rule.warn_only) for index, rule in sorted(policy.rules.items()))
 
     def verify(self, document: object, nonce: bytes) -> VerificationResult:
         try:
             evidence = document if isinstance(document, Evidence) else parse_evidence(document)
         except EvidenceError as exc:
             raise VerificationError("malformed", str(exc)) from None
-        ak, attest, signature = self._parse_structures(evidence)
+        field_name = "ak_public"
+        try:
+            ak = _usable_public(bytes(evidence.ak_public))
+            field_name = "quote"
+            attest = tpm2.parse_attest(evidence.quote)
+            field_name = "signature"
+            signature = tpm2.parse_signature(evidence.signature)
+        except tpm2.StructureError as exc:
+            raise VerificationError("malformed", f"evidence field {field_name!r}: {exc}") from None
         self._check_signature_scheme(ak, signature)
         self._check_ak_attributes(ak)
         if not tpm2.verify_signature(ak, signature, evidence.quote):
@@ -118,25 +146,7 @@ class Verifier:
         pcrs = self._check_pcr_selection_and_digest(evidence, attest, signature.hash_alg)
         warnings = self._check_policy(pcrs)
         challenge = self._check_ak_trust(evidence, ak)
-        return VerificationResult(evidence, ak.name, self.policy.ak_trust_level, pcrs, warnings, challenge)
-
-    @staticmethod
-    def _parse_structures(evidence: Evidence):
-        parsed = []
-        for name, parser, raw in (("ak_public", tpm2.parse_public, evidence.ak_public),
-                                  ("quote", tpm2.parse_attest, evidence.quote),
-                                  ("signature", tpm2.parse_signature, evidence.signature)):
-            try:
-                parsed.append(parser(raw))
-            except tpm2.StructureError as exc:
-                raise VerificationError("malformed", f"evidence field {name!r}: {exc}") from None
-        try:
-            # ak_public is not covered by the signature: prove now that it names a usable key.
-            parsed[0].public_key()
-            parsed[0].name
-        except tpm2.StructureError as exc:
-            raise VerificationError("malformed", f"evidence field 'ak_public': {exc}") from None
-        return parsed
+        return VerificationResult(evidence, ak.name, self._ak_trust_level, pcrs, warnings, challenge)
 
     @staticmethod
     def _check_signature_scheme(ak: tpm2.Public, signature: tpm2.Signature) -> None:
@@ -151,6 +161,8 @@ class Verifier:
 
     @staticmethod
     def _check_ak_attributes(ak: tpm2.Public) -> None:
+        if ak.attributes & (_AK_REQUIRED_MASK | tpm2.ATTR_DECRYPT) == _AK_REQUIRED_MASK:
+            return
         missing = [name for name, bit in AK_REQUIRED_ATTRIBUTES.items() if not ak.attributes & bit]
         if ak.attributes & tpm2.ATTR_DECRYPT:
             missing.append("not decrypt")
@@ -158,38 +170,48 @@ class Verifier:
             raise VerificationError("ak-attributes", f"attestation key lacks required attribute(s): {', '.join(missing)}")
 
     def _check_pcr_selection_and_digest(self, evidence: Evidence, attest: tpm2.Attest, digest_alg: int) -> dict[int, bytes]:
-        bank_id = tpm2.HASH_IDS[self.policy.hash_algorithm]
-        selected = dict(attest.pcr_selection)
-        missing = sorted(set(self.policy.rules) - set(selected.get(bank_id, ())))
-        if missing:
-            raise VerificationError("pcr-selection", f"quote does not cover policy PCR(s) {', '.join(map(str, missing))} in bank {self.policy.hash_algorithm}")
-        values = []
+        policy_bank: tuple[int, ...] = ()
+        values: list[bytes] = []
+        absent: list[int] = []
         for alg, indices in attest.pcr_selection:
+            if alg == self._bank_id:
+                policy_bank = indices
             bank = evidence.pcrs.get(tpm2.HASHES.get(alg, ""), {})
-            absent = [i for i in indices if i not in bank]
-            if absent:
-                raise VerificationError("pcr-digest", f"evidence lacks values for quoted PCR(s) {', '.join(map(str, absent))}")
-            values.extend(bank[i] for i in indices)
+            try:
+                values += map(bank.__getitem__, indices)
+            except KeyError:
+                absent += (i for i in indices if i not in bank)
+        if not self._policy_pcrs.issubset(policy_bank):
+            missing = sorted(self._policy_pcrs.difference(policy_bank))
+            raise VerificationError("pcr-selection", f"quote does not cover policy PCR(s) {', '.join(map(str, missing))} in bank {self.policy.hash_algorithm}")
+        if absent:
+            raise VerificationError("pcr-digest", f"evidence lacks values for quoted PCR(s) {', '.join(map(str, absent))}")
         # TPM2_Quote digests the selected PCRs with the signing scheme's hash.
-        if not hmac.compare_digest(tpm2.pcr_digest(digest_alg, values), attest.pcr_digest):
+        if not hmac.compare_digest(tpm2.pcr_digest(digest_alg, tuple(values)), attest.pcr_digest):
             raise VerificationError("pcr-digest", "PCR values in the evidence do not match the digest the TPM quoted")
-        return {i: evidence.pcrs[self.policy.hash_algorithm][i] for i in selected[bank_id]}
+        # Only quoted values: a value the evidence carries beyond the selection is not covered by the signature.
+        bank = evidence.pcrs.get(self.policy.hash_algorithm, {})
+        if len(bank) == len(policy_bank):
+            return dict(bank)  # each quoted index was found in this bank above: it holds exactly the quoted values
+        return dict(zip(policy_bank, map(bank.__getitem__, policy_bank)))
 
     def _check_policy(self, pcrs: dict[int, bytes]) -> list[dict]:
         mismatches, warnings = [], []
-        for index, rule in sorted(self.policy.rules.items()):
+        for index, allowed_values, warn_only in self._rules:
             actual = pcrs[index]
-            if any(hmac.compare_digest(actual, allowed) for allowed in rule.allowed):
-                continue
-            entry = {"pcr": index, "actual": actual.hex(), "allowed": [v.hex() for v in rule.allowed], "warn_only": rule.warn_only}
-            (warnings if rule.warn_only else mismatches).append(entry)
+            for allowed in allowed_values:
+                if hmac.compare_digest(actual, allowed):
+                    break
+            else:
+                entry = {"pcr": index, "actual": actual.hex(), "allowed": [v.hex() for v in allowed_values], "warn_only": warn_only}
+                (warnings if warn_only else mismatches).append(entry)
         if mismatches:
             names = ", ".join(str(m["pcr"]) for m in mismatches)
             raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy", mismatches, warnings)
         return warnings
 
     def _check_ak_trust(self, evidence: Evidence, ak: tpm2.Public) -> ActivationChallenge | None:
-        if self.policy.ak_trust_level < 2:
+        if self._ak_trust_level < 2:
             return None
         if evidence.ek_certificate is None or evidence.ek_public is None:
             raise VerificationError("ek-certificate", "policy requires AK trust level 2 but the evidence carries no EK certificate and EK public key")

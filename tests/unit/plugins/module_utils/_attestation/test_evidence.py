@@ -153,6 +153,34 @@ def test_text_document_over_the_byte_limit_in_utf8_is_refused(golden):
     _assert_refused(golden, text, f"larger than {MAX_DOCUMENT_BYTES} bytes")
 
 
+# Found by a review (issue 14): each raised from parse_evidence instead of a refusal.
+def _long_text_with_a_lone_surrogate(golden) -> str:
+    text = golden.json()
+    padded = text[:-1] + ", " + '"pad": "' + "x" * (MAX_DOCUMENT_BYTES // 4) + '"}'
+    assert len(padded) > MAX_DOCUMENT_BYTES // 4
+    return padded.replace('"pad": "x', '"pad": "\ud800', 1)
+
+
+LONE_SURROGATE_CASES = [
+    ("text over 16,384 characters", _long_text_with_a_lone_surrogate, "not valid Unicode text (a lone surrogate at character"),
+    ("short text", lambda g: g.json()[:-1] + ', "\udfff": 1}', "not valid Unicode text (a lone surrogate at character"),
+    ("in a value of an object", lambda g: _with(g.document(), variant="tpm\ud800"), "holds text that is not valid Unicode"),
+    ("in a key of an object", lambda g: _with(g.document(), **{"\udc80": "x"}), "holds text that is not valid Unicode"),
+]
+
+
+@pytest.mark.parametrize("make,message", [c[1:] for c in LONE_SURROGATE_CASES], ids=[c[0] for c in LONE_SURROGATE_CASES])
+def test_lone_surrogate_is_refused(golden, make, message):
+    _assert_refused(golden, make(golden), message)
+
+
+def test_unknown_keys_of_mixed_types_are_named_as_text(golden):
+    # A dict from YAML may have integer, null or date keys beside strings; they cannot be sorted together.
+    doc = golden.document()
+    doc.update({1: "x", None: "y", "extra": "z", 2.5: "w"})
+    _assert_refused(golden, doc, "unknown field(s): 1, 2.5, None, extra")
+
+
 @pytest.mark.parametrize("name", REQUIRED_FIELDS)
 def test_missing_required_field_is_named(golden, name):
     _assert_refused(golden, _without(golden.document(), name), f"lacks field(s): {name}")
@@ -249,6 +277,14 @@ PCR_CASES = [
 @pytest.mark.parametrize("mutate,message", [c[1:] for c in PCR_CASES], ids=[c[0] for c in PCR_CASES])
 def test_bad_pcrs_are_named(golden, mutate, message):
     _assert_refused(golden, mutate(golden.document()), message)
+
+
+def test_a_pcr_value_known_in_one_bank_is_still_checked_in_another(golden):
+    """Decoded PCR values are remembered per bank: a 20-byte value seen in a sha1 bank stays wrong in a sha256 bank."""
+    value = _b64(b"\x07" * 20)
+    parse_evidence(_with_pcr(golden.document(), "sha1", "0", value))
+    _assert_refused(golden, _with_pcr(golden.document(), "sha256", "0", value), "PCR sha256:0 has 20 bytes, expected 32")
+    assert parse_evidence(_with_pcr(golden.document(), "sha1", "0", value)).pcrs["sha1"] == {0: b"\x07" * 20}
 
 
 @pytest.mark.parametrize("index", ["\u00b2", "9" * 5000], ids=["superscript two", "5000 digits"])

@@ -252,6 +252,25 @@ def test_ak_without_restricted_attribute_fails(golden):
     assert err.value.reason == "ak-attributes"
 
 
+def test_a_known_attestation_key_stands_only_for_its_own_bytes(golden, other_swtpm):
+    """The verifier keeps the AKs it has parsed, keyed by their bytes: after the genuine AK has verified, another
+    AK of the same shape, or the genuine one with one attribute bit changed, is still refused."""
+    swtpm, nonce, evidence, policy = golden
+    verifier = _verifier(policy, swtpm)
+    assert verifier.verify(evidence.to_json(), nonce).ak_name == tpm2.parse_public(evidence.ak_public).name
+    other_ak = _quote(other_swtpm, nonce).ak_public
+    assert other_ak != evidence.ak_public and len(other_ak) == len(evidence.ak_public)
+    doc = evidence.to_document()
+    doc["ak_public"] = base64.b64encode(other_ak).decode()
+    with pytest.raises(VerificationError) as err:
+        verifier.verify(doc, nonce)
+    assert err.value.reason == "signature"
+    with pytest.raises(VerificationError) as err:
+        verifier.verify(_flip(evidence.to_document(), "ak_public", 5), nonce)  # 'restricted' cleared
+    assert err.value.reason == "ak-attributes"
+    assert verifier.verify(evidence.to_json(), nonce).to_result()["verified"] is True
+
+
 def test_rsa_signature_for_ecc_key_fails_the_scheme_check(golden):
     swtpm, nonce, evidence, policy = golden
     doc = evidence.to_document()
