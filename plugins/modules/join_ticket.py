@@ -88,7 +88,7 @@ options:
 EXAMPLES = r"""
 - name: Get a join ticket
   confidential.kubernetes.join_ticket:
-    endpoints: ["10.77.0.10:30090"]
+    endpoints: ["192.0.2.10:9290"]
     cluster_ca: "{{ lookup('ansible.builtin.file', 'secrets/ca.crt') }}"
     node_name: "{{ inventory_hostname }}"
     state_disk:
