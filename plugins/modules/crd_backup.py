@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: crd_backup
 short_description: Back up every CRD and custom resource, and an upgrade's charts and values, to the controller
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Runs on the controller with the official C(kubernetes) Python client and the controller's copy of the admin
     kubeconfig. Taken before a Helm upgrade (Constellation's C(upgrade apply) backups); if it fails, do not upgrade.

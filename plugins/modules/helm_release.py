@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: helm_release
 short_description: Install or upgrade one Helm release atomically, with a version policy and reliable change detection
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Runs C(helm upgrade --install) on the host that has helm and the cluster's kubeconfig (in this collection, the
     first control-plane node). The option names are those of M(kubernetes.core.helm).
