@@ -19,8 +19,8 @@ def test_values_under_both_names_are_refused_naming_the_release(tmp_path):
     releases = [{"release_name": "fine", "release_namespace": "apps", "chart_ref": str(tmp_path / "a.tgz"), "values": {"a": 1}},
                 {"release_name": "twice", "release_namespace": "apps", "chart_ref": str(tmp_path / "b.tgz"),
                  "release_values": {"a": 1}, "values": {"a": 2}}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False,
-                                                         "roles": [{"role": "confidential.kubernetes.upgrade"}]}]))
+    play = [{"hosts": "localhost", "gather_facts": False, "roles": [{"role": "confidential.kubernetes.upgrade"}]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
                TMPDIR=str(tmp_path))
     extra = dict(ansible_python_interpreter=sys.executable, upgrade_releases=releases)

@@ -139,8 +139,8 @@ def test_backup_of_an_unreachable_cluster_fails(tmp_path):
         backup_crds(api_get, make_upgrade_dir(str(tmp_path)))
 
 
-def test_hook_that_never_completes_is_rolled_back_with_helms_message(kube_control_plane, helm_binary, release_namespace,
-                                                                    tmp_path):
+def test_hook_that_never_completes_is_rolled_back_with_helms_message(
+        kube_control_plane, helm_binary, release_namespace, tmp_path):
     cluster, namespace = kube_control_plane, release_namespace
     ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.0.0"), {"greeting": "v1"})
     broken = make_chart(tmp_path, version="1.0.1", hook=True)
