@@ -40,9 +40,9 @@ def test_no_task_takes_its_arguments_from_a_template(path):
 
 
 def test_long_steps_run_async_with_a_poll_of_a_few_seconds():
-    steps = [(path.name, task) for path in REPO.glob("roles/*/tasks/*.yml")
+    steps = [task for path in REPO.glob("roles/*/tasks/*.yml")
              for task in _tasks(yaml.safe_load(path.read_text())) if _module(task) in LONG_STEPS]
-    applied = [task for _, task in steps if not task.get("check_mode")]
+    applied = [task for task in steps if not task.get("check_mode")]
     assert {_module(task) for task in applied} == LONG_STEPS
     for task in applied:
         assert "async" in task and "confidential_progress_interval | default(5)" in str(task.get("poll")), task["name"]
