@@ -26,6 +26,7 @@ RELEASE_OPTIONS = dict(
     atomic=dict(type="bool"),
     create_namespace=dict(type="bool"),
     force=dict(type="bool"),
+    skip_version_policy=dict(type="bool"),
 )
 ARGUMENT_SPEC = dict(
     kubeconfig=dict(type="path", required=True),
@@ -64,7 +65,7 @@ class ActionModule(ActionBase):
             result.update(changed=True, backup_path=None, msg="check mode: no backup written")
             return result
         try:
-            releases = [dict(r, merged_values=requested_values(r["values_files"], r["values"])) for r in params["releases"]]
+            releases = [dict(r, merged_values=requested_values(r["values_files"], r["release_values"])) for r in params["releases"]]
         except ValuesError as exc:
             result.update(failed=True, msg=f"backup failed, nothing was upgraded: {exc}")
             return result

@@ -39,7 +39,7 @@ options:
     description:
       - How to reach the TPM, as a TSS2 TCTI string.
       - V(auto) uses C(device:/dev/tpmrm0) when that device exists (real hosts) and
-        C(swtpm:path=/run/tpm/swtpm.sock) otherwise (the lab's swtpm).
+        C(swtpm:path=/run/tpm/swtpm.sock) otherwise (a software TPM, swtpm, listening there).
     type: str
     default: auto
 requirements:

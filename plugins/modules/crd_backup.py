@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: crd_backup
 short_description: Back up every CRD and custom resource, and an upgrade's charts and values, to the controller
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Runs on the controller with the official C(kubernetes) Python client and the controller's copy of the admin
     kubeconfig. Taken before a Helm upgrade (Constellation's C(upgrade apply) backups); if it fails, do not upgrade.
@@ -77,12 +77,13 @@ options:
       chart_repo_url:
         description: The chart repository URL.
         type: str
-      values:
+      release_values:
         description: The release's values (V(no_log), they may hold credentials).
         type: dict
         default: {}
+        aliases: [values]
       values_files:
-        description: Values files on the controller, merged in order, then O(releases[].values) on top.
+        description: Values files on the controller, merged in order, then O(releases[].release_values) on top.
         type: list
         elements: path
         default: []
@@ -96,6 +97,9 @@ options:
         description: Ignored.
         type: bool
       force:
+        description: Ignored.
+        type: bool
+      skip_version_policy:
         description: Ignored.
         type: bool
 requirements:

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: helm_release
 short_description: Install or upgrade one Helm release atomically, with a version policy and reliable change detection
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Runs C(helm upgrade --install) on the host that has helm and the cluster's kubeconfig (in this collection, the
     first control-plane node). The option names are those of M(kubernetes.core.helm).
@@ -18,9 +18,9 @@ description:
     both helms wait whenever they roll back by themselves, the rollback flag is then left out and this module runs
     C(helm rollback) to the previously deployed revision when an upgrade fails.
   - Version policy - refuses a downgrade, a major version change, a minor jump greater than one, and replacing the
-    release's chart by another chart, unless O(force). Checked before anything changes.
+    release's chart by another chart, unless O(skip_version_policy). Checked before anything changes.
   - Nothing to do (V(changed=false)) when the latest revision is C(deployed) with the same chart name and version and
-    the same user-supplied values (C(helm get values -o json) against O(values_files) merged with O(values) as helm
+    the same user-supplied values (C(helm get values -o json) against O(values_files) merged with O(release_values) as helm
     merges them). C(--reset-values) is always passed, so the release runs exactly the declared values.
   - A release whose latest revision is C(pending-install), C(pending-upgrade) or C(pending-rollback) is an error that
     names the release and what to do; nothing is changed.
@@ -68,12 +68,13 @@ options:
   chart_repo_url:
     description: The chart repository URL (passed as C(--repo)).
     type: str
-  values:
+  release_values:
     description:
       - Values, merged over O(values_files).
       - V(no_log) because values routinely carry credentials (passwords, tokens, keys); diff output masks them too.
     type: dict
     default: {}
+    aliases: [values]
   values_files:
     description: Values files on the host, merged in order as helm merges C(-f) files.
     type: list
@@ -96,7 +97,16 @@ options:
     type: bool
     default: true
   force:
-    description: Skip the version policy (downgrades, major changes, minor jumps greater than one, another chart).
+    description:
+      - Helm's C(--force) (C(--force-replace --server-side=false) on Helm 4) - resources that cannot be patched are deleted and created
+        again, as in M(kubernetes.core.helm). It does not skip the version policy; O(skip_version_policy) does.
+    type: bool
+    default: false
+  skip_version_policy:
+    description:
+      - Allow what the version policy refuses - a downgrade, a major version change, a minor jump greater than one,
+        another chart.
+      - Named like O(skip_wait), for what it skips; V(force) is helm's C(--force) here as in M(kubernetes.core.helm).
     type: bool
     default: false
   create_namespace:
@@ -129,7 +139,7 @@ EXAMPLES = r"""
     release_name: coredns
     release_namespace: kube-system
     chart_ref: /var/tmp/charts/coredns-1.36.1.tgz
-    values:
+    release_values:
       replicaCount: 2
     kubeconfig: /etc/kubernetes/admin.conf
 
@@ -212,6 +222,7 @@ def main() -> None:
             wait_timeout=dict(type="str", default="5m0s"),
             atomic=dict(type="bool", default=True),
             force=dict(type="bool", default=False),
+            skip_version_policy=dict(type="bool", default=False),
             create_namespace=dict(type="bool", default=False),
             kubeconfig=dict(type="path", aliases=["kubeconfig_path"]),
             context=dict(type="str", aliases=["kube_context"]),
@@ -232,11 +243,12 @@ def main() -> None:
         wait_timeout=params["wait_timeout"],
         atomic=params["atomic"],
         create_namespace=params["create_namespace"],
+        force=params["force"],
     )
     helm = Helm(params["binary_path"], params["kubeconfig"], params["context"])
     try:
-        values = requested_values(params["values_files"], params["values"])
-        result = ReleaseManager(helm, request, values, params["force"]).ensure(module.check_mode, module._diff)
+        values = requested_values(params["values_files"], params["release_values"])
+        result = ReleaseManager(helm, request, values, params["skip_version_policy"]).ensure(module.check_mode, module._diff)
     except ReleaseFailed as exc:
         module.fail_json(msg=str(exc), **exc.result)
     except VersionPolicyError as exc:

@@ -9,7 +9,7 @@ module: join_ticket
 short_description: Get an attested join ticket from the join service and prepare the node for kubeadm join
 version_added: 0.1.0
 description:
-  - The node side of the join service (DESIGN section 1, Join). Formats the LUKS2 state disk with a throw-away key if it
+  - The node side of the join service. Formats the LUKS2 state disk with a throw-away key if it
     is not LUKS yet (its UUID names the disk key), makes the kubelet's key and CSR, then tries the join endpoints in
     order with retries and backoff - get a nonce, send evidence bound to it and to a fresh ephemeral key that never
     leaves memory, activate the AK credential, open the sealed ticket.
@@ -88,7 +88,7 @@ options:
 EXAMPLES = r"""
 - name: Get a join ticket
   confidential.kubernetes.join_ticket:
-    endpoints: ["10.77.0.10:30090"]
+    endpoints: ["192.0.2.10:9290"]
     cluster_ca: "{{ lookup('ansible.builtin.file', 'secrets/ca.crt') }}"
     node_name: "{{ inventory_hostname }}"
     state_disk:

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: kubernetes_artifacts
 short_description: Fetch and verify the binaries of one Kubernetes version into the controller's cache
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Runs on the controller. Selects the row of O(kubernetes_version) in the versions table (the collection's
     C(roles/node/vars/kubernetes_versions.yml), with O(versions_extra) merged over it) and fetches every artefact of
@@ -56,7 +56,7 @@ options:
     description:
       - Rows merged over the table, keyed by version, in the table's format (a row here replaces a shipped row
         whole). Their URLs may be plain C(http) (a local mirror), and an artefact set to null says explicitly that
-        the row provides none (a lab build without crictl); shipped rows must be complete and C(https).
+        the row provides none (for example a local build without crictl); shipped rows must be complete and C(https).
     type: dict
     default: {}
   cache_dir:

@@ -9,7 +9,7 @@ module: seal_init_secrets
 short_description: Attest the first node and seal the cluster's init secrets to it (runs on the controller)
 version_added: 0.1.0
 description:
-  - The controller side of the init hand-over (DESIGN section 1).
+  - The controller side of the init hand-over.
   - Loads the cluster's root secrets from O(secrets_file) - a 32-byte master key, a 32-byte master salt and a 32-byte
     measurement salt - or generates them on the first run (mode 0600, created exclusively, never overwritten). An
     ansible-vault encrypted file is decrypted with the play's vault secrets. Losing this file loses the ability to

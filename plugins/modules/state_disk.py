@@ -21,7 +21,7 @@ description:
     gone after a reboot) so that the re-key step can use it. The state disk holds no data before it is re-keyed.
   - Given the derived key, the module changes the only keyslot from the initial passphrase to that key (C(cryptsetup luksChangeKey)),
     so that there is still exactly one keyslot, and wipes the initial key file. A disk that opens with neither key is refused.
-  - O(state=opened) and O(state=mounted) need device-mapper. On a host without it (such as the lab's kernel) the module formats
+  - O(state=opened) and O(state=mounted) need device-mapper. On a host without it (such as a container that cannot create mappings) the module formats
     and re-keys the disk, then fails with a message that says so; O(state=formatted) needs no mapping.
   - The key is only known after attestation, so the mapping and mount are not written to C(/etc/crypttab) or C(/etc/fstab).
 author:
@@ -100,7 +100,7 @@ options:
   pbkdf_memory:
     description:
       - Argon2id memory cost in KiB for new keyslots (C(--pbkdf-memory)). Defaults to what cryptsetup benchmarks on the node.
-      - Lower it only for small lab nodes; it is the cost of guessing the key offline.
+      - Lower it only for small test nodes; it is the cost of guessing the key offline.
     type: int
   pbkdf_iterations:
     description:
@@ -128,7 +128,7 @@ EXAMPLES = r"""
     state: mounted
     disk_key: "{{ join_ticket.disk_key }}"
 
-- name: Lab node without device-mapper, key in a file
+- name: A host without device-mapper, key in a file
   confidential.kubernetes.state_disk:
     device: /var/lib/confidential-kubernetes/state-disk.img
     state: formatted

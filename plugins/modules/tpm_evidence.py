@@ -50,7 +50,7 @@ options:
     type: bool
     default: true
   event_log_path:
-    description: A JSON event list to include in the evidence (the lab writes one at C(/run/tpm/eventlog.json)).
+    description: A JSON event list to include in the evidence (for example one a software TPM setup writes).
     type: path
   ephemeral_key_path:
     description:

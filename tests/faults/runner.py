@@ -315,7 +315,7 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
 HYGIENE_PLAYBOOKS: list[tuple[str, list[str]]] = [
     ("site.yml", []), ("init.yml", []), ("join.yml", []), ("upgrade.yml", []), ("verify.yml", []),
     ("measurements.yml", ["-e", "measurements_golden_node=cp-0", "-e", "measurements_policy_file={lab}/enrolled-policy.yml"]),
-    ("prepare_image.yml", []),
+    ("prepare_image.yml", []), ("groups.yml", []), ("addresses.yml", []),
 ]
 HYGIENE_DESTRUCTIVE_PLAYBOOKS: list[tuple[str, list[str]]] = [
     ("remove_node.yml", ["-e", "remove_node=worker-0", "-e", "confirm_reset=yes-reset-worker-0"]),

@@ -9,6 +9,6 @@ RELEASE_SOURCE_OPTIONS = dict(
     chart_ref=dict(type="path", required=True),
     chart_version=dict(type="str"),
     chart_repo_url=dict(type="str"),
-    values=dict(type="dict", default={}, no_log=True),
+    release_values=dict(type="dict", default={}, no_log=True, aliases=["values"]),
     values_files=dict(type="list", elements="path", default=[]),
 )

@@ -46,26 +46,26 @@ class SemVer:
         return self.key() < other.key()
 
 
-def check_version_policy(current: str | None, target: str, force: bool = False) -> None:
-    """Raise VersionPolicyError when going from ``current`` to ``target`` breaks the policy (``force`` skips it).
+def check_version_policy(current: str | None, target: str, skip: bool = False) -> None:
+    """Raise VersionPolicyError when going from ``current`` to ``target`` breaks the policy (``skip`` skips it).
 
     Allowed: a first install (no ``current``), the same version, patch upgrades, and upgrades to the next minor.
     """
     wanted = SemVer.parse(target)
-    if current is None or force:
+    if current is None or skip:
         return
     deployed = SemVer.parse(current)
     if wanted.key() == deployed.key():
         return
     if wanted < deployed:
-        raise VersionPolicyError("downgrade", f"refusing to downgrade from {current} to {target} (set force to override)")
+        raise VersionPolicyError("downgrade", f"refusing to downgrade from {current} to {target} (set skip_version_policy to override)")
     if wanted.major != deployed.major:
         raise VersionPolicyError(
-            "major", f"refusing the major version change from {current} to {target} (set force to override)"
+            "major", f"refusing the major version change from {current} to {target} (set skip_version_policy to override)"
         )
     if wanted.minor - deployed.minor > 1:
         raise VersionPolicyError(
             "minor-jump",
             f"refusing to upgrade from {current} to {target}: minor versions may only advance by one at a time "
-            f"(upgrade to {deployed.major}.{deployed.minor + 1}.x first, or set force)",
+            f"(upgrade to {deployed.major}.{deployed.minor + 1}.x first, or set skip_version_policy)",
         )

@@ -19,7 +19,7 @@ class Plan:
 
 
 def plan_release(deployed: DeployedRelease | None, deployed_values: dict, chart: ChartRef, values: dict,
-                 force: bool = False) -> Plan:
+                 skip_version_policy: bool = False) -> Plan:
     """What to do, from what helm reports. Raises ReleasePendingError and VersionPolicyError; changes nothing."""
     if deployed is None or deployed.status == "uninstalled":
         return Plan("install", "the release does not exist")
@@ -30,12 +30,12 @@ def plan_release(deployed: DeployedRelease | None, deployed_values: dict, chart:
             f"Check 'helm history {deployed.name} -n {deployed.namespace}', then roll back to the last deployed "
             f"revision ('helm rollback {deployed.name} <revision> -n {deployed.namespace}') and re-run."
         )
-    if deployed.chart_name and deployed.chart_name != chart.name and not force:
+    if deployed.chart_name and deployed.chart_name != chart.name and not skip_version_policy:
         raise HelmError(
             f"release {deployed.name} runs chart {deployed.chart_name}, not {chart.name}; refusing to replace it "
-            "(set force to override)"
+            "(set skip_version_policy to override)"
         )
-    check_version_policy(deployed.chart_version or None, chart.version, force)
+    check_version_policy(deployed.chart_version or None, chart.version, skip_version_policy)
     if deployed.status != "deployed":
         return Plan("upgrade", f"the latest revision {deployed.revision} is {deployed.status}")
     if deployed.chart_version != chart.version or deployed.chart_name != chart.name:
@@ -48,11 +48,11 @@ def plan_release(deployed: DeployedRelease | None, deployed_values: dict, chart:
 class ReleaseManager:
     """Drives helm for one release; the module and tests call ``ensure``."""
 
-    def __init__(self, helm: Helm, request: ReleaseRequest, values: dict, force: bool = False):
+    def __init__(self, helm: Helm, request: ReleaseRequest, values: dict, skip_version_policy: bool = False):
         self.helm = helm
         self.request = request
         self.values = normalise(values)
-        self.force = force
+        self.skip_version_policy = skip_version_policy
         self.masker = ValueMasker()
 
     def ensure(self, check_mode: bool, diff: bool) -> dict:
@@ -61,7 +61,7 @@ class ReleaseManager:
         deployed = self.helm.status(request.release_name, request.release_namespace)
         present = deployed is not None and deployed.status not in ("uninstalled",) + PENDING
         deployed_values = self.helm.get_values(request.release_name, request.release_namespace) if present else {}
-        plan = plan_release(deployed, deployed_values, chart, self.values, self.force)
+        plan = plan_release(deployed, deployed_values, chart, self.values, self.skip_version_policy)
         result: dict = dict(
             changed=plan.action != "none",
             action=plan.action,

@@ -49,6 +49,8 @@ class ReleaseRequest:
     wait_timeout: str = "5m0s"
     atomic: bool = True
     create_namespace: bool = False
+    # helm's --force (Helm 4: --force-replace --server-side=false): replace resources that cannot be patched.
+    force: bool = False
     extra_flags: list[str] = field(default_factory=list)
 
 
@@ -158,6 +160,9 @@ class Helm:
         argv += ["--values", values_path, "--reset-values", "--timeout", request.wait_timeout]
         if request.create_namespace:
             argv.append("--create-namespace")
+        if request.force:
+            # Helm 4 refuses replacement with server-side apply, its default: replace client-side, as Helm 3 does.
+            argv += ["--force-replace", "--server-side=false"] if self.major >= 4 else ["--force"]
         if request.wait:
             if self.major >= 4:
                 argv += ["--wait=watcher"] + (["--rollback-on-failure"] if request.atomic else [])

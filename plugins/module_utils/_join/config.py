@@ -23,7 +23,7 @@ from .._files import write_file_atomically
 from .._kubeadm import ADMIN_CONF
 from .log import StructuredLog
 
-DEFAULT_LISTEN = "0.0.0.0:30090"
+DEFAULT_LISTEN = "0.0.0.0:9290"
 DEFAULT_VERIFIER_ID = "confidential.kubernetes/joinservice"
 DEFAULT_PKI_DIR = "/etc/kubernetes/pki"
 MAX_CONFIG_BYTES = 64 * 1024

@@ -80,6 +80,31 @@ def test_policy_refusal(cluster, helm_binary, tmp_path):
     args = dict(release_name="web", release_namespace=cluster.namespace, chart_ref=str(make_chart(tmp_path, version="2.0.0")),
                 create_namespace=True, kubeconfig=str(cluster.admin_kubeconfig), binary_path=helm_binary)
     run(args)
-    failed = run(dict(args, chart_ref=str(make_chart(tmp_path, version="1.9.0"))), AnsibleFailJson)
+    older = str(make_chart(tmp_path, version="1.9.0"))
+    failed = run(dict(args, chart_ref=older), AnsibleFailJson)
     assert failed["policy"] == "downgrade" and "refusing to downgrade from 2.0.0 to 1.9.0" in failed["msg"]
-    assert not failed["changed"]
+    assert "set skip_version_policy" in failed["msg"] and not failed["changed"]
+    # force is helm's --force, as in kubernetes.core.helm: it replaces resources and leaves the policy alone.
+    forced = run(dict(args, chart_ref=older, force=True), AnsibleFailJson)
+    assert forced["policy"] == "downgrade" and not forced["changed"]
+    downgraded = run(dict(args, chart_ref=older, skip_version_policy=True))
+    assert downgraded["changed"] and downgraded["chart_version"] == "1.9.0" and downgraded["revision"] == 2
+
+
+def test_force_is_helms_replacement_flag(cluster, helm_binary, tmp_path):
+    args = dict(release_name="web", release_namespace=cluster.namespace, chart_ref=str(make_chart(tmp_path, version="1.0.0")),
+                create_namespace=True, kubeconfig=str(cluster.admin_kubeconfig), binary_path=helm_binary, force=True)
+    first = run(args)
+    assert first["revision"] == 1 and ("--force-replace" if first["helm_major_version"] == 4 else "--force") in first["command"]
+    upgraded = run(dict(args, chart_ref=str(make_chart(tmp_path, version="1.0.1"))))
+    assert upgraded["status"] == "deployed" and upgraded["revision"] == 2
+    assert not run(dict(args, chart_ref=str(make_chart(tmp_path, version="1.0.1"))))["changed"]
+
+
+def test_values_is_an_alias_of_release_values(cluster, helm_binary, tmp_path):
+    args = dict(release_name="web", release_namespace=cluster.namespace, chart_ref=str(make_chart(tmp_path, version="1.0.0")),
+                create_namespace=True, kubeconfig=str(cluster.admin_kubeconfig), binary_path=helm_binary)
+    assert run(dict(args, release_values={"greeting": "hello", "password": SECRET}))["revision"] == 1
+    again = run(dict(args, values={"greeting": "hello", "password": SECRET}))
+    assert not again["changed"] and SECRET not in json.dumps(again)
+    assert run(dict(args, values={"greeting": "bye"}), check=True)["action"] == "upgrade"

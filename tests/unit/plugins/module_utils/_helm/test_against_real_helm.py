@@ -46,11 +46,11 @@ spec: {level: 11}
 """
 
 
-def ensure(cluster, helm_binary, namespace, chart, values=None, check=False, diff=False, force=False, **kwargs):
+def ensure(cluster, helm_binary, namespace, chart, values=None, check=False, diff=False, skip_version_policy=False, **kwargs):
     helm = Helm(helm_binary, str(cluster.admin_kubeconfig))
     kwargs.setdefault("wait_timeout", "10s")
     req = ReleaseRequest("web", namespace, str(chart), create_namespace=True, **kwargs)
-    return ReleaseManager(helm, req, values or {}, force).ensure(check, diff)
+    return ReleaseManager(helm, req, values or {}, skip_version_policy).ensure(check, diff)
 
 
 def api_get_for(cluster):
@@ -139,8 +139,8 @@ def test_backup_of_an_unreachable_cluster_fails(tmp_path):
         backup_crds(api_get, make_upgrade_dir(str(tmp_path)))
 
 
-def test_hook_that_never_completes_is_rolled_back_with_helms_message(kube_control_plane, helm_binary, release_namespace,
-                                                                    tmp_path):
+def test_hook_that_never_completes_is_rolled_back_with_helms_message(
+        kube_control_plane, helm_binary, release_namespace, tmp_path):
     cluster, namespace = kube_control_plane, release_namespace
     ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.0.0"), {"greeting": "v1"})
     broken = make_chart(tmp_path, version="1.0.1", hook=True)
@@ -183,7 +183,7 @@ def test_refusals_change_nothing(kube_control_plane, helm_binary, release_namesp
     status = helm.status("web", namespace)
     assert (status.revision, status.status, status.chart_version) == (1, "deployed", "1.1.0")
     assert history(cluster, helm_binary, namespace) == [(1, "deployed")]
-    assert ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.3.0"), force=True)["revision"] == 2
+    assert ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.3.0"), skip_version_policy=True)["revision"] == 2
 
 
 def test_pending_upgrade_is_a_clear_error(kube_control_plane, helm_binary, release_namespace, tmp_path):

@@ -56,12 +56,13 @@ def test_pending_release_is_a_clear_error(status):
 def test_policy_applies_before_change_detection():
     with pytest.raises(VersionPolicyError):
         plan_release(deployed(version="1.2.0"), {}, CHART, {})
-    assert plan_release(deployed(version="1.2.0"), {}, CHART, {}, force=True).action == "upgrade"
+    assert plan_release(deployed(version="1.2.0"), {}, CHART, {}, skip_version_policy=True).action == "upgrade"
 
 
-def test_another_chart_is_refused_unless_forced():
-    with pytest.raises(HelmError, match="runs chart other, not gadgets"):
+def test_another_chart_is_refused_unless_the_policy_is_skipped():
+    with pytest.raises(HelmError, match="runs chart other, not gadgets.*set skip_version_policy"):
         plan_release(deployed(name="other"), {}, CHART, {})
+    assert plan_release(deployed(name="other"), {}, CHART, {}, skip_version_policy=True).action == "upgrade"
 
 
 def test_values_merge_like_helm(tmp_path):
@@ -180,6 +181,20 @@ def test_install_command_line(tmp_path, version, wait, atomic, present, absent):
     assert not any("hunter22" in a for a in argv)
     path, mode, content = helm.values_files[0]
     assert mode == 0o600 and content == secret and not os.path.exists(path)
+
+
+@pytest.mark.parametrize(
+    "version, force, present, absent",
+    [
+        pytest.param("v3.16.3+gcfd0749", True, ["--force"], ["--force-replace"], id="helm 3 force"),
+        pytest.param("v4.1.1+g5caf004", True, ["--force-replace", "--server-side=false"], ["--force"], id="helm 4 force"),
+        pytest.param("v3.16.3+gcfd0749", False, [], ["--force", "--force-replace"], id="helm 3 no force"),
+        pytest.param("v4.1.1+g5caf004", False, [], ["--force", "--force-replace", "--server-side=false"], id="helm 4 no force"),
+    ],
+)
+def test_force_is_helms_resource_replacement(tmp_path, version, force, present, absent):
+    argv = ReleaseManager(ScriptedHelm(version), request(make_chart(tmp_path), force=force), {}).ensure(False, False)["command"]
+    assert all(flag in argv for flag in present) and not any(flag in argv for flag in absent)
 
 
 def test_helm_2_is_refused(tmp_path):

@@ -9,7 +9,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.poli
 
 
 @pytest.mark.parametrize(
-    "current, target, force",
+    "current, target, skip",
     [
         pytest.param(None, "1.0.0", False, id="first install"),
         pytest.param("1.2.3", "1.2.3", False, id="same version"),
@@ -18,13 +18,13 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.poli
         pytest.param("v1.2.3", "1.3.1", False, id="v prefix"),
         pytest.param("1.3.0-rc.1", "1.3.0", False, id="pre-release to its release"),
         pytest.param("1.2.0", "1.3.0-rc.1", False, id="next minor pre-release"),
-        pytest.param("1.3.0", "1.2.0", True, id="forced downgrade"),
-        pytest.param("1.0.0", "1.5.0", True, id="forced minor jump"),
-        pytest.param("1.0.0", "2.0.0", True, id="forced major"),
+        pytest.param("1.3.0", "1.2.0", True, id="skipped downgrade"),
+        pytest.param("1.0.0", "1.5.0", True, id="skipped minor jump"),
+        pytest.param("1.0.0", "2.0.0", True, id="skipped major"),
     ],
 )
-def test_allowed(current, target, force):
-    check_version_policy(current, target, force)
+def test_allowed(current, target, skip):
+    check_version_policy(current, target, skip)
 
 
 @pytest.mark.parametrize(

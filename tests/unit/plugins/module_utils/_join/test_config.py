@@ -27,7 +27,7 @@ def _config_file(tmp_path, settings, suffix="yml"):
 def test_defaults(tmp_path):
     config = load_config(_config_file(tmp_path, REQUIRED))
     assert (config.listen, config.verifier_id, config.pki_dir, config.admin_kubeconfig, config.nonce_ttl) == (
-        "0.0.0.0:30090", "confidential.kubernetes/joinservice", "/etc/kubernetes/pki", "/etc/kubernetes/admin.conf", 60.0)
+        "0.0.0.0:9290", "confidential.kubernetes/joinservice", "/etc/kubernetes/pki", "/etc/kubernetes/admin.conf", 60.0)
 
 
 def test_empty_ek_ca_file_and_kubernetes_version_mean_none(tmp_path):
@@ -38,9 +38,9 @@ def test_empty_ek_ca_file_and_kubernetes_version_mean_none(tmp_path):
 
 def test_yaml_is_read(tmp_path):
     path = tmp_path / "joinservice.yml"
-    path.write_text("".join(f"{k}: {v}\n" for k, v in REQUIRED.items()) + "nonce_ttl: 30\nlisten: '[::]:30090'\n")
+    path.write_text("".join(f"{k}: {v}\n" for k, v in REQUIRED.items()) + "nonce_ttl: 30\nlisten: '[::]:9290'\n")
     config = load_config(str(path))
-    assert (config.nonce_ttl, config.listen) == (30, "[::]:30090")
+    assert (config.nonce_ttl, config.listen) == (30, "[::]:9290")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -51,7 +51,7 @@ def test_yaml_is_read(tmp_path):
     ({"nonce_ttl": "60"}, "nonce_ttl"),
     ({"nonce_ttl": True}, "nonce_ttl"),
     ({"max_registrations": 0}, "max_registrations"),
-    ({"listen": "30090"}, "address:port"),
+    ({"listen": "9290"}, "address:port"),
 ])
 def test_bad_settings_are_named(tmp_path, change, message):
     settings = dict(REQUIRED, **{k: v for k, v in change.items() if v is not None})
