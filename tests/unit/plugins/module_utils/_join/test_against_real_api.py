@@ -28,7 +28,7 @@ def _minter(cluster, ttl: datetime.timedelta = datetime.timedelta(minutes=15)) -
 
 def _as_token(cluster, token: str, *args: str, stdin: bytes | None = None, check: bool = True):
     """kubectl with only the bootstrap token (and the CA) as credentials."""
-    kubeconfig = cluster.root / f"token-{token.split('.')[0]}.conf"
+    kubeconfig = cluster.root / f"token-{token.split('.', 1)[0]}.conf"
     kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
         "clusters": [{"name": "k", "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")}}],
@@ -52,7 +52,7 @@ def test_minted_token_authenticates_as_a_bootstrapper_and_gets_a_kubelet_certifi
     cluster = kube_control_plane
     token = generate_token()
     asyncio.run(_minter(cluster).mint(token, "worker-7"))
-    token_id = token.split(".")[0]
+    token_id = token.split(".", 1)[0]
 
     allowed = _as_token(cluster, token, "auth", "can-i", "create", "certificatesigningrequests.certificates.k8s.io")
     assert allowed.stdout.decode().strip() == "yes"
@@ -78,7 +78,7 @@ def test_token_cleaner_removes_an_expired_token(kube_control_plane):
     cluster = kube_control_plane
     token = generate_token()
     asyncio.run(_minter(cluster, ttl=datetime.timedelta(seconds=2)).mint(token, "worker-8"))
-    secret = f"bootstrap-token-{token.split('.')[0]}"
+    secret = f"bootstrap-token-{token.split('.', 1)[0]}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if cluster.kubectl("-n", "kube-system", "get", "secret", secret, check=False).returncode != 0:
@@ -114,7 +114,10 @@ def _node(name: str) -> bytes:
 
 def test_kubelet_certificate_passes_node_authorizer_for_its_own_node_only(kube_control_plane, kubelet_kubeconfig):
     cluster = kube_control_plane
-    as_kubelet = lambda *args, **kw: cluster.kubectl(*args, kubeconfig=kubelet_kubeconfig, check=False, **kw)  # noqa: E731
+
+    def as_kubelet(*args, **kwargs):
+        return cluster.kubectl(*args, kubeconfig=kubelet_kubeconfig, check=False, **kwargs)
+
     cluster.kubectl("create", "-f", "-", stdin=_node("cp-other"))
 
     assert as_kubelet("create", "-f", "-", stdin=_node("worker-9")).returncode == 0
