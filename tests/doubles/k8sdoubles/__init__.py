@@ -1,4 +1,4 @@
-"""Test doubles of kubeadm, kubelet, kube-apiserver, kubectl and helm.
+"""Test doubles of kubeadm, kube-apiserver, kubectl and helm.
 
 Used only by the lab and by unit tests; the collection always runs the real
 binaries on real hosts.  See README.md for what is simulated and what is real.

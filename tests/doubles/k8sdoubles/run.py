@@ -6,7 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
-TOOLS = {"kubeadm": "kubeadm", "kubelet": "kubelet", "kubectl": "kubectl", "helm": "helm", "kube-apiserver": "apiserver"}
+TOOLS = {"kubeadm": "kubeadm", "kubectl": "kubectl", "helm": "helm", "kube-apiserver": "apiserver"}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:

@@ -95,7 +95,7 @@ def run_node(agent_args: dict, kubeconfig: Path, boot, cert_dir: Path) -> None:
 def main(argv: list[str]) -> int:
     try:
         flags = parse_flags(argv)
-        if "help" in flags:
+        if flags.get("help", "false") != "false":
             print("Usage: kubelet [flags]\n" + "".join(f"  --{flag}{' value' * value}\n" for flag, value in FLAGS.items()))
             return 0
         if flags.get("version", "false") != "false":
