@@ -6,7 +6,6 @@ import datetime
 import hashlib
 import http.client
 import json
-import os
 import ssl
 import tempfile
 import time
@@ -20,13 +19,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from . import StandinError
-
-SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+from . import StandinError, write_private
 
 
 class ApiError(StandinError):
-    """A failed API request or an unusable kubeconfig."""
+    """A failed API request (status = the HTTP status, 0 when there was no answer) or an unusable kubeconfig."""
 
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
@@ -42,24 +39,19 @@ class Kubeconfig:
     token: str = ""
 
 
-def _field(entry: dict, name: str, base: Path) -> bytes:
-    """name-data (base64) or name (a file, relative to the kubeconfig) of a cluster or user entry."""
-    if entry.get(f"{name}-data"):
-        return base64.b64decode(entry[f"{name}-data"])
-    if entry.get(name):
-        return (base / entry[name]).read_bytes()
-    return b""
-
-
 def load_kubeconfig(path: Path) -> Kubeconfig:
+    def field(entry: dict, name: str) -> bytes:
+        if entry.get(f"{name}-data"):
+            return base64.b64decode(entry[f"{name}-data"])
+        return (path.parent / entry[name]).read_bytes() if entry.get(name) else b""
+
     try:
         config = yaml.safe_load(path.read_text())
         context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
         cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
         user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
-        return Kubeconfig(cluster["server"], _field(cluster, "certificate-authority", path.parent),
-                          _field(user, "client-certificate", path.parent), _field(user, "client-key", path.parent),
-                          user.get("token", ""))
+        return Kubeconfig(cluster["server"], field(cluster, "certificate-authority"),
+                          field(user, "client-certificate"), field(user, "client-key"), user.get("token", ""))
     except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration, ValueError) as exc:
         raise ApiError(f"unable to load kubeconfig {path}: {exc}") from None
 
@@ -70,28 +62,25 @@ def certificate_valid(cert_pem: bytes) -> bool:
         certificates = x509.load_pem_x509_certificates(cert_pem)
     except ValueError:
         return False
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return all(now <= c.not_valid_after_utc for c in certificates)
+    return all(datetime.datetime.now(datetime.timezone.utc) <= c.not_valid_after_utc for c in certificates)
 
 
 class Client:
     """JSON over HTTPS to the API server, with the kubeconfig's CA and credentials."""
 
     def __init__(self, config: Kubeconfig) -> None:
-        self.config = config
-        url = urlsplit(config.server)
+        self.config, url = config, urlsplit(config.server)
         self.host, self.port = url.hostname, url.port or 443
         self.context = ssl.create_default_context(cadata=config.ca_pem.decode())
         if config.cert_pem:
-            # ssl loads a client certificate only from a file: a private one, removed at once.
+            # ssl loads a client certificate only from a file: a private one on tmpfs, removed at once.
             with tempfile.NamedTemporaryFile(dir="/run") as pem:
                 # The certificate store's file holds both, and kubelet.conf names it twice.
                 pem.write(config.cert_pem if config.cert_pem == config.key_pem else config.cert_pem + b"\n" + config.key_pem)
                 pem.flush()
                 self.context.load_cert_chain(pem.name)
 
-    def request(self, method: str, path: str, body: dict | None = None,
-                content_type: str = "application/json") -> dict:
+    def request(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json") -> dict:
         headers = {"Accept": "application/json", "Content-Type": content_type, "User-Agent": "kubelet-standin"}
         if self.config.token:
             headers["Authorization"] = f"Bearer {self.config.token}"
@@ -105,42 +94,29 @@ class Client:
         finally:
             connection.close()
         if response.status >= 300:
-            raise ApiError(f"{method} {path}: {response.status} {payload[:300].decode(errors='replace')}",
-                           response.status)
+            raise ApiError(f"{method} {path}: {response.status} {payload[:300].decode(errors='replace')}", response.status)
         return json.loads(payload or b"{}")
 
 
 def write_kubeconfig(path: Path, server: str, ca_pem: bytes, pem_path: Path) -> None:
     """writeKubeconfigFromBootstrapping: the bootstrap server and CA, the certificate store's current file."""
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "default-context", "preferences": {},
-        "clusters": [{"name": "default-cluster", "cluster": {
-            "server": server, "certificate-authority-data": base64.b64encode(ca_pem).decode()}}],
-        "contexts": [{"name": "default-context", "context": {
-            "cluster": "default-cluster", "user": "default-auth", "namespace": "default"}}],
-        "users": [{"name": "default-auth", "user": {"client-certificate": str(pem_path), "client-key": str(pem_path)}}],
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(yaml.safe_dump(config))
-    temporary.chmod(0o600)
-    temporary.replace(path)
+    cluster = {"server": server, "certificate-authority-data": base64.b64encode(ca_pem).decode()}
+    context = {"cluster": "default-cluster", "user": "default-auth", "namespace": "default"}
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "default-context", "preferences": {},
+              "clusters": [{"name": "default-cluster", "cluster": cluster}],
+              "contexts": [{"name": "default-context", "context": context}],
+              "users": [{"name": "default-auth", "user": {"client-certificate": str(pem_path), "client-key": str(pem_path)}}]}
+    write_private(path, yaml.safe_dump(config).encode())
 
 
-def store_certificate(cert_dir: Path, cert_pem: bytes, key_pem: bytes) -> Path:
-    """certificate.FileStore.Update: kubelet-client-<time>.pem, then the -current symlink to it."""
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime())
-    dated = cert_dir / f"kubelet-client-{stamp}.pem"
-    descriptor = os.open(dated, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as output:
-        output.write(cert_pem.rstrip(b"\n") + b"\n" + key_pem)
-    current = cert_dir / "kubelet-client-current.pem"
+def store_certificate(cert_dir: Path, cert_pem: bytes, key_pem: bytes) -> None:
+    """certificate.FileStore.Update: kubelet-client-<time>.pem (0600), then the -current symlink to it."""
+    dated = cert_dir / time.strftime("kubelet-client-%Y-%m-%d-%H-%M-%S.pem", time.gmtime())
+    write_private(dated, cert_pem.rstrip(b"\n") + b"\n" + key_pem)
     link = cert_dir / ".kubelet-client-current.pem.tmp"
     link.unlink(missing_ok=True)
     link.symlink_to(dated.name)
-    link.replace(current)
-    return current
+    link.replace(cert_dir / "kubelet-client-current.pem")
 
 
 def request_certificate(client: Client, node_name: str, log) -> tuple[bytes, bytes]:
@@ -154,7 +130,8 @@ def request_certificate(client: Client, node_name: str, log) -> tuple[bytes, byt
     client.request("POST", "/apis/certificates.k8s.io/v1/certificatesigningrequests", {
         "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": name},
         "spec": {"request": base64.b64encode(csr.public_bytes(serialization.Encoding.PEM)).decode(),
-                 "signerName": SIGNER, "usages": ["digital signature", "key encipherment", "client auth"]}})
+                 "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                 "usages": ["digital signature", "key encipherment", "client auth"]}})
     log(f"certificate signing request {name} created; waiting for it to be approved and issued")
     while True:
         status = client.request("GET", f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}")["status"]
@@ -162,35 +139,31 @@ def request_certificate(client: Client, node_name: str, log) -> tuple[bytes, byt
         if conditions & {"Denied", "Failed"}:
             raise ApiError(f"certificate signing request {name} was {'/'.join(sorted(conditions))}")
         if "Approved" in conditions and status.get("certificate"):
-            key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                        serialization.NoEncryption())
-            return base64.b64decode(status["certificate"]), key_pem
+            return base64.b64decode(status["certificate"]), key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
         time.sleep(1)
 
 
 def client_config(kubeconfig: Path, bootstrap: Path | None, cert_dir: Path, rotate: bool, log) -> Kubeconfig | None:
-    """The kubelet's credentials, as LoadClientConfig and the certificate manager of the 1.20 kubelet decide.
-
-    A valid kubeconfig is used (with rotateCertificates, its certificate seeds an empty store). Otherwise
-    kubelet.conf is written from the bootstrap kubeconfig pointing at kubelet-client-current.pem, and when
-    that file holds no valid certificate the bootstrap kubeconfig is returned: request one with it.
-    """
+    """LoadClientConfig + the certificate manager (1.20): a valid kubeconfig is used (with rotation, its certificate
+    seeds an empty store); else kubelet.conf is written from the bootstrap kubeconfig pointing at the store's current
+    file, and the bootstrap kubeconfig is returned when that file holds no valid certificate: request one with it."""
     current = cert_dir / "kubelet-client-current.pem"
     if kubeconfig.exists():
         try:
             config = load_kubeconfig(kubeconfig)
         except ApiError as exc:
+            config = Kubeconfig("", b"")
             log(f"existing kubeconfig is not usable: {exc}")
-        else:
-            if certificate_valid(config.cert_pem):
-                if rotate and not current.exists() and config.key_pem:
-                    store_certificate(cert_dir, config.cert_pem, config.key_pem)
-                return None
+        if certificate_valid(config.cert_pem):
+            if rotate and config.key_pem and not current.exists():
+                store_certificate(cert_dir, config.cert_pem, config.key_pem)
+            return None
     if bootstrap is None:
         raise ApiError(f"{kubeconfig} holds no valid client certificate and no --bootstrap-kubeconfig was given")
     boot = load_kubeconfig(bootstrap)
     write_kubeconfig(kubeconfig, boot.server, boot.ca_pem, current)
-    if current.exists() and certificate_valid(current.read_bytes()):
+    if certificate_valid(current.read_bytes() if current.exists() else b""):
         log(f"using the client certificate in {current}: no bootstrap needed")
         return None
     log(f"no valid client certificate in {current}: TLS bootstrap with {bootstrap}")

@@ -1,123 +1,81 @@
-"""`crictl`: the commands kubeadm 1.20 runs (info, inspecti, pull, pods, stopp, rmp) and version.
-
-Images are present when images.resolve() maps them to a local binary of the tagged version;
-pods are the stand-in's static pods (pods.read_states()). Another endpoint fails as a real
-crictl does when nothing listens there.
-"""
+"""`crictl`: the calls kubeadm 1.20 makes (-r ENDPOINT info, inspecti, pull, pods, stopp, rmp); see README.md."""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import sys
 
-from . import RUNTIME, RUNTIME_VERSION, StandinError, same_endpoint
-from .images import ImageError, resolve
-from .pods import pods_dir, read_states, running, stop_container
+from . import StandinError, resolve_image, same_endpoint
+from .pods import PODS, read_states, running, stop_container
 
-VALUE_OPTIONS = {"-r": "runtime-endpoint", "--runtime-endpoint": "runtime-endpoint", "-i": "image-endpoint",
-                 "--image-endpoint": "image-endpoint", "-t": "timeout", "--timeout": "timeout",
-                 "-c": "config", "--config": "config"}
-FLAG_OPTIONS = {"-D", "--debug"}
-
-
-def fatal(message: str) -> int:
-    print(f'time="{datetime.datetime.now().astimezone().isoformat(timespec="seconds")}" level=fatal msg="{message}"',
-          file=sys.stderr)
-    return 1
+INFO = {"status": {"conditions": [
+    {"type": "RuntimeReady", "status": True, "reason": "", "message": ""},
+    {"type": "NetworkReady", "status": False, "reason": "NetworkPluginNotReady",
+     "message": "kubelet-standin runs static pods as host processes, with no pod network"}]}}
 
 
-def pod_id(states: dict[str, dict], wanted: str) -> tuple[str, dict]:
-    """The pod a (possibly truncated) id names."""
-    found = [(key, state) for key, state in states.items() if state["id"].startswith(wanted)]
-    if len(found) != 1:
-        raise StandinError(f"{'no' if not found else 'more than one'} pod sandbox matches {wanted!r}")
-    return found[0]
+def image(command: str, reference: str) -> str:
+    try:
+        _, binary, version = resolve_image(reference)
+    except StandinError as exc:
+        raise StandinError(f"{'pulling image' if command == 'pull' else 'no such image'}: {exc}") from None
+    image_id = "sha256:" + hashlib.sha256(f"{binary}:{binary.stat().st_size}:{version}".encode()).hexdigest()
+    if command == "pull":
+        return f"Image is up to date for {image_id}\n"
+    status = {"id": image_id, "repoTags": [reference], "repoDigests": [], "size": str(binary.stat().st_size)}
+    return json.dumps({"status": status, "info": {"binary": str(binary)}}, indent=2) + "\n"
 
 
-def command_info() -> None:
-    conditions = [{"type": "RuntimeReady", "status": True, "reason": "", "message": ""},
-                  {"type": "NetworkReady", "status": False, "reason": "NetworkPluginNotReady",
-                   "message": "kubelet-standin runs static pods as host processes only, no pod network"}]
-    print(json.dumps({"status": {"conditions": conditions}}, indent=2))
-
-
-def command_pods(args: list[str]) -> None:
-    states = read_states()
-    if "-q" in args or "--quiet" in args:
-        print("".join(f"{state['id']}\n" for state in states.values()), end="")
-        return
-    print(f"{'POD ID':<16}{'CREATED':<22}{'STATE':<10}{'NAME':<40}{'NAMESPACE':<14}ATTEMPT")
-    for state in states.values():
-        ready = "Ready" if all(running(c) for c in state["containers"]) else "NotReady"
-        created = datetime.datetime.fromtimestamp(state["created"]).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{state['id'][:13]:<16}{created:<22}{ready:<10}{state['name']:<40}{state['namespace']:<14}0")
-
-
-def command_stopp(ids: list[str]) -> None:
-    states = read_states()
+def stop_or_remove(command: str, ids: list[str]) -> str:
+    out, states = "", read_states()
     for wanted in ids:
-        _, state = pod_id(states, wanted)
-        for container in state["containers"]:
-            stop_container(container, state.get("grace", 30.0))
-        print(f"Stopped sandbox {state['id']}")
-
-
-def command_rmp(ids: list[str]) -> None:
-    states = read_states()
-    for wanted in ids:
-        key, state = pod_id(states, wanted)
-        if any(running(c) for c in state["containers"]):
+        found = [(key, state) for key, state in states.items() if state["id"].startswith(wanted)]
+        if len(found) != 1:
+            raise StandinError(f"{'no' if not found else 'more than one'} pod sandbox matches {wanted!r}")
+        key, state = found[0]
+        if command == "stopp":
+            for container in state["containers"]:
+                stop_container(container, state["grace"])
+        elif any(map(running, state["containers"])):
             raise StandinError(f"pod sandbox {state['id']} is running, please stop it first")
-        (pods_dir() / f"{key}.json").unlink(missing_ok=True)
-        print(f"Removed sandbox {state['id']}")
+        else:
+            (PODS / f"{key}.json").unlink(missing_ok=True)
+        out += f"{'Stopped' if command == 'stopp' else 'Removed'} sandbox {state['id']}\n"
+    return out
 
 
 def main(argv: list[str]) -> int:
-    options, args = {"runtime-endpoint": os.environ.get("CONTAINER_RUNTIME_ENDPOINT", "")}, list(argv)
-    while args and args[0].startswith("-"):
-        name, equals, value = args.pop(0).partition("=")
-        if name in FLAG_OPTIONS:
-            continue
-        if name not in VALUE_OPTIONS:
-            return fatal(f"flag provided but not defined: {name}")
-        if not equals:
-            if not args:
-                return fatal(f"flag needs an argument: {name}")
-            value = args.pop(0)
-        options[VALUE_OPTIONS[name]] = value
-    if not args:
-        return fatal("a command is required (info, version, inspecti, pull, pods, stopp, rmp)")
-    command, args = args[0], args[1:]
-    endpoint = options["runtime-endpoint"] or "unix:///var/run/dockershim.sock"
-    if not same_endpoint(endpoint):
-        return fatal(f"connect: connect endpoint '{endpoint}', make sure you are running as root and the endpoint "
-                     "has been started: context deadline exceeded")
+    endpoint, args = os.environ.get("CONTAINER_RUNTIME_ENDPOINT", "unix:///var/run/dockershim.sock"), list(argv)
     try:
-        if command == "info":
-            command_info()
-        elif command == "version":
-            print(f"Version:  0.1.0\nRuntimeName:  {RUNTIME}\nRuntimeVersion:  {RUNTIME_VERSION}\n"
-                  "RuntimeApiVersion:  v1alpha2")
-        elif command in ("inspecti", "pull") and len(args) == 1:
-            image = resolve(args[0])
-            if command == "pull":
-                print(f"Image is up to date for {image.image_id}")
-            else:
-                print(json.dumps({"status": {"id": image.image_id, "repoTags": [image.reference], "repoDigests": [],
-                                             "size": str(image.binary.stat().st_size), "username": ""},
-                                  "info": {"binary": str(image.binary), "version": image.version}}, indent=2))
-        elif command == "pods":
-            command_pods(args)
-        elif command in ("stopp", "rmp") and args:
-            (command_stopp if command == "stopp" else command_rmp)(args)
+        while args and args[0].split("=")[0] in ("-r", "--runtime-endpoint"):
+            option, equals, endpoint = args.pop(0).partition("=")
+            if not equals and not args:
+                raise StandinError(f"flag needs an argument: {option}")
+            endpoint = endpoint if equals else args.pop(0)
+        if args and args[0].startswith("-"):
+            raise StandinError(f"flag provided but not defined: {args[0]}")
+        if not same_endpoint(endpoint):
+            raise StandinError(f"connect: connect endpoint '{endpoint}', make sure you are running as root and the "
+                               "endpoint has been started: context deadline exceeded")
+        command, rest = (args or [""])[0], args[1:]
+        if command == "info" and not rest:
+            print(json.dumps(INFO, indent=2))
+        elif command in ("inspecti", "pull") and len(rest) == 1:
+            print(image(command, rest[0]), end="")
+        elif command == "pods" and rest in ([], ["-q"], ["--quiet"]):
+            for pod in read_states().values():
+                ready = "Ready" if all(map(running, pod["containers"])) else "NotReady"
+                print(pod["id"] if rest else f"{pod['id'][:13]}  {pod['name']}  {pod['namespace']}  {ready}")
+        elif command in ("stopp", "rmp") and rest:
+            print(stop_or_remove(command, rest), end="")
         else:
-            return fatal(f"unknown command or wrong arguments: {' '.join([command, *args])}")
-    except ImageError as exc:
-        prefix = "no such image" if command == "inspecti" else "pulling image"
-        return fatal(f"{prefix}: {exc}")
+            raise StandinError(f"unsupported: {' '.join(args) or 'no command'} (info inspecti pull pods stopp rmp)")
     except StandinError as exc:
-        return fatal(str(exc))
+        stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        print(f'time="{stamp}" level=fatal msg="{exc}"', file=sys.stderr)
+        return 1
     return 0
 
 

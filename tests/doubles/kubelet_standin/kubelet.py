@@ -16,11 +16,10 @@ from .api import Client, client_config, load_kubeconfig, request_certificate, st
 from .node import NodeAgent, parse_labels, parse_taints
 from .pods import StaticPods
 
-FLAGS = {line.rstrip("="): line.endswith("=")
-         for line in (Path(__file__).parent / "kubelet-flags.txt").read_text().splitlines()
-         if line and not line.startswith("#")}
-SHORTHANDS = {"v": "v", "h": "help"}
+FLAGS = {line.rstrip("="): line.endswith("=") for line in
+         (Path(__file__).parent / "kubelet-flags.txt").read_text().splitlines() if line and not line.startswith("#")}
 HEARTBEAT_SECONDS, SYNC_SECONDS = 10.0, 2.0
+KUBELET_CONFIG = ("kubelet.config.k8s.io/v1beta1", "KubeletConfiguration")
 
 
 def log(message: str) -> None:
@@ -32,17 +31,15 @@ def parse_flags(argv: list[str]) -> dict[str, str]:
     values: dict[str, str] = {}
     args = iter(argv)
     for arg in args:
-        if arg.startswith("--"):
-            name, equals, value = arg[2:].partition("=")
-            if name not in FLAGS:
-                raise StandinError(f"unknown flag: --{name}")
-        elif arg.startswith("-") and len(arg) > 1:
-            short, equals, value = arg[1:].partition("=")
-            if short not in SHORTHANDS:
-                raise StandinError(f"unknown shorthand flag: {short[0]!r} in -{short}")
-            name = SHORTHANDS[short]
-        else:
+        name, equals, value = arg.lstrip("-").partition("=")
+        if not arg.startswith("-") or arg == "-":
             raise StandinError(f"unknown command: {arg}")
+        if arg.startswith("--") and name not in FLAGS:
+            raise StandinError(f"unknown flag: --{name}")
+        if not arg.startswith("--"):
+            if name not in ("v", "h"):
+                raise StandinError(f"unknown shorthand flag: {name[0]!r} in -{name}")
+            name = {"v": "v", "h": "help"}[name]
         if FLAGS[name] and not equals:
             value = next(args, None)
             if value is None:
@@ -51,64 +48,44 @@ def parse_flags(argv: list[str]) -> dict[str, str]:
     return values
 
 
-def load_config(path: str) -> dict:
-    try:
-        config = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise StandinError(f"failed to load Kubelet config file {path}, error: {exc}") from None
-    if (config.get("apiVersion"), config.get("kind")) != ("kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"):
-        raise StandinError(f"failed to load Kubelet config file {path}: not a kubelet.config.k8s.io/v1beta1 "
-                           "KubeletConfiguration")
-    return config
-
-
 def node_address(hostname: str) -> str:
-    """The hostname's address, or (loopback or unresolvable) the address of the default route's interface."""
+    """The hostname's first non-loopback address, else the address of the default route's interface."""
     try:
-        address = socket.gethostbyname(hostname)
-        if not address.startswith("127."):
-            return address
-    except OSError:
-        pass
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("10.255.255.255", 1))
-        return probe.getsockname()[0]
+        return next(a for a in socket.gethostbyname_ex(hostname)[2] if not a.startswith("127."))
+    except (OSError, StopIteration):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.255.255.255", 1))
+            return probe.getsockname()[0]
 
 
-def serve_healthz(address: str, port: int) -> None:
-    class Healthz(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            ok = self.path == "/healthz"
-            self.send_response(200 if ok else 404)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
-            self.end_headers()
-            self.wfile.write(b"ok" if ok else b"404 page not found\n")
+class Healthz(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/healthz" else 404)
+        self.end_headers()
+        self.wfile.write(b"ok" if self.path == "/healthz" else b"404 page not found\n")
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer((address, port), Healthz)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    def log_message(self, *args) -> None:
+        """No access log."""
 
 
-def run_node(agent_args: dict, kubeconfig: Path, boot, cert_dir: Path, node_name: str) -> None:
+def run_node(agent_args: dict, kubeconfig: Path, boot, cert_dir: Path) -> None:
     """Finish the TLS bootstrap if needed, register the Node, then heartbeat every 10 s (retrying on errors)."""
     last_error, agent = "", None
     while True:
         try:
             if boot is not None:
-                store_certificate(cert_dir, *request_certificate(Client(boot), node_name, log))
+                store_certificate(cert_dir, *request_certificate(Client(boot), agent_args["name"], log))
                 log(f"client certificate issued and stored in {cert_dir}")
                 boot = None
             if agent is None:
-                candidate = NodeAgent(Client(load_kubeconfig(kubeconfig)), **agent_args)
-                candidate.register()
-                agent = candidate
-                log(f"node {node_name} registered")
+                agent = NodeAgent(Client(load_kubeconfig(kubeconfig)), **agent_args)
+                agent.register()
+                log(f"node {agent.name} registered")
             agent.heartbeat()
             last_error = ""
             time.sleep(HEARTBEAT_SECONDS)
         except StandinError as exc:
+            agent = agent if agent is not None and agent.uid else None
             if str(exc) != last_error:
                 log(f"will retry: {exc}")
             last_error = str(exc)
@@ -118,40 +95,51 @@ def run_node(agent_args: dict, kubeconfig: Path, boot, cert_dir: Path, node_name
 def main(argv: list[str]) -> int:
     try:
         flags = parse_flags(argv)
-        if flags.get("help") == "true":
-            print("Usage:\n  kubelet [flags]\n\nFlags (those of the real kubelet; see tests/doubles/kubelet_standin):\n  "
-                  + "\n  ".join(f"--{name}{' value' if value else ''}" for name, value in sorted(FLAGS.items())))
+        if flags.get("help", "false") != "false":
+            print("Usage: kubelet [flags]\n" + "".join(f"  --{flag}{' value' * value}\n" for flag, value in FLAGS.items()))
             return 0
         if flags.get("version", "false") != "false":
             print(f"Kubernetes {kubernetes_version()}")
             return 0
-        config = load_config(flags["config"]) if "config" in flags else {}
+        config: dict = {}
+        if "config" in flags:
+            try:
+                config = yaml.safe_load(Path(flags["config"]).read_text())
+            except (OSError, yaml.YAMLError) as exc:
+                raise StandinError(f"failed to load Kubelet config file {flags['config']}, error: {exc}") from None
+            if not isinstance(config, dict) or (config.get("apiVersion"), config.get("kind")) != KUBELET_CONFIG:
+                raise StandinError(f"failed to load Kubelet config file {flags['config']}: not a {' '.join(KUBELET_CONFIG)}")
+
+        def setting(flag: str, field: str, default: object) -> str:
+            return str(flags.get(flag, config.get(field, default)))
+
         runtime, endpoint = flags.get("container-runtime", "docker"), flags.get("container-runtime-endpoint", "")
         if runtime != "remote" or not same_endpoint(endpoint):
-            raise StandinError(f"failed to run Kubelet: container runtime {runtime!r} at {endpoint or 'default'!r} "
-                               f"is not available: this stand-in serves only --container-runtime=remote "
+            raise StandinError(f"failed to run Kubelet: container runtime {runtime!r} at {endpoint or 'default'!r} is "
+                               f"unavailable: the stand-in serves only --container-runtime=remote "
                                f"--container-runtime-endpoint={ENDPOINT}")
         hostname = socket.gethostname().lower()
-        node_name = flags.get("hostname-override", hostname).lower()
-        cert_dir = Path(flags.get("cert-dir", "/var/lib/kubelet/pki"))
-        kubeconfig = Path(flags.get("kubeconfig", "/etc/kubernetes/kubelet.conf"))
-        rotate = flags.get("rotate-certificates", str(config.get("rotateCertificates", False))).lower() == "true"
+        if not flags.get("kubeconfig"):
+            raise StandinError("--kubeconfig is needed: the stand-in does not run in standalone mode")
+        cert_dir, kubeconfig = Path(flags.get("cert-dir", "/var/lib/kubelet/pki")), Path(flags["kubeconfig"])
         bootstrap = Path(flags["bootstrap-kubeconfig"]) if flags.get("bootstrap-kubeconfig") else None
+        rotate = setting("rotate-certificates", "rotateCertificates", False).lower() == "true"
         boot = client_config(kubeconfig, bootstrap, cert_dir, rotate, log)
-        agent_args = {
-            "name": node_name, "hostname": hostname, "version": kubernetes_version(),
-            "address": flags.get("node-ip") or node_address(hostname),
-            "labels": parse_labels(flags.get("node-labels", "")), "taints": parse_taints(flags.get("register-with-taints", "")),
-            "max_pods": int(flags.get("max-pods", config.get("maxPods", 110)))}
-        serve_healthz(flags.get("healthz-bind-address", config.get("healthzBindAddress", "127.0.0.1")),
-                      int(flags.get("healthz-port", config.get("healthzPort", 10248))))
+        agent_args = {"name": flags.get("hostname-override", hostname).lower(), "hostname": hostname,
+                      "version": kubernetes_version(), "address": flags.get("node-ip") or node_address(hostname),
+                      "labels": parse_labels(flags.get("node-labels", "")),
+                      "taints": parse_taints(flags.get("register-with-taints", "")),
+                      "max_pods": int(setting("max-pods", "maxPods", 110))}
+        server = ThreadingHTTPServer((setting("healthz-bind-address", "healthzBindAddress", "127.0.0.1"),
+                                      int(setting("healthz-port", "healthzPort", 10248))), Healthz)
     except (StandinError, OSError, ValueError) as exc:
         print(f"F{time.strftime('%m%d %H:%M:%S')} kubelet-standin] {exc}", file=sys.stderr, flush=True)
         return 255
-    log(f"node {node_name}: {'valid client credentials' if boot is None else 'TLS bootstrap in the background'}")
-    threading.Thread(target=run_node, args=(agent_args, kubeconfig, boot, cert_dir, node_name), daemon=True).start()
-    manifests = flags.get("pod-manifest-path", config.get("staticPodPath", ""))
-    pods = StaticPods(Path(manifests), node_name, log) if manifests else None
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log(f"node {agent_args['name']}: {'TLS bootstrap in the background' if boot else 'valid client credentials'}")
+    threading.Thread(target=run_node, args=(agent_args, kubeconfig, boot, cert_dir), daemon=True).start()
+    manifests = setting("pod-manifest-path", "staticPodPath", "")
+    pods = StaticPods(Path(manifests), agent_args["name"], log) if manifests else None
     # SIGTERM ends the stand-in only: its pods run on (KillMode=process), as containers outlive a kubelet.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:

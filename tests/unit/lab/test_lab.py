@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cklab import LabError, __main__ as cli, base, host, measure, plan, tpm
+from cklab import LabError, __main__ as cli, base, host, lab as lab_commands, measure, plan, tpm
 from cklab.inventory import render_inventory, ssh_options
+from cklab.paths import LabPaths, kubernetes_bin_dir
 
 LAB = Path(__file__).resolve().parents[2] / "lab" / "lab"
 IMAGE_ID = "7897f4d0de52b9cf38ee49621214c44fb3c93c38d33edd2f8eb43f6c280e867f"
@@ -249,6 +250,31 @@ def test_base_cache_key_follows_requirements_and_build_script():
     assert key != base.cache_key("pyyaml>=6\n", "script v2")
 
 
+def test_kubernetes_binaries_come_from_ck_kubernetes_bin_else_the_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("CK_KUBERNETES_BIN", raising=False)
+    assert kubernetes_bin_dir(tmp_path) == tmp_path / "kubernetes/v1.20.2/bin"
+    monkeypatch.setenv("CK_KUBERNETES_BIN", str(tmp_path / "prebuilt"))
+    assert kubernetes_bin_dir(tmp_path / "cache") == tmp_path / "prebuilt"
+
+
+def test_missing_kubernetes_binaries_are_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("CK_KUBERNETES_BIN", str(tmp_path))
+    for name in ("kubeadm", "kubectl", "etcd"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    with pytest.raises(LabError) as error:
+        lab_commands.check_kubernetes_bin(LabPaths(tmp_path, tmp_path, tmp_path))
+    assert str(error.value) == (
+        f"Kubernetes binaries missing from {tmp_path}: etcdctl helm-3.17.2 kube-apiserver kube-controller-manager "
+        "kube-scheduler (build them there, or set CK_KUBERNETES_BIN to a directory that has them)")
+
+
+def test_hosts_file_names_localhost_and_the_node_itself():
+    assert base.hosts_file("worker-3", "10.77.0.23").splitlines() == [
+        "127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", "10.77.0.23\tworker-3"]
+    assert "worker" not in base.hosts_file()
+
+
 def test_cli_reports_bad_input_in_one_line(capsys):
     assert cli.main(["up", "--tamper", "worker-9"]) == 1
     err = capsys.readouterr().err
@@ -262,6 +288,10 @@ def _lab_unavailable() -> str | None:
         return "the lab needs root"
     if host.missing_packages():
         return "missing host packages: " + " ".join(host.missing_packages())
+    try:
+        lab_commands.check_kubernetes_bin(LabPaths.from_environment())
+    except LabError as exc:
+        return str(exc)
     if Path("/sys/class/net", plan.BRIDGE).exists():
         return f"a lab is already running (bridge {plan.BRIDGE} exists); not disturbing it"
     return None
