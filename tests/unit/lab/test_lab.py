@@ -263,7 +263,7 @@ def test_missing_kubernetes_binaries_are_named(monkeypatch, tmp_path):
         (tmp_path / name).write_text("#!/bin/sh\n")
         (tmp_path / name).chmod(0o755)
     with pytest.raises(LabError) as error:
-        lab_commands.check_kubernetes_bin(LabPaths(tmp_path, tmp_path, tmp_path))
+        lab_commands.ensure_kubernetes_bin(LabPaths(tmp_path, tmp_path, tmp_path))
     assert str(error.value) == (
         f"Kubernetes binaries missing from {tmp_path}: etcdctl helm-3.17.2 kube-apiserver kube-controller-manager "
         "kube-scheduler (build them there, or set CK_KUBERNETES_BIN to a directory that has them)")
