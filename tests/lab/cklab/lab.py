@@ -74,9 +74,14 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
 def ensure_kubernetes_bin(paths: LabPaths) -> None:
     """The nodes run the real binaries bound from paths.kubernetes_bin: the cache's build, made and verified here,
     or a directory given as CK_KUBERNETES_BIN, which must hold all of them."""
-    if not os.environ.get("CK_KUBERNETES_BIN"):
+    if os.environ.get("CK_KUBERNETES_BIN"):
+        check_kubernetes_bin(paths)
+    else:
         kubernetes.ensure_kubernetes(paths, log=log)
-        return
+
+
+def check_kubernetes_bin(paths: LabPaths) -> None:
+    """Every binary the nodes run is in paths.kubernetes_bin (nothing is built or verified here)."""
     missing = [name for name in sorted(set(base_image.KUBERNETES_TOOLS.values()))
                if not os.access(paths.kubernetes_bin / name, os.X_OK)]
     if missing:
