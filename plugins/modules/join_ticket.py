@@ -85,10 +85,11 @@ options:
     default: /etc/confidential-kubernetes/cluster-secrets.json
   kubelet_version:
     description:
-      - The node's kubelet version (C(kubelet --version), as M(confidential.kubernetes.kubeadm_join) with O(confidential.kubernetes.kubeadm_join#module:preflight=true)
-        returns it). When set and the ticket names the cluster's Kubernetes version, the kubelet skew policy is checked
-        after the ticket is opened and before the node lock: a kubelet newer than the API server's minor, or more minors
-        older than the policy allows (2; 3 from API server 1.28 for kubelets from 1.25), fails and leaves the node unlocked.
+      - The node's kubelet version (C(kubelet --version), as M(confidential.kubernetes.kubeadm_join) returns it with
+        O(confidential.kubernetes.kubeadm_join#module:preflight=true)).
+      - When set and the ticket names the cluster's Kubernetes version, the kubelet skew policy is checked after the
+        ticket is opened and before the node lock. A kubelet of a newer minor than the API server, or more minors older
+        than the policy allows (2, or 3 from API server 1.28 for kubelets from 1.25), fails and leaves the node unlocked.
     type: str
     default: ""
     version_added: 0.2.0

@@ -22,11 +22,11 @@ description:
     single-use tokens that the attested join service mints. Tokens and certificate keys are masked in all output.
   - If C(kubeadm init) fails, the task fails with kubeadm's error and V(needs_reset=true); a node that already took the
     node lock must be reset (C(kubeadm reset) and a reboot) before it can be initialised again.
-  - With O(preflight=true) nothing is initialised: the checks the init role runs before the node lock. The installed
-    kubeadm's and kubelet's versions (C(kubeadm version -o short), C(kubelet --version)) must equal
-    O(kubernetes_version) when it is set; the rendered configuration is validated as above and
-    C(kubeadm init phase preflight) runs on it with O(ignore_preflight_errors) (it pulls the images kubeadm needs;
-    in check mode it does not run). A failure names what to fix. An initialised node is not checked again.
+  - With O(preflight=true) nothing is initialised; the module makes the checks the init role runs before the node
+    lock. The installed kubeadm's and kubelet's versions (C(kubeadm version -o short), C(kubelet --version)) must equal
+    O(kubernetes_version) when it is set, the rendered configuration is validated as above, and
+    C(kubeadm init phase preflight) runs on it with O(ignore_preflight_errors). That pulls the images kubeadm needs,
+    so in check mode it does not run. A failure names what to fix. An initialised node is not checked again.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:

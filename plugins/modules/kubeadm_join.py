@@ -18,15 +18,16 @@ description:
   - Control planes join with C(controlPlane.localAPIEndpoint) and skip kubeadm's C(control-plane-prepare/download-certs)
     phase, because the join ticket already placed their PKI files.
   - Nothing changes on a node that has joined (C(/etc/kubernetes/kubelet.conf) exists).
-  - With O(preflight=true) nothing is joined: the checks the join role runs before the node has a ticket (and so before
-    the node lock). The installed kubeadm's and kubelet's versions (C(kubeadm version -o short), C(kubelet --version))
-    must equal O(kubernetes_version) when it is set, and C(kubeadm join phase preflight) runs the checks kubeadm makes
-    before discovery (root, an empty C(/etc/kubernetes/manifests), no C(kubelet.conf), C(bootstrap-kubelet.conf) or,
-    on workers, C(ca.crt), the container runtime, port 10250, swap, the kubelet, required binaries, C(ip_forward),
-    C(bridge-nf-call-iptables)). Discovery is a local placeholder file that kubeadm cannot parse, so nothing is dialled;
-    kubeadm's control-plane checks (ports 6443, 2379, 2380, 10257, 10259, the etcd directory) and image pulls need the
-    cluster's configuration and run only in the join itself. O(api_server_endpoint) and O(ca_cert_hashes) are not
-    needed. In check mode C(kubeadm join phase preflight) does not run. A joined node is not checked again.
+  - With O(preflight=true) nothing is joined; the module makes the checks the join role runs before the node has a
+    ticket, and so before the node lock. The installed kubeadm's and kubelet's versions (C(kubeadm version -o short),
+    C(kubelet --version)) must equal O(kubernetes_version) when it is set, and C(kubeadm join phase preflight) runs the
+    checks kubeadm makes before discovery (root, an empty C(/etc/kubernetes/manifests), no C(kubelet.conf),
+    C(bootstrap-kubelet.conf) or, on workers, C(ca.crt), the container runtime, port 10250, swap, the kubelet,
+    required binaries, C(ip_forward), C(bridge-nf-call-iptables)). Discovery is a local placeholder file that kubeadm
+    cannot parse, so nothing is dialled. kubeadm's control-plane checks (ports 6443, 2379, 2380, 10257, 10259, the etcd
+    directory) and image pulls need the cluster's configuration and run only in the join itself.
+    O(api_server_endpoint) and O(ca_cert_hashes) are not needed. In check mode C(kubeadm join phase preflight) does not
+    run. A joined node is not checked again.
   - The cluster's version is compared with the kubelet's (the skew policy) by M(confidential.kubernetes.join_ticket),
     after it opened the ticket and before it locks the node.
 author:

@@ -39,7 +39,7 @@ def test_installed_binaries_must_equal_kubernetes_version():
     with pytest.raises(PreflightError) as failed:
         check_installed("v1.20.2", {"kubeadm": "v1.20.2", "kubelet": "Kubernetes v1.20.5"})
     assert "kubelet is v1.20.5 but kubernetes_version is v1.20.2" in str(failed.value)
-    assert "kubeadm" not in str(failed.value).split(" but ")[0] and "not locked" in str(failed.value)
+    assert "kubeadm" not in str(failed.value).split(" but ", maxsplit=1)[0] and "not locked" in str(failed.value)
 
 
 def test_no_kubernetes_version_means_no_equality_check():
