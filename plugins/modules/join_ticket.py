@@ -83,6 +83,16 @@ options:
     description: Where a control plane keeps the cluster secrets for its own join service (mode 0600).
     type: path
     default: /etc/confidential-kubernetes/cluster-secrets.json
+  kubelet_version:
+    description:
+      - The node's kubelet version (C(kubelet --version), as M(confidential.kubernetes.kubeadm_join) returns it with
+        O(confidential.kubernetes.kubeadm_join#module:preflight=true)).
+      - When set and the ticket names the cluster's Kubernetes version, the kubelet skew policy is checked after the
+        ticket is opened and before the node lock. A kubelet of a newer minor than the API server, or more minors older
+        than the policy allows (2, or 3 from API server 1.28 for kubelets from 1.25), fails and leaves the node unlocked.
+    type: str
+    default: ""
+    version_added: 0.2.0
 """
 
 EXAMPLES = r"""
@@ -154,6 +164,7 @@ def main() -> None:
             join_record=dict(type="path", default=JOIN_RECORD),
             secrets_file=dict(type="path", default=SECRETS_FILE, no_log=False),
             tcti=dict(type="str", default="auto"),
+            kubelet_version=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )

@@ -22,6 +22,11 @@ description:
     single-use tokens that the attested join service mints. Tokens and certificate keys are masked in all output.
   - If C(kubeadm init) fails, the task fails with kubeadm's error and V(needs_reset=true); a node that already took the
     node lock must be reset (C(kubeadm reset) and a reboot) before it can be initialised again.
+  - With O(preflight=true) nothing is initialised; the module makes the checks the init role runs before the node
+    lock. The installed kubeadm's and kubelet's versions (C(kubeadm version -o short), C(kubelet --version)) must equal
+    O(kubernetes_version) when it is set, the rendered configuration is validated as above, and
+    C(kubeadm init phase preflight) runs on it with O(ignore_preflight_errors). That pulls the images kubeadm needs,
+    so in check mode it does not run. A failure names what to fix. An initialised node is not checked again.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
@@ -100,6 +105,17 @@ options:
     description: Where the rendered configuration is kept (mode 0600).
     type: path
     default: /etc/kubernetes/kubeadm-init.yaml
+  preflight:
+    description:
+      - Only check the node (versions, configuration, C(kubeadm init phase preflight)); change nothing.
+    type: bool
+    default: false
+    version_added: 0.2.0
+  kubelet_binary_path:
+    description: The kubelet whose version O(preflight=true) compares with O(kubernetes_version).
+    type: path
+    default: kubelet
+    version_added: 0.2.0
 """
 
 EXAMPLES = r"""
@@ -139,6 +155,20 @@ stdout:
   description: kubeadm's output, tokens and certificate keys masked.
   returned: when kubeadm init ran
   type: str
+preflight:
+  description:
+    - V(passed) (every check ran), V(checked) (check mode, without C(kubeadm init phase preflight)) or V(initialised)
+      (the node was initialised, nothing was checked).
+  returned: with O(preflight=true)
+  type: str
+kubeadm_version:
+  description: The installed kubeadm's version.
+  returned: when O(preflight=true) checked the node
+  type: str
+kubelet_version:
+  description: The installed kubelet's version, as C(kubelet --version) prints it.
+  returned: when O(preflight=true) checked the node
+  type: str
 """
 
 import os
@@ -149,6 +179,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
     ADMIN_CONF, CA_CERT, INIT_RECORD, KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version,
     render_init_config, skip_phases)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS, preflight_init
 
 OPTION_NAMES = list(InitOptions.__dataclass_fields__)
 
@@ -177,6 +208,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             KUBEADM_OPTIONS,
+            **PREFLIGHT_OPTIONS,
             node_name=dict(type="str"),
             advertise_address=dict(type="str"),
             bind_port=dict(type="int", default=6443),
@@ -205,6 +237,9 @@ def main() -> None:
         options.kubernetes_version = options.kubernetes_version or kubeadm.version()
         rendered = render_init_config(options, api_version)
         result["config_api_version"] = api_version
+        if params["preflight"]:
+            module.exit_json(**dict(result, **preflight_init(kubeadm, rendered, params["kubernetes_version"] or "", params["kubelet_binary_path"],
+                                                             params["ignore_preflight_errors"], module.check_mode)))
         previous = _read(params["config_path"])
         if module._diff:
             result["diff"] = dict(before=previous, after=rendered, before_header=params["config_path"], after_header="rendered")

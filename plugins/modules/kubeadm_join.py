@@ -18,6 +18,18 @@ description:
   - Control planes join with C(controlPlane.localAPIEndpoint) and skip kubeadm's C(control-plane-prepare/download-certs)
     phase, because the join ticket already placed their PKI files.
   - Nothing changes on a node that has joined (C(/etc/kubernetes/kubelet.conf) exists).
+  - With O(preflight=true) nothing is joined; the module makes the checks the join role runs before the node has a
+    ticket, and so before the node lock. The installed kubeadm's and kubelet's versions (C(kubeadm version -o short),
+    C(kubelet --version)) must equal O(kubernetes_version) when it is set, and C(kubeadm join phase preflight) runs the
+    checks kubeadm makes before discovery (root, an empty C(/etc/kubernetes/manifests), no C(kubelet.conf),
+    C(bootstrap-kubelet.conf) or, on workers, C(ca.crt), the container runtime, port 10250, swap, the kubelet,
+    required binaries, C(ip_forward), C(bridge-nf-call-iptables)). Discovery is a local placeholder file that kubeadm
+    cannot parse, so nothing is dialled. kubeadm's control-plane checks (ports 6443, 2379, 2380, 10257, 10259, the etcd
+    directory) and image pulls need the cluster's configuration and run only in the join itself.
+    O(api_server_endpoint) and O(ca_cert_hashes) are not needed. In check mode C(kubeadm join phase preflight) does not
+    run. A joined node is not checked again.
+  - The cluster's version is compared with the kubelet's (the skew policy) by M(confidential.kubernetes.join_ticket),
+    after it opened the ticket and before it locks the node.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
@@ -34,14 +46,12 @@ attributes:
     support: full
 options:
   api_server_endpoint:
-    description: The control-plane endpoint (host:port) to discover the cluster at.
+    description: The control-plane endpoint (host:port) to discover the cluster at. Required unless O(preflight=true).
     type: str
-    required: true
   ca_cert_hashes:
-    description: CA pins, C(sha256:) and the hex SHA-256 of the CA's SubjectPublicKeyInfo.
+    description: CA pins, C(sha256:) and the hex SHA-256 of the CA's SubjectPublicKeyInfo. Required unless O(preflight=true).
     type: list
     elements: str
-    required: true
   token_file:
     description: File on the node holding the bootstrap token (mode 0600). Deleted after a successful join.
     type: path
@@ -65,6 +75,22 @@ options:
     type: list
     elements: str
     default: []
+  preflight:
+    description:
+      - Only check the node (versions, C(kubeadm join phase preflight) up to discovery); change nothing.
+    type: bool
+    default: false
+    version_added: 0.2.0
+  kubernetes_version:
+    description: With O(preflight=true), the version the installed kubeadm and kubelet must have (empty, any).
+    type: str
+    default: ""
+    version_added: 0.2.0
+  kubelet_binary_path:
+    description: The kubelet whose version O(preflight=true) checks.
+    type: path
+    default: kubelet
+    version_added: 0.2.0
 """
 
 EXAMPLES = r"""
@@ -93,12 +119,27 @@ stdout:
   description: kubeadm's output, tokens and certificate keys masked.
   returned: when kubeadm join ran
   type: str
+preflight:
+  description:
+    - V(passed) (every check ran), V(checked) (check mode, without C(kubeadm join phase preflight)) or V(joined) (the
+      node has joined, nothing was checked).
+  returned: with O(preflight=true)
+  type: str
+kubeadm_version:
+  description: The installed kubeadm's version.
+  returned: when O(preflight=true) checked the node
+  type: str
+kubelet_version:
+  description: The installed kubelet's version, as C(kubelet --version) prints it (for M(confidential.kubernetes.join_ticket)).
+  returned: when O(preflight=true) checked the node
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    KUBEADM_OPTIONS, TOKEN_FILE, JoinOptions, Kubeadm, KubeadmError, join_with_token_file)
+    KUBEADM_OPTIONS, TOKEN_FILE, JoinOptions, Kubeadm, KubeadmError, config_api_version, join_with_token_file)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS, preflight_join
 
 OPTION_NAMES = list(JoinOptions.__dataclass_fields__)
 
@@ -107,8 +148,10 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             KUBEADM_OPTIONS,
-            api_server_endpoint=dict(type="str", required=True),
-            ca_cert_hashes=dict(type="list", elements="str", required=True),
+            **PREFLIGHT_OPTIONS,
+            kubernetes_version=dict(type="str", default=""),
+            api_server_endpoint=dict(type="str"),
+            ca_cert_hashes=dict(type="list", elements="str"),
             token_file=dict(type="path", default=TOKEN_FILE, no_log=False),
             node_name=dict(type="str"),
             control_plane=dict(type="bool", default=False),
@@ -116,11 +159,18 @@ def main() -> None:
             bind_port=dict(type="int", default=6443),
             skip_phases=dict(type="list", elements="str", default=[]),
         ),
+        required_if=[("preflight", False, ("api_server_endpoint", "ca_cert_hashes"))],
         supports_check_mode=True,
     )
     params = module.params
+    kubeadm = Kubeadm(params["binary_path"])
+    options = JoinOptions(**{name: params[name] for name in OPTION_NAMES})
     try:
-        result = join_with_token_file(Kubeadm(params["binary_path"]), JoinOptions(**{name: params[name] for name in OPTION_NAMES}),
+        if params["preflight"]:
+            module.exit_json(**preflight_join(kubeadm, options, config_api_version(kubeadm.version(), params["config_api_version"]),
+                                              params["kubernetes_version"], params["kubelet_binary_path"],
+                                              params["ignore_preflight_errors"], module.check_mode))
+        result = join_with_token_file(kubeadm, options,
                                       params["token_file"], params["ignore_preflight_errors"], params["config_api_version"],
                                       module.check_mode)
     except KubeadmError as exc:

@@ -23,6 +23,7 @@ from . import (
     SECRETS_FILE, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid, root_secrets, secret_bytes, write_if_changed)
 from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
+from .versions import check_cluster_version
 
 try:
     from cryptography import x509
@@ -83,6 +84,7 @@ class JoinSettings:
     lock_record: str = DEFAULT_RECORD
     join_record: str = JOIN_RECORD
     secrets_file: str = SECRETS_FILE
+    kubelet_version: str = ""
 
     @classmethod
     def of(cls, options: dict) -> "JoinSettings":
@@ -176,6 +178,7 @@ class NodeJoin:
         """Lock the node for the ticket's cluster, key the disk, write the files; returns the non-secret result."""
         settings = self.settings
         cluster_id = cluster_id_of(payload)
+        check_cluster_version(payload, settings.kubelet_version)
         self.lock.take(cluster_id)
         disk = key_state_disk(settings.state_disk, secret_bytes(payload, "state_disk_key"), False)
         # kubeadm writes ca.crt itself on workers (its preflight refuses an existing one); control planes get

@@ -268,3 +268,15 @@ def test_tampered_node_exits_1_with_the_reason_on_the_last_line(tmp_path, node, 
     assert (line["event"], line["result"], line["node_name"]) == ("join", "failed", "worker-1")
     assert "no join ticket" in line["msg"] and "8" in line["msg"]
     assert node.service.minter.tokens == []
+
+
+def test_kubelet_newer_than_the_tickets_cluster_version_is_refused_before_the_lock(node):
+    """The join service's ticket names v1.33.4: a kubelet of 1.34 may not join, and the node stays unlocked."""
+    node.settings.kubelet_version = "Kubernetes v1.34.0"
+    with pytest.raises(TicketError, match=r"kubelet is v1\.34\.0, newer than the cluster's API server \(v1\.33\.4\).*not locked"):
+        node.joining().join()
+    assert node.pcr15() == "00" * 32 and not os.path.exists(node.settings.lock_record)
+    assert not os.path.exists(node.settings.token_file) and not os.path.exists(node.settings.join_record)
+    node.settings.kubelet_version = "Kubernetes v1.31.2"
+    node.joining().join()
+    assert os.path.exists(node.settings.lock_record) and node.pcr15() != "00" * 32

@@ -1,0 +1,116 @@
+"""Preflight before the point of no return, on real lab nodes (real kubeadm 1.20.2, kubelet stand-in).
+
+Boots its own lab (1 control plane, 1 worker) under a temporary CK_LAB_DIR with the current CK_LAB_INDEX and runs
+`site.yml`: a preflight failure (an occupied port 6443, a wrong Kubernetes version, a leftover static pod manifest)
+fails the play before the node lock, so PCR 15 stays 32 zero bytes and there is no lock record; once the cause is
+gone the same nodes come up without a reset or a reboot. Marked `lab`.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cklab import LabError, host, lab as lab_commands, plan, tpm
+from cklab.paths import LabPaths
+
+ROOT = Path(__file__).resolve().parents[3]
+LAB = ROOT / "tests" / "lab" / "lab"
+LOCK_RECORD = "/var/lib/confidential-kubernetes/nodelock.json"
+CP, WORKER = plan.plan_nodes(1, 1)
+# Holds port 6443 the way a stray API server would.
+PORT_HOLDER = ("nohup python3 -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", 6443)); s.listen(); "
+               "time.sleep(3600)' >/dev/null 2>&1 & echo $! > /run/port-holder.pid")
+
+pytestmark = pytest.mark.lab
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    if host.missing_packages():
+        return "missing host packages: " + " ".join(host.missing_packages())
+    try:
+        lab_commands.ensure_kubernetes_bin(LabPaths.from_environment())
+    except LabError as exc:
+        return str(exc)
+    if Path("/sys/class/net", plan.BRIDGE).exists():
+        return f"a lab is already running (bridge {plan.BRIDGE} exists); not disturbing it"
+    return None
+
+
+class Lab:
+    def __init__(self, lab_dir: Path) -> None:
+        self.dir = lab_dir
+        self.env = {**os.environ, "CK_LAB_DIR": str(lab_dir)}
+
+    def lab(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        return subprocess.run([str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def ok(self, node: plan.NodeSpec, command: str) -> str:
+        done = self.lab("ssh", node.name, command, timeout=300)
+        assert done.returncode == 0, f"{node.name}: {command}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    def site(self, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["ansible-playbook", "-i", str(self.dir / "inventory.yml"), "confidential.kubernetes.site", *extra],
+                              env=self.env, capture_output=True, text=True, timeout=1200, check=False)
+
+    def pcr15(self, node: plan.NodeSpec) -> str:
+        out = self.ok(node, "TPM2TOOLS_TCTI=swtpm:path=/run/tpm/swtpm.sock tpm2_pcrread sha256:15")
+        return tpm.parse_pcrread(out)[15]
+
+    def unlocked(self, node: plan.NodeSpec) -> bool:
+        return self.pcr15(node) == "00" * 32 and self.ok(node, f"test -e {LOCK_RECORD} && echo locked || echo none").strip() == "none"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    reason = _unavailable()
+    if reason:
+        pytest.skip(reason)
+    created = Lab(tmp_path_factory.mktemp("preflight") / "lab")
+    try:
+        started = created.lab("up", "--control-planes", "1", "--workers", "1")
+        assert started.returncode == 0, started.stderr
+        yield created
+    finally:
+        stopped = created.lab("down", timeout=180)
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def _failure(run: subprocess.CompletedProcess) -> str:
+    assert run.returncode != 0, "site.yml passed although a preflight check must fail"
+    return run.stdout + run.stderr
+
+
+def test_occupied_api_server_port_fails_init_before_the_lock(lab):
+    lab.ok(CP, PORT_HOLDER)
+    try:
+        output = _failure(lab.site())
+    finally:
+        lab.ok(CP, "kill $(cat /run/port-holder.pid)")
+    assert "kubeadm's init preflight failed" in output and "Port-6443" in output and "the node was not locked" in output
+    assert lab.unlocked(CP)
+    assert not (lab.dir / "secrets" / "cluster-secrets.json").exists(), "no root secrets before the first node passed preflight"
+
+
+def test_wrong_kubernetes_version_fails_init_before_the_lock(lab):
+    output = _failure(lab.site("-e", "kubernetes_version=v1.20.3"))
+    assert "kubeadm is v1.20.2, kubelet is v1.20.2 but kubernetes_version is v1.20.3" in output
+    assert lab.unlocked(CP)
+
+
+def test_join_preflight_failure_leaves_the_worker_unlocked_and_the_next_run_joins_it(lab):
+    lab.ok(WORKER, "mkdir -p /etc/kubernetes/manifests && echo '{}' > /etc/kubernetes/manifests/stray.yaml")
+    output = _failure(lab.site())
+    assert "kubeadm's join preflight failed" in output and "DirAvailable--etc-kubernetes-manifests" in output
+    assert lab.unlocked(WORKER)
+    assert not lab.unlocked(CP), "the control plane passed its preflight and initialised"
+    lab.ok(WORKER, "rm /etc/kubernetes/manifests/stray.yaml")
+    run = lab.site()
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    assert not lab.unlocked(WORKER)
+    assert "worker-0" in lab.ok(CP, "KUBECONFIG=/etc/kubernetes/admin.conf kubectl get nodes -o name")
