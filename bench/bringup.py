@@ -42,8 +42,8 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
 def bring_up(control_planes: int, workers: int, env: dict[str, str]) -> dict[str, float]:
     inventory = f"{env['CK_LAB_DIR']}/inventory.yml"
     try:
-        floor, _ = timed([str(LAB), "up", "--control-planes", str(control_planes), "--workers", str(workers)], env)
-        first, _ = timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.site"], env)
+        floor, _up_output = timed([str(LAB), "up", "--control-planes", str(control_planes), "--workers", str(workers)], env)
+        first, _first_output = timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.site"], env)
         rerun, output = timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.site"], env)
     finally:
         subprocess.run([str(LAB), "down"], env=env, capture_output=True, check=False)

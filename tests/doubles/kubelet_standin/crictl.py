@@ -18,7 +18,7 @@ INFO = {"status": {"conditions": [
 
 def image(command: str, reference: str) -> str:
     try:
-        _, binary, version = resolve_image(reference)
+        _component, binary, version = resolve_image(reference)
     except StandinError as exc:
         raise StandinError(f"{'pulling image' if command == 'pull' else 'no such image'}: {exc}") from None
     image_id = "sha256:" + hashlib.sha256(f"{binary}:{binary.stat().st_size}:{version}".encode()).hexdigest()

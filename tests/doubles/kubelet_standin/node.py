@@ -28,17 +28,17 @@ def now(micro: bool = False, at: float | None = None) -> str:
 def parse_labels(text: str) -> dict[str, str]:
     """--node-labels: key=value,key=value."""
     items = [item.partition("=") for item in filter(None, text.split(","))]
-    if any(not key or not equals for key, equals, _ in items):
+    if any(not key or not equals for key, equals, _value in items):
         raise StandinError(f"--node-labels {text!r}: not key=value[,key=value...]")
-    return {key: value for key, _, value in items}
+    return {key: value for key, _equals, value in items}
 
 
 def parse_taints(text: str) -> list[dict]:
     """--register-with-taints: key=value:Effect or key:Effect, comma separated."""
     taints = []
     for item in filter(None, text.split(",")):
-        key_value, _, effect = item.rpartition(":")
-        key, _, value = key_value.partition("=")
+        key_value, _colon, effect = item.rpartition(":")
+        key, _equals, value = key_value.partition("=")
         if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
             raise StandinError(f"--register-with-taints: {item!r} is not key[=value]:<effect>")
         taints.append({"key": key, "effect": effect, **({"value": value} if value else {})})
@@ -112,7 +112,7 @@ class NodeAgent:
 
     def _pod(self, method: str, path: str, *args, missing_ok: bool = False) -> dict:
         """A request on the pod at path (namespace/name)."""
-        namespace, _, name = path.partition("/")
+        namespace, _slash, name = path.partition("/")
         try:
             return self.client.request(method, f"/api/v1/namespaces/{namespace}/pods/{name}", *args)
         except ApiError as exc:

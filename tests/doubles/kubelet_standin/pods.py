@@ -72,7 +72,7 @@ def parse_manifest(path: Path, node_name: str) -> tuple[str, dict]:
         raise StandinError("a pod needs metadata.name and spec.containers")
     containers = []
     for container in spec["containers"]:
-        component, binary, _ = resolve_image(str(container.get("image", "")))
+        component, binary, _version = resolve_image(str(container.get("image", "")))
         command = [str(part) for part in container.get("command") or [component]]
         if os.path.basename(command[0]) != component:
             raise StandinError(f"container {container.get('name')} runs {command[0]!r}, its image holds {component}")

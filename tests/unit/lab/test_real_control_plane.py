@@ -185,8 +185,8 @@ def test_preflight_fails_only_on_images_without_a_local_binary(cluster):
     preflight = cluster.results["preflight"]
     errors = re.findall(r"\[ERROR ([^\]]+)\]: (.*)", preflight.stdout + preflight.stderr)
     assert preflight.returncode == 1
-    assert {name for name, _ in errors} == set(IGNORED_PREFLIGHT_ERRORS)
-    assert sorted(re.search(r"image \S+/([a-z-]+):", text).group(1) for _, text in errors) == [
+    assert {name for name, _text in errors} == set(IGNORED_PREFLIGHT_ERRORS)
+    assert sorted(re.search(r"image \S+/([a-z-]+):", text).group(1) for _name, text in errors) == [
         "coredns", "kube-proxy", "pause"]
     assert "[WARNING" not in preflight.stdout + preflight.stderr
 

@@ -270,7 +270,7 @@ def certificate(name: str, days: float) -> tuple[bytes, bytes]:
 
 
 def kubeconfig(path: Path, user: dict) -> Path:
-    ca, _ = certificate("ca", 10)
+    ca, _ca_key = certificate("ca", 10)
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
         "clusters": [{"name": "k", "cluster": {"server": "https://10.0.0.1:6443",
