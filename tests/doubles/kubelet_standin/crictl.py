@@ -10,8 +10,7 @@ import sys
 from . import StandinError, resolve_image, same_endpoint
 from .pods import PODS, read_states, running, stop_container
 
-INFO = {"status": {"conditions": [
-    {"type": "RuntimeReady", "status": True, "reason": "", "message": ""},
+INFO = {"status": {"conditions": [{"type": "RuntimeReady", "status": True, "reason": "", "message": ""},
     {"type": "NetworkReady", "status": False, "reason": "NetworkPluginNotReady",
      "message": "kubelet-standin runs static pods as host processes, with no pod network"}]}}
 

@@ -21,8 +21,8 @@ CONDITIONS = (("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet
 
 
 def now(micro: bool = False, at: float | None = None) -> str:
-    moment = datetime.datetime.fromtimestamp(time.time() if at is None else at, datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S" + (".%fZ" if micro else "Z"))
+    return datetime.datetime.fromtimestamp(time.time() if at is None else at, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%S" + (".%fZ" if micro else "Z"))
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -79,9 +79,9 @@ class NodeAgent:
         """Create the Node (an existing one is kept, as the kubelet does) and remember its uid for the Lease."""
         labels = {"kubernetes.io/hostname": self.hostname, "kubernetes.io/os": "linux", "kubernetes.io/arch": ARCH,
                   "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": ARCH, **self.labels}
-        annotations = {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}
-        node = {"apiVersion": "v1", "kind": "Node", "spec": {"taints": self.taints} if self.taints else {},
-                "metadata": {"name": self.name, "labels": labels, "annotations": annotations}, "status": self.status()}
+        node = {"apiVersion": "v1", "kind": "Node", "spec": {"taints": self.taints} if self.taints else {}, "status": self.status(),
+                "metadata": {"name": self.name, "labels": labels,
+                             "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}}}
         try:
             self.uid = self.client.request("POST", "/api/v1/nodes", node)["metadata"]["uid"]
         except ApiError as exc:
@@ -101,6 +101,10 @@ class NodeAgent:
                 raise
             self.client.request("POST", path.rsplit("/", 1)[0], {"kind": "Lease", "spec": spec, "metadata": {
                 "name": self.name, "ownerReferences": [self.owner()]}, "apiVersion": "coordination.k8s.io/v1"})
+        # A pod bound here never ran (no containers do): its deletion is final at once, as the kubelet makes it.
+        for pod in self.client.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.name}")["items"]:
+            if (meta := pod["metadata"]).get("deletionTimestamp") and f"{meta['namespace']}/{meta['name']}" not in self.mirrored:
+                self._pod("DELETE", f"{meta['namespace']}/{meta['name']}", {"gracePeriodSeconds": 0}, missing_ok=True)
         for gone in set(self.mirrored) - {f"{s['namespace']}/{s['name']}" for s in read_states().values()}:
             self._pod("DELETE", gone, missing_ok=True)
             del self.mirrored[gone]
@@ -110,8 +114,7 @@ class NodeAgent:
     def owner(self) -> dict:
         return {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": self.uid}
 
-    def _pod(self, method: str, path: str, *args, missing_ok: bool = False) -> dict:
-        """A request on the pod at path (namespace/name)."""
+    def _pod(self, method: str, path: str, *args, missing_ok: bool = False) -> dict:  # path: namespace/name
         namespace, _slash, name = path.partition("/")
         try:
             return self.client.request(method, f"/api/v1/namespaces/{namespace}/pods/{name}", *args)

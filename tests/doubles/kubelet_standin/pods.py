@@ -1,5 +1,4 @@
-"""Static pods as processes: one per container; STATE_DIR/pods/<namespace>_<name>.json records the pod id,
-manifest hash, and each container's pid and start time, for adoption after a restart and for bin/crictl."""
+"""Static pods as processes, one per container; STATE_DIR/pods/<ns>_<name>.json: pod id, manifest hash, pids, starts."""
 from __future__ import annotations
 
 import hashlib
