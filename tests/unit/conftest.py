@@ -66,20 +66,22 @@ class SwtpmInstance:
         self.socket = self.dir / "swtpm.sock"
         self.tcti = f"swtpm:path={self.socket}"
         self.ca_pem = manufactured.ca_pem
-        # A direct child (no --daemon), so stopping it reaps it instead of leaving a zombie.
+        # A direct child (no --daemon), so stopping it reaps it instead of leaving a zombie. Its stderr goes to a file: swtpm
+        # writes a line per client connection, which would fill a pipe nobody reads and block the TPM.
+        self._stderr = open(self.dir / "swtpm.stderr", "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={self.dir / 'state'}",
              "--server", f"type=unixio,path={self.socket}",
              "--ctrl", f"type=unixio,path={self.socket}.ctrl",
              "--flags", "not-need-init,startup-clear"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdout=subprocess.DEVNULL, stderr=self._stderr)
         self.pid = self.process.pid
         for _attempt in range(250):
             if self._listening() or self.process.poll() is not None:
                 break
             time.sleep(0.02)
         if not self._listening():
-            raise RuntimeError(f"swtpm did not start: {self.process.stderr.read().decode() if self.process.poll() is not None else 'no socket'}")
+            raise RuntimeError(f"swtpm did not start: {(self.dir / 'swtpm.stderr').read_text() if self.process.poll() is not None else 'no socket'}")
 
     def _listening(self) -> bool:
         """Both sockets accept connections (a bound socket file alone is not enough)."""
@@ -101,7 +103,7 @@ class SwtpmInstance:
             except subprocess.TimeoutExpired:
                 os.kill(self.pid, signal.SIGKILL)
                 self.process.wait(timeout=5)
-        self.process.stderr.close()
+        self._stderr.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

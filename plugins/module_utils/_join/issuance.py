@@ -224,7 +224,7 @@ class TicketIssuer:
             raise Refusal.of("request-binding", "the quote does not cover this request: the node name, role, disk UUID or kubelet key "
                                                 "differ from what the TPM quoted")
         try:
-            seal.seal(b"", ephemeral_key, flow, nonce, self.verifier_id)
+            seal.check_public_key(ephemeral_key)
         except seal.SealError as exc:
             raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None
         identity = self._identity(verified)
