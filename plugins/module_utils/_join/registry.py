@@ -23,10 +23,13 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
+import fcntl
 import json
+import os
 import re
+import secrets
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 try:
     from cryptography import x509
@@ -211,6 +214,39 @@ def parse_enrolment(text: bytes, source: str) -> Enrolments:
 def dump_enrolment(entries: list[Enrolment]) -> bytes:
     nodes = [entry.to_document() for entry in sorted(entries, key=lambda e: e.node_name)]
     return (json.dumps({"version": ENROLMENT_VERSION, "nodes": nodes}, indent=1, sort_keys=True) + "\n").encode()
+
+
+def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False) -> tuple[bool, bytes]:
+    """Merge enrolments into the controller's enrolment file (0600), under an exclusive lock of ``<path>.lock``.
+
+    Each node replaces any entry with its EK or its name. A node enrolled without a disk (its state disk is not LUKS:
+    it never joined, or it was reset) gets a new ``enrolment_id``, which voids disk bindings made under an older one.
+    Returns (changed, the file's content).
+    """
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path, "rb") as handle:
+                current = handle.read()
+        except FileNotFoundError:
+            current = None
+        entries = dict(parse_enrolment(current, f"node enrolment {path}").by_ek) if current is not None else {}
+        for node in nodes:
+            entries = {ek: entry for ek, entry in entries.items() if ek != node.ek and entry.node_name != node.node_name}
+            if not node.disk_uuid:
+                node = replace(node, enrolment_id=secrets.token_hex(8))
+            entries[node.ek] = node
+        content = dump_enrolment(list(entries.values()))
+        parse_enrolment(content, "the merged node enrolment")
+        changed = content != current
+        if changed and not check_mode:
+            write_file_atomically(path, content, 0o600)
+        return changed, content
+    finally:
+        os.close(lock)
 
 
 class EnrolmentWatcher(WatchedFile):
