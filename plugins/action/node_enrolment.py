@@ -16,7 +16,8 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.regi
 
 ARGUMENT_SPEC = dict(
     enrolment_file=dict(type="path", required=True),
-    nodes=dict(type="list", elements="dict", required=True, options=dict(
+    absent=dict(type="list", elements="str", default=[]),
+    nodes=dict(type="list", elements="dict", default=[], options=dict(
         ek=dict(type="str", required=True),
         node_name=dict(type="str", required=True),
         control_plane=dict(type="bool", default=False),
@@ -37,7 +38,7 @@ class ActionModule(ActionBase):
         path = os.path.expanduser(params["enrolment_file"])
         try:
             nodes = [_enrolment(node) for node in params["nodes"]]
-            changed, content = merge_enrolment(path, nodes, self._task.check_mode)
+            changed, content = merge_enrolment(path, nodes, self._task.check_mode, tuple(params["absent"]))
         except (RegistryError, OSError) as exc:
             result.update(failed=True, msg=f"cannot enrol the nodes in {path}: {exc}; nothing was changed")
             return result

@@ -9,16 +9,16 @@ module: node_enrolment
 short_description: Enrol nodes' TPMs with their names, roles and disks in the controller's node enrolment file
 version_added: 0.1.0
 description:
-  - The join service grants a node its name, its role and its state disk from this file (DESIGN section 1: identity,
+  - The join service grants a node its name, its role and its state disk from this file (DESIGN section 1 - identity,
     role and disk are granted, never claimed). The controller enrols its inventory hosts from their TPMs' endorsement
     keys (M(confidential.kubernetes.tpm_identity)); the C(joinservice) role pushes the file to every control plane and
     fails when a join service does not load it.
   - Each node replaces any entry with the same EK or the same name; other entries stay. The file is merged under an
     exclusive lock (C(<enrolment_file>.lock)), so concurrent runs do not lose each other's nodes, and written
     atomically with mode 0600.
-  - A node given without a disk UUID (its state disk is not LUKS yet: it never joined, or it was reset) gets a new
-    enrolment ID, which voids disk bindings made under an older one, so that it can bind its new disk at its next
-    join. A node given with its disk UUID is bound to that disk: only its EK gets that disk's key, by join or rejoin.
+  - A node given without a disk UUID (its state disk is not LUKS yet because it never joined, or it was reset) gets a
+    new enrolment ID, which voids disk bindings made under an older one, so that it can bind its new disk at its next
+    join. A node given with its disk UUID is bound to that disk; only its EK gets that disk's key, by join or rejoin.
   - Runs on the controller. Returns nothing secret.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
@@ -41,11 +41,16 @@ options:
     description: The node enrolment file on the controller.
     type: path
     required: true
+  absent:
+    description: Node names to remove from the enrolment (nodes taken out of the cluster for good); their TPMs get nothing more.
+    type: list
+    elements: str
+    default: []
   nodes:
     description: The nodes to enrol.
     type: list
     elements: dict
-    required: true
+    default: []
     suboptions:
       ek:
         description: The node's identity, the C(ek) that M(confidential.kubernetes.tpm_identity) returns.

@@ -235,12 +235,10 @@ class JoinTarget(Target):
         self.csrs = [make_csr("worker-1"), make_csr("cp-2"), make_csr("worker-1", rsa.generate_private_key(65537, 1024)),
                      make_csr("worker-1", ec.generate_private_key(ec.SECP521R1())), make_csr("")]
         # Genuine evidence quotes the ephemeral key followed by the digest of exactly the request it comes with.
-        evidence = _genuine(self.swtpm.tcti, self.nonce, bound_user_data(EphemeralKey.generate().public_bytes(), "join", "worker-1",
-                                                                          False, DISK_UUID, self.csrs[0])).to_json().encode()
-        nameless = _genuine(self.swtpm.tcti, self.nonce, bound_user_data(EphemeralKey.generate(X25519).public_bytes(), "join", "", False,
-                                                                          DISK_UUID.upper(), self.csrs[4])).to_json().encode()
-        rejoin = _genuine(self.swtpm.tcti, self.nonce, bound_user_data(EphemeralKey.generate().public_bytes(), "rejoin", "worker-1",
-                                                                        False, DISK_UUID)).to_json().encode()
+        bound = [bound_user_data(EphemeralKey.generate().public_bytes(), "join", "worker-1", False, DISK_UUID, self.csrs[0]),
+                 bound_user_data(EphemeralKey.generate(X25519).public_bytes(), "join", "", False, DISK_UUID.upper(), self.csrs[4]),
+                 bound_user_data(EphemeralKey.generate().public_bytes(), "rejoin", "worker-1", False, DISK_UUID)]
+        evidence, nameless, rejoin = (_genuine(self.swtpm.tcti, self.nonce, data).to_json().encode() for data in bound)
         self.evidences = [evidence, nameless, rejoin]
         self.seeds = [
             b"J" + pb2.IssueJoinTicketRequest(evidence=evidence, nonce=self.nonce, node_name="worker-1", control_plane=False,

@@ -22,7 +22,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import X25519, EphemeralKey, SealError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, open_ticket, prove_activation, request_ticket
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, prove_activation, request_ticket
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import Enrolment
 

@@ -19,7 +19,7 @@ IDLE_SECONDS = 60.0
 
 def peer_key(peer: str) -> str:
     """'ipv4:10.0.0.5:4711' -> '10.0.0.5'; 'ipv6:[2001:db8::1]:4711' -> '2001:db8::/64'; anything else as given."""
-    kind, _, rest = peer.partition(":")
+    kind, dummy, rest = peer.partition(":")
     if kind == "ipv4":
         return rest.rsplit(":", 1)[0]
     if kind == "ipv6":

@@ -216,11 +216,12 @@ def dump_enrolment(entries: list[Enrolment]) -> bytes:
     return (json.dumps({"version": ENROLMENT_VERSION, "nodes": nodes}, indent=1, sort_keys=True) + "\n").encode()
 
 
-def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False) -> tuple[bool, bytes]:
+def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False, absent: tuple[str, ...] = ()) -> tuple[bool, bytes]:
     """Merge enrolments into the controller's enrolment file (0600), under an exclusive lock of ``<path>.lock``.
 
-    Each node replaces any entry with its EK or its name. A node enrolled without a disk (its state disk is not LUKS:
-    it never joined, or it was reset) gets a new ``enrolment_id``, which voids disk bindings made under an older one.
+    Each node replaces any entry with its EK or its name; the nodes named in ``absent`` are removed (a node taken out
+    of the cluster for good). A node enrolled without a disk (its state disk is not LUKS: it never joined, or it was
+    reset) gets a new ``enrolment_id``, which voids disk bindings made under an older one.
     Returns (changed, the file's content).
     """
     directory = os.path.dirname(path) or "."
@@ -234,6 +235,7 @@ def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False)
         except FileNotFoundError:
             current = None
         entries = dict(parse_enrolment(current, f"node enrolment {path}").by_ek) if current is not None else {}
+        entries = {ek: entry for ek, entry in entries.items() if entry.node_name not in absent}
         for node in nodes:
             entries = {ek: entry for ek, entry in entries.items() if ek != node.ek and entry.node_name != node.node_name}
             if not node.disk_uuid:

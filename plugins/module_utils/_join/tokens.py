@@ -154,8 +154,7 @@ class KubectlTokenMinter(Kubectl, TokenMinter):
             raise TokenMintError(f"listing the bootstrap tokens failed ({exc})") from None
         tokens = []
         for line in listing.splitlines():
-            name, _, rest = line.partition("\t")
-            encoded, _, created = rest.partition("\t")
+            name, encoded, created = (line.split("\t") + ["", ""])[:3]
             try:
                 description = base64.b64decode(encoded, validate=True).decode()
             except (binascii.Error, ValueError):
@@ -174,7 +173,7 @@ class KubectlTokenMinter(Kubectl, TokenMinter):
             raise TokenMintError(f"looking for registered nodes failed ({exc})") from None
         created = {}
         for line in nodes.splitlines():
-            name, _, timestamp = line.partition("\t")
+            name, timestamp = (line.split("\t") + [""])[:2]
             created[name] = _timestamp(timestamp)
         approved = {line.partition("\t")[0] for line in csrs.splitlines() if "Approved" in line.partition("\t")[2].split()}
         done = []

@@ -87,3 +87,13 @@ def test_seal_init_secrets_uses_the_default_ledger(tmp_path, monkeypatch):
     # The first use consumed the nonce (its evidence is malformed); the second is a replay, whatever it carries.
     assert (first["reason"], again["reason"]) == ("malformed", "nonce-reused")
     assert not (tmp_path / "cluster-secrets.json").exists()
+
+
+def test_unenrolled_nodes_are_removed_and_the_others_stay(tmp_path):
+    path = tmp_path / "node-enrolment.json"
+    _enrol(path, [{"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK},
+                  {"ek": "b" * 64, "node_name": "worker-1"}])
+    from ansible_collections.confidential.kubernetes.plugins.action.node_enrolment import ActionModule
+    removed = _action(ActionModule, {"enrolment_file": str(path), "absent": ["worker-1"]}).run(task_vars={})
+    assert removed["changed"] and sorted(removed["nodes"]) == ["cp-0"]
+    assert not _action(ActionModule, {"enrolment_file": str(path), "absent": ["worker-1"]}).run(task_vars={})["changed"]

@@ -20,7 +20,7 @@ import hashlib
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import node_lock_mark
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive
-from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey, SealError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, open_ticket, prove_activation, request_ticket
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces

@@ -150,9 +150,10 @@ def test_live_tokens_are_those_this_service_family_registered():
     import base64
     ours = base64.b64encode(b"confidential.kubernetes join of worker-1").decode()
     theirs = base64.b64encode(b"kubeadm init token").decode()
-    minter = AnsweringMinter({("get", "secrets"): (0, f"bootstrap-token-aaaaaa\t{ours}\t2026-11-21T10:00:00Z\n"
-                                                     f"bootstrap-token-bbbbbb\t{theirs}\t2026-11-21T10:00:00Z\n"
-                                                     f"bootstrap-token-cccccc\tnot base64!\t2026-11-21T10:00:00Z\n", "")})
+    listing = (f"bootstrap-token-aaaaaa\t{ours}\t2026-11-21T10:00:00Z\n"
+               f"bootstrap-token-bbbbbb\t{theirs}\t2026-11-21T10:00:00Z\n"
+               "bootstrap-token-cccccc\tnot base64!\t2026-11-21T10:00:00Z\n")
+    minter = AnsweringMinter({("get", "secrets"): (0, listing, "")})
     assert asyncio.run(minter.live()) == [_live("aaaaaa", "worker-1")]
 
 
