@@ -242,6 +242,8 @@ class JoinLab:
         self.policy_file = tmp_path / "policy.json"
         self.enrolment_file = tmp_path / "node-enrolment.json"
         self.enrolments: dict[str, Enrolment] = {}
+        # The API the services share unless a test gives one (a restarted service finds what its predecessor wrote).
+        self.api: FakeApi | None = None
         self.log_stream = io.StringIO()
         self.log = StructuredLog(self.log_stream)
         self.services = []
@@ -283,7 +285,7 @@ class JoinLab:
             self.write_policy(ak_trust)
         if not self.enrolments:
             self.enrol(self.swtpm.tcti, "worker-1")
-        api = api or getattr(self, "api", None) or FakeApi()
+        api = api or self.api or FakeApi()
         self.api = api
         service = build_service(self.config(port, **settings), self.log, api.minter(), nonces, drain_delay, api.bindings()).start()
         service.minter = api
