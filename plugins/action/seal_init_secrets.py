@@ -19,6 +19,8 @@ from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets i
 
 ARGUMENT_SPEC = dict(
     ATTESTATION_OPTIONS,
+    # The init hand-over always uses its nonce once: the ledger attestation_nonce draws from by default.
+    nonce_ledger=dict(type="path", default=controller.DEFAULT_NONCE_LEDGER),
     policy=dict(type="path", required=True),
     secrets_file=dict(type="path", required=True),
     verifier_id=dict(type="str", default="confidential.kubernetes/controller"),

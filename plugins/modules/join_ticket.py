@@ -11,8 +11,9 @@ version_added: 0.1.0
 description:
   - The node side of the join service. Formats the LUKS2 state disk with a throw-away key if it
     is not LUKS yet (its UUID names the disk key), makes the kubelet's key and CSR, then tries the join endpoints in
-    order with retries and backoff - get a nonce, send evidence bound to it and to a fresh ephemeral key that never
-    leaves memory, activate the AK credential, open the sealed ticket.
+    order with retries and backoff - get a nonce, send evidence bound to it, to a fresh ephemeral key that never
+    leaves memory and to what the node asks for (name, role, disk UUID, kubelet key), activate the credential the
+    service makes for the TPM's EK and AK and send the proof, open the sealed ticket.
   - Then derives the cluster ID, takes the node lock (PCR 15 mark), re-keys the state disk to the key in the ticket,
     writes the cluster CA, the kubelet client certificate and key (0600) and, for control planes, the PKI files with
     their modes, and leaves the bootstrap token in a 0600 file for M(confidential.kubernetes.kubeadm_join).
@@ -48,9 +49,13 @@ options:
     type: str
     required: true
   node_name:
-    description: The Kubernetes node name; the kubelet certificate is issued for C(system:node:<node_name>).
+    description:
+      - The Kubernetes node name to ask for. The join service grants the name enrolled for this node's TPM (its EK) and
+        refuses any other; the kubelet certificate is issued for C(system:node:<granted name>).
+      - Empty asks for whatever name the service grants (the enrolled one, or for an autoscaled pool node the name the
+        pool rule derives from its EK); the granted name is returned as RV(node_name).
     type: str
-    required: true
+    default: ""
   control_plane:
     description: Join as a control plane (the ticket then carries the control-plane PKI).
     type: bool
@@ -107,6 +112,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+node_name:
+  description: The node name the join service granted (the kubelet certificate's and kubeadm join's).
+  returned: when the node has a join record made by this version
+  type: str
 cluster_id:
   description: The cluster ID (hex).
   returned: success
@@ -153,7 +162,7 @@ def main() -> None:
         argument_spec=dict(
             endpoints=dict(type="list", elements="str", required=True),
             cluster_ca=dict(type="str", required=True),
-            node_name=dict(type="str", required=True),
+            node_name=dict(type="str", default=""),
             control_plane=dict(type="bool", default=False),
             state_disk=dict(type="dict", options=STATE_DISK_OPTIONS),
             attempts=dict(type="int", default=8),

@@ -63,8 +63,11 @@ options:
     description: PEM file with the CA certificates that issue EK certificates (AK trust level 2).
     type: path
   nonce_ledger:
-    description: The controller's nonce ledger the nonce is consumed from.
+    description:
+      - The controller's nonce ledger the nonce is consumed from (once; a replay is refused as C(nonce-reused)).
+      - The default is the ledger M(confidential.kubernetes.attestation_nonce) draws from by default.
     type: path
+    default: ~/.cache/confidential-kubernetes/nonce-ledger
   nonce_ttl:
     description: Lifetime of a nonce in seconds.
     type: float

@@ -22,6 +22,11 @@ extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.TPM
 attributes:
+  action:
+    support: full
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+    details:
+      - The action runs the module on the node and censors a result that carries RV(activated_secret).
   check_mode:
     support: full
     details:
@@ -96,7 +101,9 @@ ephemeral_key_path:
   returned: when O(nonce) is given
   type: str
 activated_secret:
-  description: The credential secret the TPM released, base64; proves the AK and EK sit in the same TPM.
+  description:
+    - The credential secret the TPM released, base64; proves the AK and EK sit in the same TPM.
+    - Secret - the task's result is censored (as with C(no_log)) whenever it carries this value.
   returned: when O(credential) is given
   type: str
 """

@@ -41,6 +41,7 @@ SERVICE = Path(__file__).resolve().parent / "recording_service.py"
 TAMPERED_EVERY = 16
 TAMPERED_PCR = 8
 CLIENT_PROCESSES = 2
+NODE_NAME = "node"
 GRACE_PERIOD = 10.0
 # The client's retry settings for this run: more attempts and a shorter first backoff than the role's defaults, so a
 # restart costs seconds; the logic (which failures retry, exponential backoff with jitter) is the client's own.
@@ -102,8 +103,9 @@ def run_clients(endpoint: str, ca_pem: bytes, clients: list[Client], progress, s
             token = code = reason = None
             exhausted = False
             try:
-                payload = request_ticket([endpoint], ca_pem, client.tcti, node, disk_uuid=join_harness.DISK_UUID,
-                                         kubelet_csr_pem=join_harness.make_csr(node), attempts=ATTEMPTS, backoff=BACKOFF,
+                # Every client is an instance of one manufactured TPM: one EK, enrolled as NODE_NAME with one disk.
+                payload = request_ticket([endpoint], ca_pem, client.tcti, NODE_NAME, disk_uuid=join_harness.DISK_UUID,
+                                         kubelet_csr_pem=join_harness.make_csr(NODE_NAME), attempts=ATTEMPTS, backoff=BACKOFF,
                                          max_backoff=MAX_BACKOFF, timeout=30, total_timeout=180, sleep=counted_sleep)
                 token = payload["bootstrap_token"]
             except JoinError as exc:
@@ -210,6 +212,7 @@ def main() -> int:
         swtpms = [conftest.SwtpmInstance(manufactured) for _i in range(args.clients)]
         lab = join_harness.JoinLab(work / "node", swtpms[-1])
         policy = lab.write_policy(args.ak_trust)
+        lab.enrol(swtpms[-1].tcti, NODE_NAME)
         clients = [Client(i, swtpms[i].tcti, i % TAMPERED_EVERY == 0, []) for i in range(args.clients)]
         for client in clients:
             if client.tampered:
@@ -220,7 +223,10 @@ def main() -> int:
         port = free_port()
         endpoint = f"127.0.0.1:{port}"
         config = work / "joinservice.json"
-        config.write_text(json.dumps(dataclasses.asdict(lab.config(port, grace_period=GRACE_PERIOD, policy_check_interval=0.5))))
+        # All clients share 127.0.0.1, where a real cluster's nodes are as many addresses: the per-peer limits are lifted.
+        config.write_text(json.dumps(dataclasses.asdict(lab.config(port, grace_period=GRACE_PERIOD, policy_check_interval=0.5,
+                                                                   registration_check_interval=5, nonce_rate=1e6, nonce_burst=1e6,
+                                                                   ticket_rate=1e6, ticket_burst=1e6))))
         tokens = work / "tokens"
         services.append(ServiceProcess(config, tokens, work / "service-1.log", endpoint, lab.ca_pem))
 

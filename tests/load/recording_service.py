@@ -1,5 +1,6 @@
 """The join service daemon as the load suite runs it: the real ``service.main`` (signals, draining shutdown) with a
-token minter that records every token instead of calling kubeadm.
+token minter that records every token instead of calling kubectl, and disk bindings kept by the unit tests' API
+stand-in (in this process) instead of the cluster's API.
 
 Run: python tests/load/recording_service.py --config FILE --tokens FILE
 Each registered token is appended to the tokens file as one line ``<token> <node name>`` (O_APPEND, one write per
@@ -19,13 +20,16 @@ sys.path.insert(0, str(REPO / "tests"))
 from testenv import unit_conftest  # noqa: E402
 
 unit_conftest()
+sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins" / "module_utils" / "_join"))
 
+from join_harness import FakeApi  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import service  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TOKEN_PATTERN, TokenMinter, TokenMintError  # noqa: E402
 
 
 class RecordingMinter(TokenMinter):
-    """Registers nothing: appends each token and its node to a 0600 file, refusing tokens kubeadm would refuse."""
+    """Registers nothing: appends each token and its node to a 0600 file, refusing tokens kubeadm would refuse. No node
+    ever registers here, so no token is retired."""
 
     def __init__(self, path: str):
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -35,13 +39,22 @@ class RecordingMinter(TokenMinter):
             raise TokenMintError(f"token for node {node_name} does not match [a-z0-9]{{6}}.[a-z0-9]{{16}}")
         os.write(self._fd, f"{token} {node_name}\n".encode())
 
+    async def live(self):
+        return []
+
+    async def registered(self, tokens):
+        return []
+
+    async def retire(self, token_id: str) -> None:
+        raise TokenMintError("the load suite registers no node, so no token is retired")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--tokens", required=True, help="file the minted tokens are appended to")
     args = parser.parse_args()
-    return service.main(["--config", args.config], token_minter=RecordingMinter(args.tokens))
+    return service.main(["--config", args.config], token_minter=RecordingMinter(args.tokens), disk_bindings=FakeApi().bindings())
 
 
 if __name__ == "__main__":

@@ -29,11 +29,12 @@ def join_lab(tmp_path, swtpm):  # pylint: disable=redefined-outer-name
 
 
 class AttackLedger:
-    """What each attack got: the test records it before asserting, the summary line adds it up."""
+    """What each attack got: the test records it before asserting, the summary line adds it up (and the flood's figures)."""
 
     def __init__(self):
         self.secrets: dict[str, int] = {}
         self.outcomes: dict[str, bool] = {}
+        self.flood: dict = {}
 
 
 _LEDGER = AttackLedger()
@@ -55,6 +56,12 @@ def attack(request):
     return Attack(request.node.nodeid)
 
 
+@pytest.fixture
+def flood_figures():
+    """Where the flood attack leaves its figures for the summary."""
+    return _LEDGER.flood
+
+
 def pytest_runtest_logreport(report):
     if report.when == "call" and report.nodeid in _LEDGER.secrets:
         _LEDGER.outcomes[report.nodeid] = report.passed
@@ -66,3 +73,8 @@ def pytest_terminal_summary(terminalreporter):
     refused = sum(_LEDGER.outcomes.values())
     terminalreporter.write_line(f"protocol attacks: {len(_LEDGER.secrets)} attacks, {refused} refused, "
                                 f"{sum(_LEDGER.secrets.values())} secrets obtained")
+    flood = _LEDGER.flood
+    if flood:
+        terminalreporter.write_line(f"flood: {flood['calls']} GetNonce from one client absorbed at {flood['per_second']}/s "
+                                    f"({flood['seconds']} s; {flood['outcomes']}); {flood['joins']}/20 genuine joins meanwhile, "
+                                    f"p50 {flood['p50_ms']} ms, max {flood['max_ms']} ms")

@@ -5,9 +5,10 @@
 Targets:
   evidence  the evidence parser and verifier (level 1 and level 2 verifiers), from genuine swtpm evidence
   policy    the measurement policy loader, our format and Constellation's, JSON and YAML
-  join      the join service's request decoding (IssueJoinTicketRequest / IssueRejoinTicketRequest protobuf)
-            and its validation in TicketIssuer (verify, node name, disk UUID, kubelet CSR, sealing); one input
-            in GRPC_EVERY goes to the real service over gRPC/TLS, whose status must carry a stated reason
+  join      the join service's request decoding (IssueJoinTicketRequest / IssueRejoinTicketRequest / ActivateTicketRequest
+            protobuf) and step 1 of TicketIssuer (nonce, verify, node name, disk UUID, kubelet CSR, request binding, the
+            registry's grant) and step 2's proof check; one input in GRPC_EVERY goes to the real service over gRPC/TLS,
+            whose status must carry a stated reason
 
 Seeds are genuine: evidence quoted by a real swtpm, the policy it meets, CSRs made for the node.
 Mutations are structure-aware (tests/security/mutate.py) plus libFuzzer's byte mutations, and
@@ -45,7 +46,6 @@ import atheris  # noqa: E402
 
 with atheris.instrument_imports(include=["ansible_collections.confidential.kubernetes"]):
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceStore
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
         MeasurementPolicy, PcrRule, PolicyError, dump_policy, parse_policy)
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
@@ -53,6 +53,7 @@ with atheris.instrument_imports(include=["ansible_collections.confidential.kuber
     from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import X25519, EphemeralKey
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import JoinRequest, Refusal, RejoinRequest
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import Undecodable, _tolerant
 
 import grpc  # noqa: E402
@@ -244,12 +245,15 @@ class PolicyTarget(Target):
         return mutate.mutate_policy(data, rng, self.documents)
 
 
-class _Reusable(NonceStore):
+class _Reusable(MacNonces):
     """The seeds' nonce stays valid, so mutated requests get past the nonce check to the checks behind it."""
 
     def __init__(self, nonce: bytes):
         super().__init__(ttl=60)
         self.nonce = nonce
+
+    def check(self, nonce):
+        return self._clock() + self.ttl if nonce == self.nonce else super().check(nonce)
 
     def consume(self, nonce):
         if nonce != self.nonce:
@@ -262,30 +266,35 @@ class JoinTarget(Target):
     def __init__(self, tpms):
         super().__init__(tpms)
         import tempfile
-        from join_harness import DISK_UUID, FakeMinter, JoinLab, make_csr
+        from join_harness import DISK_UUID, JoinLab, bound_user_data, make_csr
         from cryptography.hazmat.primitives.asymmetric import ec, rsa
         self.swtpm = tpms.start("lab")
         self.lab = JoinLab(Path(tempfile.mkdtemp(prefix="ck-fuzz-join-")), self.swtpm)
         self.nonce = os.urandom(32)
         # The real service (gRPC over TLS) around the issuer: every GRPC_EVERY-th input goes over the wire.
-        self.service = self.lab.start("ek-certificate", minter=FakeMinter(), nonces=_Reusable(self.nonce))
+        self.lab.enrol(self.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID)
+        self.service = self.lab.start("ek-certificate", nonces=_Reusable(self.nonce), ticket_rate=1e6, ticket_burst=1e6)
         self.issuer = self.service.issuer
         stub, self.channel = self.lab.stub(self.service)
         self.raw_calls = {kind: self.channel.unary_unary(f"/confidential.kubernetes.join.v1.JoinService/{method}")
-                          for kind, method in ((b"J", "IssueJoinTicket"), (b"R", "IssueRejoinTicket"))}
+                          for kind, method in ((b"J", "IssueJoinTicket"), (b"R", "IssueRejoinTicket"), (b"A", "ActivateTicket"))}
         self.inputs = 0
-        evidence = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate().public_bytes()).to_json().encode()
-        classic = _genuine(self.swtpm.tcti, self.nonce, EphemeralKey.generate(X25519).public_bytes()).to_json().encode()
         self.csrs = [make_csr("worker-1"), make_csr("cp-2"), make_csr("worker-1", rsa.generate_private_key(65537, 1024)),
-                     make_csr("worker-1", ec.generate_private_key(ec.SECP521R1()))]
-        self.evidences = [evidence, classic]
+                     make_csr("worker-1", ec.generate_private_key(ec.SECP521R1())), make_csr("")]
+        # Genuine evidence quotes the ephemeral key followed by the digest of exactly the request it comes with.
+        bound = [bound_user_data(EphemeralKey.generate().public_bytes(), "join", "worker-1", False, DISK_UUID, self.csrs[0]),
+                 bound_user_data(EphemeralKey.generate(X25519).public_bytes(), "join", "", False, DISK_UUID.upper(), self.csrs[4]),
+                 bound_user_data(EphemeralKey.generate().public_bytes(), "rejoin", "worker-1", False, DISK_UUID)]
+        evidence, nameless, rejoin = (_genuine(self.swtpm.tcti, self.nonce, data).to_json().encode() for data in bound)
+        self.evidences = [evidence, nameless, rejoin]
         self.seeds = [
             b"J" + pb2.IssueJoinTicketRequest(evidence=evidence, nonce=self.nonce, node_name="worker-1", control_plane=False,
                                               kubelet_csr=self.csrs[0], disk_uuid=DISK_UUID).SerializeToString(),
-            b"J" + pb2.IssueJoinTicketRequest(evidence=classic, nonce=self.nonce, node_name="cp-2", control_plane=True,
-                                              kubelet_csr=self.csrs[1], disk_uuid=DISK_UUID.upper()).SerializeToString(),
-            b"R" + pb2.IssueRejoinTicketRequest(evidence=evidence, nonce=self.nonce, node_name="worker-1",
+            b"J" + pb2.IssueJoinTicketRequest(evidence=nameless, nonce=self.nonce, node_name="", control_plane=False,
+                                              kubelet_csr=self.csrs[4], disk_uuid=DISK_UUID.upper()).SerializeToString(),
+            b"R" + pb2.IssueRejoinTicketRequest(evidence=rejoin, nonce=self.nonce, node_name="worker-1",
                                                 disk_uuid=DISK_UUID).SerializeToString(),
+            b"A" + pb2.ActivateTicketRequest(nonce=self.nonce, activation_proof=os.urandom(32)).SerializeToString(),
         ]
         self.evidence_documents = [json.loads(e) for e in self.evidences]
 
@@ -295,22 +304,26 @@ class JoinTarget(Target):
         if self.inputs % GRPC_EVERY == 0:
             return self._over_grpc(kind, body)
         # The service's own deserializer: what a request body becomes before the servicer sees it.
-        request = _tolerant((pb2.IssueRejoinTicketRequest if kind == b"R" else pb2.IssueJoinTicketRequest).FromString)(body)
+        request = _tolerant(_MESSAGES.get(kind, pb2.IssueJoinTicketRequest).FromString)(body)
         if isinstance(request, Undecodable):
             return "rejected", "protobuf-decode"
         try:
+            # What the JoinServicer methods hand to the issuer.
             if kind == b"R":
-                # What JoinServicer.IssueRejoinTicket hands to the issuer.
-                self.issuer.issue_rejoin_ticket(RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid))
-                return "accepted", "rejoin"
-            prepared = self.issuer.prepare_join(JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane,
-                                                            request.kubelet_csr, request.disk_uuid))
+                self.issuer.begin_rejoin(RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid))
+                return "accepted", "rejoin challenge"
+            if kind == b"A":
+                self.issuer.take(request.nonce, request.activation_proof)
+                raise Finding("an activation proof of random bytes was accepted")
+            challenge = self.issuer.begin_join(JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane,
+                                                           request.kubelet_csr, request.disk_uuid))
         except Refusal as refusal:
             if refusal.code not in ("INVALID_ARGUMENT", "PERMISSION_DENIED", "FAILED_PRECONDITION", "ABORTED"):
                 raise Finding(f"refusal {refusal.reason} with status {refusal.code}") from None
             return "rejected", refusal.reason
-        prepared.release()
-        return "accepted", "control-plane join" if request.control_plane else "join"
+        if challenge.node_name != "worker-1" or challenge.control_plane:
+            raise Finding(f"the registry granted {challenge.node_name} (control plane: {challenge.control_plane}) to worker-1's TPM")
+        return "accepted", "join challenge"
 
     def _over_grpc(self, kind: bytes, body: bytes) -> tuple[str, str]:
         try:
@@ -325,11 +338,11 @@ class JoinTarget(Target):
         return "accepted", "over gRPC"
 
     def mutate(self, data, rng):
-        kind, body = (data[:1], data[1:]) if data[:1] in (b"J", b"R") else (b"J", data)
-        message_type = pb2.IssueRejoinTicketRequest if kind == b"R" else pb2.IssueJoinTicketRequest
+        kind, body = (data[:1], data[1:]) if data[:1] in _MESSAGES else (b"J", data)
+        message_type = _MESSAGES[kind]
         op = rng.randrange(12)
         if op == 0:
-            return rng.choice([b"J", b"R", b"X"]) + body
+            return rng.choice([b"J", b"R", b"A", b"X"]) + body
         if op == 1:
             return kind + mutate.mutate_bytes(body, rng)
         if op == 2:  # protobuf merges a concatenation: fields given twice, unknown fields
@@ -339,6 +352,12 @@ class JoinTarget(Target):
         request = _tolerant(message_type.FromString)(body)
         if isinstance(request, Undecodable):
             return kind + mutate.mutate_bytes(body, rng)
+        if kind == b"A":
+            if op <= 6:
+                request.activation_proof = mutate.mutate_bytes(request.activation_proof or os.urandom(32), rng)
+            else:
+                request.nonce = rng.choice([b"", os.urandom(32), self.nonce, mutate.mutate_bytes(self.nonce, rng)])
+            return kind + request.SerializeToString()
         if op <= 6:
             request.evidence = mutate.mutate_json(request.evidence or rng.choice(self.evidences), rng, self.evidence_documents)
         elif op == 7:
@@ -367,6 +386,7 @@ class JoinTarget(Target):
         shutil.rmtree(self.lab.dir, ignore_errors=True)
 
 
+_MESSAGES = {b"J": pb2.IssueJoinTicketRequest, b"R": pb2.IssueRejoinTicketRequest, b"A": pb2.ActivateTicketRequest}
 TARGETS = {t.name: t for t in (EvidenceTarget, PolicyTarget, JoinTarget)}
 
 

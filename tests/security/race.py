@@ -108,7 +108,8 @@ def _join_payload() -> dict:
     def b64(raw: bytes) -> str:
         return base64.b64encode(raw).decode()
 
-    return {"version": 1, "cluster_id": derive.cluster_id(measurement_secret, measurement_salt).hex(), "measurement_secret": b64(measurement_secret),
+    return {"version": 1, "node_name": "worker-1", "control_plane": False,
+            "cluster_id": derive.cluster_id(measurement_secret, measurement_salt).hex(), "measurement_secret": b64(measurement_secret),
             "measurement_salt": b64(measurement_salt), "state_disk_key": b64(derive.state_disk_key(master_key, master_salt, DISK_UUID)),
             "api_server_endpoint": "10.0.0.10:6443", "bootstrap_token": "abcdef.0123456789abcdef", "ca_cert_hashes": ["sha256:" + "00" * 32],
             "ca_crt": "-----BEGIN CERTIFICATE-----\n", "kubelet_client_crt": "-----BEGIN CERTIFICATE-----\n", "control_plane_files": {}}

@@ -2,13 +2,14 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Verifier nonces: 32 random bytes, single use, expiring (60 s by default), bounded in number.
 
-One store, two places to keep the nonces: the join service keeps them in memory, the controller's tasks in a 0600
-ledger file shared by processes (flock), which keeps single use across runs. Either way entries are kept in the
+One store, two places to keep the nonces: in memory, or - the controller's tasks - in a 0600 ledger file shared by
+processes (flock), which keeps single use across runs. (The join service, whose GetNonce anyone can call, keeps no
+issued nonce at all: ``_join/nonces.py``.) Either way entries are kept in the
 order they were issued, so expiry drops a prefix and no call looks at every entry: in memory issuing and consuming
 cost O(1) amortised; in the ledger (fixed-size records) issuing costs a binary search and an append, consuming one
 byte search through the file (C speed) and a one-byte write. A consumed nonce is remembered until two lifetimes
-after its issue, so a replay is reported as such rather than as unknown. Since GetNonce is unauthenticated, the
-number of remembered nonces is capped: beyond it ``issue`` refuses with NonceLimitError until some expire.
+after its issue, so a replay is reported as such rather than as unknown. The number of remembered nonces is capped:
+beyond it ``issue`` refuses with NonceLimitError until some expire.
 """
 
 from __future__ import annotations

@@ -135,13 +135,18 @@ def binding_info(flow: str, nonce: bytes, verifier_id: str, suite: KemSuite) -> 
     return b"".join(struct.pack(">H", len(p)) + p for p in parts)
 
 
-def seal(plaintext: bytes, recipient_public: bytes, flow: str, nonce: bytes, verifier_id: str) -> bytes:
-    """Encrypt to the attester's key; returns a JSON envelope (bytes)."""
-    suite = suite_for_public_key(recipient_public)
+def check_public_key(raw_public: bytes):
+    """The suite and key object of an attester's public key; SealError for one that no supported suite can seal to."""
+    suite = suite_for_public_key(raw_public)
     try:
-        public_key = _public_key_object(suite, recipient_public)
+        return suite, _public_key_object(suite, raw_public)
     except ValueError as exc:
         raise SealError(f"ephemeral public key is not a valid {suite.name} key: {exc}") from None
+
+
+def seal(plaintext: bytes, recipient_public: bytes, flow: str, nonce: bytes, verifier_id: str) -> bytes:
+    """Encrypt to the attester's key; returns a JSON envelope (bytes)."""
+    suite, public_key = check_public_key(recipient_public)
     ciphertext = suite.suite.encrypt(plaintext, public_key, info=binding_info(flow, nonce, verifier_id, suite))
     return json.dumps({
         "version": ENVELOPE_VERSION,

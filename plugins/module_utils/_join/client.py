@@ -2,12 +2,16 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The node side of the join protocol: ask a join service for a ticket, prove the TPM, open the ticket.
 
-Each attempt tries the endpoints in order; a transient failure (UNAVAILABLE,
-DEADLINE_EXCEEDED, ABORTED, RESOURCE_EXHAUSTED, an expired or unknown nonce) moves on to the next
-endpoint and, after the last, to the next attempt after an exponential backoff
-with jitter. A refusal (PERMISSION_DENIED, INVALID_ARGUMENT, ...) ends at once
-with a JoinError carrying the service's reason. Every attempt uses a new nonce
-and a new ephemeral key whose private half never leaves this process.
+One attempt: a nonce; a fresh ephemeral key; evidence quoting ``SHA-256(nonce || SHA-256(key || request digest))``
+(``request.py``: what the node asks for is covered by the quote); step 1 (``IssueJoinTicket`` or
+``IssueRejoinTicket``) answers with a credential; the TPM activates it; step 2 (``ActivateTicket``) sends the proof
+and gets the sealed ticket, which the ephemeral key opens.
+
+Each attempt tries the endpoints in order; a transient failure (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED,
+RESOURCE_EXHAUSTED, an expired or unknown nonce or challenge) moves on to the next endpoint and, after the last, to
+the next attempt after an exponential backoff with jitter. A refusal (PERMISSION_DENIED, INVALID_ARGUMENT, ...) ends
+at once with a JoinError carrying the service's reason. Every attempt uses a new nonce and a new ephemeral key whose
+private half never leaves this process.
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ else:
 from .._attestation.issuer import Tpm, TpmError, answer_challenge, issue_evidence
 from .._crypto import seal
 from .._crypto.seal import EphemeralKey, SealError
-from . import credential
+from .credential import ProofError, activation_proof
+from .request import bind_user_data, csr_key_digest, request_digest
 
 FLOWS = ("join", "rejoin")
 RETRYABLE_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED")
-RETRYABLE_REASONS = ("nonce-stale", "nonce-unknown")
+RETRYABLE_REASONS = ("nonce-stale", "nonce-unknown", "activation-unknown")
 REASON_METADATA = "confidential-kubernetes-reason"
 TICKET_VERSION = 1
 
@@ -108,6 +113,12 @@ def _call(method, request, timeout: float, endpoint: str):
 
 def _attempt(endpoint: str, ca_pem: bytes, tcti: str, node_name: str, control_plane: bool, disk_uuid: str, kubelet_csr_pem: bytes,
              flow: str, timeout: float, server_name: str | None) -> dict:
+    control_plane = control_plane and flow == "join"
+    try:
+        kubelet_key = csr_key_digest(kubelet_csr_pem) if flow == "join" else b""
+    except ValueError:
+        raise JoinError("csr-malformed", "the kubelet CSR is not a PEM certificate signing request") from None
+    digest = request_digest(flow, node_name, control_plane, disk_uuid, kubelet_key)
     with _channel(endpoint, ca_pem, server_name) as channel:
         stub = pb2_grpc.JoinServiceStub(channel)
         challenge = _call(stub.GetNonce, pb2.GetNonceRequest(), timeout, endpoint)
@@ -117,36 +128,35 @@ def _attempt(endpoint: str, ca_pem: bytes, tcti: str, node_name: str, control_pl
         key = EphemeralKey.generate()
         try:
             with Tpm(tcti) as tpm:
-                evidence = issue_evidence(tpm, nonce, key.public_bytes()).to_json().encode()
+                evidence = issue_evidence(tpm, nonce, bind_user_data(key.public_bytes(), digest)).to_json().encode()
         except TpmError as exc:
             raise JoinError("tpm", f"cannot produce evidence: {exc}") from None
         if flow == "join":
-            response = _call(stub.IssueJoinTicket, pb2.IssueJoinTicketRequest(
+            granted = _call(stub.IssueJoinTicket, pb2.IssueJoinTicketRequest(
                 evidence=evidence, nonce=nonce, node_name=node_name, control_plane=control_plane,
                 kubelet_csr=kubelet_csr_pem, disk_uuid=disk_uuid), timeout, endpoint)
         else:
-            response = _call(stub.IssueRejoinTicket, pb2.IssueRejoinTicketRequest(
+            granted = _call(stub.IssueRejoinTicket, pb2.IssueRejoinTicketRequest(
                 evidence=evidence, nonce=nonce, node_name=node_name, disk_uuid=disk_uuid), timeout, endpoint)
-    return open_ticket(key, response.sealed_ticket, response.credential_blob, response.credential_encrypted_seed,
-                       flow, nonce, verifier_id, tcti)
+        proof = prove_activation(tcti, granted.credential_blob, granted.credential_encrypted_seed, nonce)
+        response = _call(stub.ActivateTicket, pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof), timeout, endpoint)
+    return open_ticket(key, response.sealed_ticket, flow, nonce, verifier_id)
 
 
-def open_ticket(key: EphemeralKey, sealed_ticket: bytes, credential_blob: bytes, credential_encrypted_seed: bytes, flow: str,
-                nonce: bytes, verifier_id: str, tcti: str) -> dict:
-    """Activate the credential (AK trust level 2) to unwrap, then open the HPKE envelope with the ephemeral key."""
-    envelope = sealed_ticket
-    if credential_blob or credential_encrypted_seed:
-        try:
-            with Tpm(tcti) as tpm:
-                secret = answer_challenge(tpm, credential_blob, credential_encrypted_seed)
-        except TpmError as exc:
-            raise JoinError("credential-activation", f"this TPM cannot activate the service's credential: {exc}") from None
-        try:
-            envelope = credential.unwrap(sealed_ticket, secret, nonce)
-        except credential.CredentialWrapError as exc:
-            raise JoinError("credential-activation", str(exc)) from None
+def prove_activation(tcti: str, credential_blob: bytes, credential_encrypted_seed: bytes, nonce: bytes) -> bytes:
+    """Activate the service's credential with this TPM's EK and AK, and prove it (without sending the secret)."""
     try:
-        payload = json.loads(key.open(envelope, flow, nonce, verifier_id))
+        with Tpm(tcti) as tpm:
+            secret = answer_challenge(tpm, credential_blob, credential_encrypted_seed)
+        return activation_proof(secret, nonce)
+    except (TpmError, ProofError) as exc:
+        raise JoinError("credential-activation", f"this TPM cannot activate the service's credential: {exc}") from None
+
+
+def open_ticket(key: EphemeralKey, sealed_ticket: bytes, flow: str, nonce: bytes, verifier_id: str) -> dict:
+    """Open the HPKE envelope with the ephemeral key."""
+    try:
+        payload = json.loads(key.open(sealed_ticket, flow, nonce, verifier_id))
     except SealError as exc:
         raise JoinError("ticket-open", f"the ticket does not open: {exc}") from None
     except ValueError:

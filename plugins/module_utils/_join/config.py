@@ -1,9 +1,10 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The join service's configuration file, its root secrets, and the measurement policy it re-reads on change."""
+"""The join service's configuration file, its root secrets, and the files it re-reads on change (measurement policy, enrolment)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -18,7 +19,7 @@ except ImportError:  # reported by the service at start
     pass
 
 from .._crypto.root_secrets import RootSecrets, RootSecretsError
-from .._attestation.policy import MAX_POLICY_BYTES, MeasurementPolicy, PolicyError, parse_policy
+from .._attestation.policy import MAX_POLICY_BYTES, MeasurementPolicy, parse_policy
 from .._files import write_file_atomically
 from .._kubeadm import ADMIN_CONF
 from .log import StructuredLog
@@ -26,6 +27,12 @@ from .log import StructuredLog
 DEFAULT_LISTEN = "0.0.0.0:9290"
 DEFAULT_VERIFIER_ID = "confidential.kubernetes/joinservice"
 DEFAULT_PKI_DIR = "/etc/kubernetes/pki"
+DEFAULT_ENROLMENT_FILE = "/etc/confidential-kubernetes/node-enrolment.json"
+DEFAULT_BINDINGS_FILE = "/etc/confidential-kubernetes/disk-bindings.json"
+_FLOATS = ("nonce_ttl", "grace_period", "policy_check_interval", "nonce_rate", "nonce_burst", "ticket_rate", "ticket_burst",
+           "registration_check_interval", "registry_sync_interval", "connection_idle_timeout")
+_COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections", "worker_threads")
+_POOL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,39}[a-z0-9])?")
 MAX_CONFIG_BYTES = 64 * 1024
 POLICY_CHECK_INTERVAL = 1.0
 _ENDPOINT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
@@ -54,6 +61,24 @@ class ServiceConfig:
     policy_check_interval: float = POLICY_CHECK_INTERVAL
     grace_period: float = 30.0
     max_registrations: int = 16
+    # The node registry: enrolments the controller pushes, disk bindings this service keeps (mirror of the cluster's).
+    enrolment_file: str = DEFAULT_ENROLMENT_FILE
+    bindings_file: str = DEFAULT_BINDINGS_FILE
+    # Autoscaled pools: an unenrolled TPM whose EK certificate chains to the EK CA joins as worker <prefix>-<EK digest>.
+    pool_workers: bool = False
+    pool_name_prefix: str = "pool"
+    # Flood resistance: requests per second (and bursts) per client address, caps, idle connections closed.
+    nonce_rate: float = 50.0
+    nonce_burst: float = 100.0
+    ticket_rate: float = 20.0
+    ticket_burst: float = 50.0
+    max_concurrent_rpcs: int = 256
+    max_connections: int = 1024
+    connection_idle_timeout: float = 120.0
+    worker_threads: int = 2
+    # Single-use tokens: how often the API is asked whether a node with a live token has registered.
+    registration_check_interval: float = 5.0
+    registry_sync_interval: float = 60.0
 
     @classmethod
     def from_document(cls, doc: object, source: str) -> "ServiceConfig":
@@ -68,10 +93,14 @@ class ServiceConfig:
             raise ConfigError(f"{source} lacks required setting(s): {', '.join(missing)}")
         values = {}
         for name, value in doc.items():
-            if name in ("nonce_ttl", "grace_period", "policy_check_interval"):
+            if name in _FLOATS:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-            elif name == "max_registrations":
+            elif name in _COUNTS:
                 ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            elif name == "pool_workers":
+                ok = isinstance(value, bool)
+            elif name == "pool_name_prefix":
+                ok = isinstance(value, str) and _POOL_PREFIX.fullmatch(value) is not None
             elif name == "ek_ca_file":
                 ok = value is None or isinstance(value, str)
                 value = value or None
@@ -129,13 +158,18 @@ def load_root_secrets(path: str) -> RootSecrets:
         raise ConfigError(message) from None
 
 
-class PolicyWatcher:
-    """The current measurement policy, re-read when the file's inode, size or mtime changes (checked at most once a second).
+class WatchedFile:
+    """A file re-read when its inode, size or mtime changes (checked at most once per ``interval``, on request).
 
-    A new file that does not parse is refused with a log line and the loaded
-    policy stays; a new good one replaces it, and the one it replaces is kept
-    as ``<policy_file>.previous``.
+    A new content that does not parse is refused with one log line and the loaded one stays; the service reports
+    the digest (SHA-256 hex) of what it loaded and, until a later change loads, the digest of the refused content
+    and why it was refused, so whoever pushed it can tell (the joinservice role's check). Subclasses say what the
+    file is (``what``, ``event``) and how it parses (``parse`` raises ``ValueError`` with a message naming the file).
     """
+
+    what = "file"
+    event = "reload"
+    max_bytes = MAX_POLICY_BYTES
 
     def __init__(self, path: str, log: StructuredLog, clock=time.monotonic, interval: float = POLICY_CHECK_INTERVAL):
         self.path = path
@@ -143,61 +177,104 @@ class PolicyWatcher:
         self._clock = clock
         self._interval = interval
         self._lock = threading.Lock()
+        self.rejected_digest = ""
+        self.error = ""
         try:
             signature, text = self._read()
+        except FileNotFoundError:
+            signature, text = None, None
         except OSError as exc:
-            raise ConfigError(f"cannot read measurement policy {path}: {exc.strerror}") from None
-        try:
-            self._policy = parse_policy(text, f"measurement policy {path}")
-        except PolicyError as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(f"cannot read {self.what} {path}: {exc.strerror}") from None
+        if text is None:
+            self._value = self.missing()
+        else:
+            try:
+                self._value = self.parse(text)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         self._text = text
+        self.digest = _digest(text)
         self._signature = signature
         self._checked = clock()
 
-    @property
-    def policy(self) -> MeasurementPolicy:
-        return self._policy
+    def parse(self, text: bytes):
+        raise NotImplementedError
 
-    def current(self) -> MeasurementPolicy:
+    def missing(self):
+        """The value while the file does not exist (by default the service refuses to start without it)."""
+        raise ConfigError(f"cannot read {self.what} {self.path}: No such file or directory")
+
+    def loaded(self, previous: bytes | None) -> None:
+        """Called after a new content replaced ``previous``."""
+
+    @property
+    def value(self):
+        return self._value
+
+    def current(self):
         if self._clock() - self._checked < self._interval:
-            return self._policy
+            return self._value
         with self._lock:
             if self._clock() - self._checked >= self._interval:
                 self._checked = self._clock()
                 self._reload_if_changed()
-        return self._policy
+        return self._value
 
     def _read(self) -> tuple[tuple[int, int, int], bytes]:
         with open(self.path, "rb") as handle:
             info = os.fstat(handle.fileno())
-            return (info.st_ino, info.st_size, info.st_mtime_ns), handle.read(MAX_POLICY_BYTES + 1)
+            return (info.st_ino, info.st_size, info.st_mtime_ns), handle.read(self.max_bytes + 1)
 
     def _reload_if_changed(self) -> None:
         try:
             info = os.stat(self.path)
         except OSError as exc:
-            self._log.warning("policy-reload", result="kept", reason="unreadable", path=self.path, msg=exc.strerror)
+            self._log.warning(self.event, result="kept", reason="unreadable", path=self.path, msg=exc.strerror)
             return
         if (info.st_ino, info.st_size, info.st_mtime_ns) == self._signature:
             return
         try:
             signature, text = self._read()
         except OSError as exc:
-            self._log.warning("policy-reload", result="kept", reason="unreadable", path=self.path, msg=exc.strerror)
+            self._log.warning(self.event, result="kept", reason="unreadable", path=self.path, msg=exc.strerror)
             return
         # Remember what was seen, so a bad file is reported once and not re-parsed on every request.
         self._signature = signature
         try:
-            policy = parse_policy(text, f"measurement policy {self.path}")
-        except PolicyError as exc:
-            self._log.error("policy-reload", result="rejected", reason="malformed", path=self.path, msg=str(exc))
+            value = self.parse(text)
+        except ValueError as exc:
+            self.rejected_digest, self.error = _digest(text), str(exc)
+            self._log.error(self.event, result="rejected", reason="malformed", path=self.path, digest=self.rejected_digest, msg=str(exc))
             return
+        previous = self._text
+        self._value, self._text, self.digest = value, text, _digest(text)
+        self.rejected_digest = self.error = ""
+        self.loaded(previous)
+
+
+def _digest(text: bytes | None) -> str:
+    return hashlib.sha256(text).hexdigest() if text is not None else ""
+
+
+class PolicyWatcher(WatchedFile):
+    """The current measurement policy; a new good one replaces it, and the one it replaces is kept as ``<policy_file>.previous``."""
+
+    what = "measurement policy"
+    event = "policy-reload"
+
+    def parse(self, text: bytes) -> MeasurementPolicy:
+        return parse_policy(text, f"measurement policy {self.path}")
+
+    @property
+    def policy(self) -> MeasurementPolicy:
+        return self.value
+
+    def loaded(self, previous: bytes | None) -> None:
         backup = self.path + ".previous"
         try:
-            write_file_atomically(backup, self._text, 0o644)
+            write_file_atomically(backup, previous, 0o644)
         except OSError as exc:
             self._log.warning("policy-backup", result="failed", path=backup, msg=exc.strerror)
-        self._policy, self._text = policy, text
-        self._log.info("policy-reload", result="loaded", path=self.path, backup=backup, ak_trust=policy.ak_trust,
+        policy = self.value
+        self._log.info(self.event, result="loaded", path=self.path, digest=self.digest, backup=backup, ak_trust=policy.ak_trust,
                        pcrs=sorted(policy.rules))

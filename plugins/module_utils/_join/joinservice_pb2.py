@@ -32,18 +32,22 @@ else:
         b'ponse\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x13\n\x0bverifier_id\x18\x02 \x01(\t"\x8b\x01\n\x16IssueJoinTi'
         b'cketRequest\x12\x10\n\x08evidence\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\tnode_name'
         b'\x18\x03 \x01(\t\x12\x15\n\rcontrol_plane\x18\x04 \x01(\x08\x12\x13\n\x0bkubelet_csr\x18\x05 \x01(\x0c\x12'
-        b'\x11\n\tdisk_uuid\x18\x06 \x01(\t"l\n\x17IssueJoinTicketResponse\x12\x15\n\rsealed_ticket\x18\x01 \x01(\x0c'
-        b'\x12\x17\n\x0fcredential_blob\x18\x02 \x01(\x0c\x12!\n\x19credential_encrypted_seed\x18\x03 \x01(\x0c"a\n'
-        b'\x18IssueRejoinTicketRequest\x12\x10\n\x08evidence\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12'
-        b'\x11\n\tnode_name\x18\x03 \x01(\t\x12\x11\n\tdisk_uuid\x18\x04 \x01(\t"n\n\x19IssueRejoinTicketResponse\x12'
-        b'\x15\n\rsealed_ticket\x18\x01 \x01(\x0c\x12\x17\n\x0fcredential_blob\x18\x02 \x01(\x0c\x12!\n\x19credential'
-        b'_encrypted_seed\x18\x03 \x01(\x0c"\x0f\n\rHealthRequest" \n\x0eHealthResponse\x12\x0e\n\x06status\x18\x01 '
-        b'\x01(\t2\xfd\x03\n\x0bJoinService\x12o\n\x08GetNonce\x120.confidential.kubernetes.join.v1.GetNonceRequest'
-        b'\x1a1.confidential.kubernetes.join.v1.GetNonceResponse\x12\x84\x01\n\x0fIssueJoinTicket\x127.confidential.k'
-        b'ubernetes.join.v1.IssueJoinTicketRequest\x1a8.confidential.kubernetes.join.v1.IssueJoinTicketResponse\x12'
-        b'\x8a\x01\n\x11IssueRejoinTicket\x129.confidential.kubernetes.join.v1.IssueRejoinTicketRequest\x1a:.confiden'
-        b'tial.kubernetes.join.v1.IssueRejoinTicketResponse\x12i\n\x06Health\x12..confidential.kubernetes.join.v1.Hea'
-        b'lthRequest\x1a/.confidential.kubernetes.join.v1.HealthResponseb\x06proto3'
+        b'\x11\n\tdisk_uuid\x18\x06 \x01(\t"a\n\x18IssueRejoinTicketRequest\x12\x10\n\x08evidence\x18\x01 \x01(\x0c'
+        b'\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x11\n\tdisk_uuid\x18\x04 \x01('
+        b'\t"q\n\tChallenge\x12\x17\n\x0fcredential_blob\x18\x01 \x01(\x0c\x12!\n\x19credential_encrypted_seed\x18'
+        b'\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x15\n\rcontrol_plane\x18\x04 \x01(\x08"@\n\x15Activ'
+        b'ateTicketRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x18\n\x10activation_proof\x18\x02 \x01(\x0c"/\n\x16'
+        b'ActivateTicketResponse\x12\x15\n\rsealed_ticket\x18\x01 \x01(\x0c"\x0f\n\rHealthRequest"\xc3\x01\n\x0eHealt'
+        b'hResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12\x1e\n\x16policy_'
+        b'rejected_digest\x18\x03 \x01(\t\x12\x14\n\x0cpolicy_error\x18\x04 \x01(\t\x12\x18\n\x10enrolment_digest\x18'
+        b'\x05 \x01(\t\x12!\n\x19enrolment_rejected_digest\x18\x06 \x01(\t\x12\x17\n\x0fenrolment_error\x18\x07 \x01('
+        b'\t2\xe1\x04\n\x0bJoinService\x12o\n\x08GetNonce\x120.confidential.kubernetes.join.v1.GetNonceRequest\x1a1.c'
+        b'onfidential.kubernetes.join.v1.GetNonceResponse\x12v\n\x0fIssueJoinTicket\x127.confidential.kubernetes.join'
+        b'.v1.IssueJoinTicketRequest\x1a*.confidential.kubernetes.join.v1.Challenge\x12z\n\x11IssueRejoinTicket\x129.'
+        b'confidential.kubernetes.join.v1.IssueRejoinTicketRequest\x1a*.confidential.kubernetes.join.v1.Challenge\x12'
+        b'\x81\x01\n\x0eActivateTicket\x126.confidential.kubernetes.join.v1.ActivateTicketRequest\x1a7.confidential.k'
+        b'ubernetes.join.v1.ActivateTicketResponse\x12i\n\x06Health\x12..confidential.kubernetes.join.v1.HealthReques'
+        b't\x1a/.confidential.kubernetes.join.v1.HealthResponseb\x06proto3'
     )
 
     _globals = globals()
@@ -57,16 +61,18 @@ else:
         _globals['_GETNONCERESPONSE']._serialized_end = 127
         _globals['_ISSUEJOINTICKETREQUEST']._serialized_start = 130
         _globals['_ISSUEJOINTICKETREQUEST']._serialized_end = 269
-        _globals['_ISSUEJOINTICKETRESPONSE']._serialized_start = 271
-        _globals['_ISSUEJOINTICKETRESPONSE']._serialized_end = 379
-        _globals['_ISSUEREJOINTICKETREQUEST']._serialized_start = 381
-        _globals['_ISSUEREJOINTICKETREQUEST']._serialized_end = 478
-        _globals['_ISSUEREJOINTICKETRESPONSE']._serialized_start = 480
-        _globals['_ISSUEREJOINTICKETRESPONSE']._serialized_end = 590
-        _globals['_HEALTHREQUEST']._serialized_start = 592
-        _globals['_HEALTHREQUEST']._serialized_end = 607
-        _globals['_HEALTHRESPONSE']._serialized_start = 609
-        _globals['_HEALTHRESPONSE']._serialized_end = 641
-        _globals['_JOINSERVICE']._serialized_start = 644
-        _globals['_JOINSERVICE']._serialized_end = 1153
+        _globals['_ISSUEREJOINTICKETREQUEST']._serialized_start = 271
+        _globals['_ISSUEREJOINTICKETREQUEST']._serialized_end = 368
+        _globals['_CHALLENGE']._serialized_start = 370
+        _globals['_CHALLENGE']._serialized_end = 483
+        _globals['_ACTIVATETICKETREQUEST']._serialized_start = 485
+        _globals['_ACTIVATETICKETREQUEST']._serialized_end = 549
+        _globals['_ACTIVATETICKETRESPONSE']._serialized_start = 551
+        _globals['_ACTIVATETICKETRESPONSE']._serialized_end = 598
+        _globals['_HEALTHREQUEST']._serialized_start = 600
+        _globals['_HEALTHREQUEST']._serialized_end = 615
+        _globals['_HEALTHRESPONSE']._serialized_start = 618
+        _globals['_HEALTHRESPONSE']._serialized_end = 813
+        _globals['_JOINSERVICE']._serialized_start = 816
+        _globals['_JOINSERVICE']._serialized_end = 1425
     # @@protoc_insertion_point(module_scope)

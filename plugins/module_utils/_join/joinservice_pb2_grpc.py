@@ -44,12 +44,17 @@ else:
             self.IssueJoinTicket = channel.unary_unary(
                 '/confidential.kubernetes.join.v1.JoinService/IssueJoinTicket',
                 request_serializer=joinservice__pb2.IssueJoinTicketRequest.SerializeToString,
-                response_deserializer=joinservice__pb2.IssueJoinTicketResponse.FromString,
+                response_deserializer=joinservice__pb2.Challenge.FromString,
                 _registered_method=True)
             self.IssueRejoinTicket = channel.unary_unary(
                 '/confidential.kubernetes.join.v1.JoinService/IssueRejoinTicket',
                 request_serializer=joinservice__pb2.IssueRejoinTicketRequest.SerializeToString,
-                response_deserializer=joinservice__pb2.IssueRejoinTicketResponse.FromString,
+                response_deserializer=joinservice__pb2.Challenge.FromString,
+                _registered_method=True)
+            self.ActivateTicket = channel.unary_unary(
+                '/confidential.kubernetes.join.v1.JoinService/ActivateTicket',
+                request_serializer=joinservice__pb2.ActivateTicketRequest.SerializeToString,
+                response_deserializer=joinservice__pb2.ActivateTicketResponse.FromString,
                 _registered_method=True)
             self.Health = channel.unary_unary(
                 '/confidential.kubernetes.join.v1.JoinService/Health',
@@ -68,22 +73,29 @@ else:
             raise NotImplementedError('Method not implemented!')
 
         def IssueJoinTicket(self, request, context):
-            """A fresh node joins: disk key, measurement secret, bootstrap token, CA pin,
-            kubelet client certificate and, for control-plane nodes, the cluster PKI.
+            """Step 1 of a join: the evidence is verified and the registry decides what the node is granted; the answer is a
+            credential only the TPM holding the node's EK and AK can activate. Nothing is issued or registered yet.
             """
             context.set_code(grpc.StatusCode.UNIMPLEMENTED)
             context.set_details('Method not implemented!')
             raise NotImplementedError('Method not implemented!')
 
         def IssueRejoinTicket(self, request, context):
-            """A rebooted node of the cluster: disk key and measurement secret only.
+            """Step 1 of a rejoin (a rebooted member): as IssueJoinTicket, for the disk key and measurement secret only.
+            """
+            context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+            context.set_details('Method not implemented!')
+            raise NotImplementedError('Method not implemented!')
+
+        def ActivateTicket(self, request, context):
+            """Step 2 of both: the proof that the credential was activated; the answer is the sealed ticket.
             """
             context.set_code(grpc.StatusCode.UNIMPLEMENTED)
             context.set_details('Method not implemented!')
             raise NotImplementedError('Method not implemented!')
 
         def Health(self, request, context):
-            """"SERVING", or "NOT_SERVING" while the service drains for shutdown.
+            """"SERVING", or "NOT_SERVING" while the service drains for shutdown; and what the service has loaded.
             """
             context.set_code(grpc.StatusCode.UNIMPLEMENTED)
             context.set_details('Method not implemented!')
@@ -99,12 +111,17 @@ else:
             'IssueJoinTicket': grpc.unary_unary_rpc_method_handler(
                 servicer.IssueJoinTicket,
                 request_deserializer=joinservice__pb2.IssueJoinTicketRequest.FromString,
-                response_serializer=joinservice__pb2.IssueJoinTicketResponse.SerializeToString,
+                response_serializer=joinservice__pb2.Challenge.SerializeToString,
             ),
             'IssueRejoinTicket': grpc.unary_unary_rpc_method_handler(
                 servicer.IssueRejoinTicket,
                 request_deserializer=joinservice__pb2.IssueRejoinTicketRequest.FromString,
-                response_serializer=joinservice__pb2.IssueRejoinTicketResponse.SerializeToString,
+                response_serializer=joinservice__pb2.Challenge.SerializeToString,
+            ),
+            'ActivateTicket': grpc.unary_unary_rpc_method_handler(
+                servicer.ActivateTicket,
+                request_deserializer=joinservice__pb2.ActivateTicketRequest.FromString,
+                response_serializer=joinservice__pb2.ActivateTicketResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                 servicer.Health,
@@ -164,7 +181,7 @@ else:
                 target,
                 '/confidential.kubernetes.join.v1.JoinService/IssueJoinTicket',
                 joinservice__pb2.IssueJoinTicketRequest.SerializeToString,
-                joinservice__pb2.IssueJoinTicketResponse.FromString,
+                joinservice__pb2.Challenge.FromString,
                 options,
                 channel_credentials,
                 insecure,
@@ -191,7 +208,34 @@ else:
                 target,
                 '/confidential.kubernetes.join.v1.JoinService/IssueRejoinTicket',
                 joinservice__pb2.IssueRejoinTicketRequest.SerializeToString,
-                joinservice__pb2.IssueRejoinTicketResponse.FromString,
+                joinservice__pb2.Challenge.FromString,
+                options,
+                channel_credentials,
+                insecure,
+                call_credentials,
+                compression,
+                wait_for_ready,
+                timeout,
+                metadata,
+                _registered_method=True)
+
+        @staticmethod
+        def ActivateTicket(request,
+                           target,
+                           options=(),
+                           channel_credentials=None,
+                           call_credentials=None,
+                           insecure=False,
+                           compression=None,
+                           wait_for_ready=None,
+                           timeout=None,
+                           metadata=None):
+            return grpc.experimental.unary_unary(
+                request,
+                target,
+                '/confidential.kubernetes.join.v1.JoinService/ActivateTicket',
+                joinservice__pb2.ActivateTicketRequest.SerializeToString,
+                joinservice__pb2.ActivateTicketResponse.FromString,
                 options,
                 channel_credentials,
                 insecure,

@@ -73,8 +73,11 @@ def check_disk_uuid(disk_uuid: str) -> str:
 
 
 def kubelet_subject(node_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, NODES_GROUP),
-                      x509.NameAttribute(NameOID.COMMON_NAME, NODE_USER_PREFIX + node_name)])
+    """The kubelet's identity; without a name (a node the registry names) the group only."""
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, NODES_GROUP)]
+    if node_name:
+        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, NODE_USER_PREFIX + node_name))
+    return x509.Name(attributes)
 
 
 def _attributes(name: x509.Name) -> list[tuple[str, str]]:
@@ -82,7 +85,12 @@ def _attributes(name: x509.Name) -> list[tuple[str, str]]:
 
 
 def load_kubelet_csr(pem: bytes, node_name: str) -> x509.CertificateSigningRequest:
-    """The kubelet's CSR: readable, self-signed, a strong key, and exactly the node's own identity."""
+    """The kubelet's CSR: readable, self-signed, a strong key, and the identity the node asked for.
+
+    Only its key goes into the certificate, which names the node the registry granted; the subject must still be the
+    node's own request (``O=system:nodes,CN=system:node:<name>``, or ``O=system:nodes`` alone when the node asks the
+    registry for its name), so that a CSR made for another node is refused rather than silently renamed.
+    """
     if len(NODE_USER_PREFIX + node_name) > MAX_COMMON_NAME:
         raise RequestError("node-name", f"node name {node_name!r} is too long for a kubelet client certificate: "
                                         f"'{NODE_USER_PREFIX}<node name>' may have at most {MAX_COMMON_NAME} characters")
@@ -100,8 +108,9 @@ def load_kubelet_csr(pem: bytes, node_name: str) -> x509.CertificateSigningReque
         raise RequestError("csr-signature", "kubelet CSR signature does not verify with its own public key")
     _check_key(csr.public_key())
     if _attributes(csr.subject) != _attributes(kubelet_subject(node_name)):
+        wanted = f"O={NODES_GROUP},CN={NODE_USER_PREFIX}{node_name}" if node_name else f"O={NODES_GROUP}"
         raise RequestError("csr-subject", f"kubelet CSR subject {csr.subject.rfc4514_string()!r} is not "
-                                          f"'O={NODES_GROUP},CN={NODE_USER_PREFIX}{node_name}': a node may only ask for its own identity")
+                                          f"'{wanted}': a node may only ask for its own identity")
     return csr
 
 
@@ -157,7 +166,8 @@ class ClusterPki:
         return cls(pki_dir, ca_pem, certificate, key, ca_cert_hash(ca_pem), x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key()))
 
     def sign_kubelet_client(self, csr: x509.CertificateSigningRequest, node_name: str, now: datetime.datetime) -> bytes:
-        """A kubelet client certificate (clientAuth) for the CSR's key, issued by the cluster CA for one year."""
+        """A kubelet client certificate (clientAuth) for the CSR's key and the granted ``node_name`` (nothing else of
+        the CSR is copied), issued by the cluster CA for one year."""
         algorithm = None if isinstance(self.ca_key, (ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)) else hashes.SHA256()
         certificate = (
             x509.CertificateBuilder()

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from . import joinservice_pb2 as pb2
 from . import joinservice_pb2_grpc as pb2_grpc
@@ -26,15 +28,18 @@ except ImportError as exc:  # reported by main() and build_service()
 else:
     GRPC_IMPORT_ERROR = pb2.IMPORT_ERROR or pb2_grpc.IMPORT_ERROR
 
-from .._attestation.nonces import NonceLimitError, NonceStore
 from .._attestation.verifier import VerificationError, load_ca_certificates
 from .._crypto import seal
 from .._kubeadm import scrub
+from .bindings import BindingConflict, KubectlDiskBindings
 from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load_root_secrets, read_private_file
-from .issuance import IssuedTicket, JoinRequest, Refusal, RejoinRequest, TicketIssuer
+from .issuance import Challenge, JoinRequest, Refusal, RejoinRequest, TicketIssuer
+from .limits import PeerLimiter
 from .log import StructuredLog
+from .nonces import MacNonces
 from .pki import ClusterPki, PkiError
-from .tokens import KubectlTokenMinter, TokenMinter
+from .registry import BindingMirror, EnrolmentWatcher, NodeRegistry
+from .tokens import TOKEN_TTL, KubectlTokenMinter, TokenMinter, TokenMintError
 
 SERVING = "SERVING"
 NOT_SERVING = "NOT_SERVING"
@@ -42,6 +47,14 @@ REASON_METADATA = "confidential-kubernetes-reason"
 MAX_MESSAGE_BYTES = 256 * 1024
 MAX_DETAILS = 1024
 DRAIN_DELAY = 1.0
+# Flood resistance beside the configurable caps: per-connection streams, TLS handshakes, connection lifetime, keepalive.
+MAX_STREAMS_PER_CONNECTION = 32
+HANDSHAKE_TIMEOUT_MS = 10_000
+MAX_CONNECTION_AGE_MS = 30 * 60 * 1000
+MAX_CONNECTION_AGE_GRACE_MS = 60_000
+KEEPALIVE_TIME_MS = 60_000
+KEEPALIVE_TIMEOUT_MS = 20_000
+FLOOD_LOG_INTERVAL = 10.0
 
 
 class Undecodable:
@@ -84,17 +97,25 @@ class _TolerantRegistration:
 
 
 class JoinServicer:
-    """The RPC handlers: translate requests for the issuer, refusals into gRPC statuses, and log every outcome.
+    """The RPC handlers: per-peer rate limits, requests handed to the issuer, refusals turned into gRPC statuses, every
+    outcome logged.
 
-    They run on the service's event loop: the CPU-bound part of a join (verify, sign, seal) runs there one request
-    at a time, which is what the interpreter lock allows anyway; the token registration (a kubectl subprocess) is
-    awaited, so slow registrations overlap with each other and with the next requests.
+    They run on the service's event loop, which only dispatches: the CPU-bound part of a request (verify, make the
+    credential, sign, seal) runs in the worker threads, and kubectl (token registration, disk bindings) is an awaited
+    subprocess, so neither a slow kubectl nor a burst of heavy requests stalls the loop that answers everyone else.
+    All state (used nonces, pending challenges, the control-plane slot, live tokens) stays in this one process.
     """
 
-    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event):
+    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event, executor: ThreadPoolExecutor,
+                 nonce_limiter: PeerLimiter, ticket_limiter: PeerLimiter, policy: PolicyWatcher):
         self._issuer = issuer
         self._log = log
         self._draining = draining
+        self._executor = executor
+        self._nonce_limiter = nonce_limiter
+        self._ticket_limiter = ticket_limiter
+        self._policy = policy
+        self._flood_logged = 0.0
 
     async def _refuse_while_draining(self, context) -> None:
         if self._draining.is_set():
@@ -107,61 +128,91 @@ class JoinServicer:
             context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
 
+    async def _limit(self, context, limiter: PeerLimiter, event: str) -> None:
+        """RESOURCE_EXHAUSTED for a peer over its rate; logged once per FLOOD_LOG_INTERVAL, not once per request."""
+        if limiter.allow(context.peer()):
+            return
+        now = time.monotonic()
+        if now - self._flood_logged >= FLOOD_LOG_INTERVAL:
+            self._flood_logged = now
+            self._log.warning(event, result="refused", reason="rate-limit", peer=context.peer(), refused_total=limiter.refused,
+                              rate=limiter.rate, burst=limiter.burst)
+        context.set_trailing_metadata(((REASON_METADATA, "rate-limit"),))
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"rate-limit: more than {limiter.rate:g} requests per second from "
+                                                                f"this address; retry later")
+
     async def GetNonce(self, request, context):  # noqa: N802 - gRPC method name
         await self._refuse_undecodable(context, request, "nonce")
         await self._refuse_while_draining(context)
-        try:
-            nonce = self._issuer.issue_nonce()
-        except NonceLimitError as exc:
-            self._log.warning("nonce", result="refused", reason="nonce-limit", msg=str(exc), peer=context.peer())
-            context.set_trailing_metadata(((REASON_METADATA, "nonce-limit"),))
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"nonce-limit: {exc}")
-            raise
-        return pb2.GetNonceResponse(nonce=nonce, verifier_id=self._issuer.verifier_id)
+        await self._limit(context, self._nonce_limiter, "nonce")
+        return pb2.GetNonceResponse(nonce=self._issuer.issue_nonce(), verifier_id=self._issuer.verifier_id)
 
     async def IssueJoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         await self._refuse_undecodable(context, request, "join")
         await self._refuse_while_draining(context)
+        await self._limit(context, self._ticket_limiter, "join")
         join = JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane, request.kubelet_csr, request.disk_uuid)
-
-        async def issue() -> IssuedTicket:
-            prepared = self._issuer.prepare_join(join)
-            # The control-plane slot stays taken until the response is sent (or the RPC is cancelled).
-            context.add_done_callback(lambda unused_context: prepared.release())
-            await self._issuer.register_token(prepared)
-            return self._issuer.finish(prepared)
-
-        ticket = await self._issue(context, "join", request.node_name, issue(), control_plane=request.control_plane)
-        return pb2.IssueJoinTicketResponse(sealed_ticket=ticket.sealed_ticket, credential_blob=ticket.credential_blob,
-                                           credential_encrypted_seed=ticket.credential_encrypted_seed)
+        challenge = await self._outcome(context, "join", request.node_name, self._in_worker(self._issuer.begin_join, join),
+                                        "challenged", control_plane=request.control_plane)
+        return _challenge_message(challenge)
 
     async def IssueRejoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         await self._refuse_undecodable(context, request, "rejoin")
         await self._refuse_while_draining(context)
+        await self._limit(context, self._ticket_limiter, "rejoin")
         rejoin = RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
+        challenge = await self._outcome(context, "rejoin", request.node_name, self._in_worker(self._issuer.begin_rejoin, rejoin),
+                                        "challenged")
+        return _challenge_message(challenge)
 
-        async def issue() -> IssuedTicket:
-            return self._issuer.issue_rejoin_ticket(rejoin)
+    async def ActivateTicket(self, request, context):  # noqa: N802 - gRPC method name
+        await self._refuse_undecodable(context, request, "activate")
+        await self._refuse_while_draining(context)
+        await self._limit(context, self._ticket_limiter, "activate")
+        try:
+            pending = self._issuer.take(request.nonce, request.activation_proof)
+        except Refusal as refusal:
+            await self._refuse(context, "activate", refusal, {"peer": context.peer()}, time.monotonic())
+            raise
+        grant = pending.grant
 
-        ticket = await self._issue(context, "rejoin", request.node_name, issue())
-        return pb2.IssueRejoinTicketResponse(sealed_ticket=ticket.sealed_ticket, credential_blob=ticket.credential_blob,
-                                             credential_encrypted_seed=ticket.credential_encrypted_seed)
+        async def issue() -> bytes:
+            if pending.flow == "rejoin":
+                return await self._in_worker(self._issuer.prepare_rejoin, pending)
+            await self._issuer.claim_disk(pending)
+            prepared = await self._in_worker(self._issuer.prepare_join, pending)
+            # The control-plane slot stays taken until the response is sent (or the RPC is cancelled).
+            context.add_done_callback(lambda unused_context: prepared.release())
+            await self._issuer.register_token(prepared)
+            return prepared.envelope
+
+        sealed = await self._outcome(context, pending.flow, grant.node_name, issue(), "issued", control_plane=grant.control_plane,
+                                     disk_uuid=grant.disk_uuid, source=grant.source, ak_trust_level=pending.verified.ak_trust_level,
+                                     warnings=pending.verified.warnings)
+        return pb2.ActivateTicketResponse(sealed_ticket=sealed)
 
     async def Health(self, request, context):  # noqa: N802 - gRPC method name
         await self._refuse_undecodable(context, request, "health")
-        return pb2.HealthResponse(status=NOT_SERVING if self._draining.is_set() else SERVING)
+        await self._limit(context, self._nonce_limiter, "health")
+        # A push is noticed at once: the watchers re-read a changed file (at most once per policy_check_interval).
+        policy, enrolment = self._policy, self._issuer.registry.enrolment
+        policy.current()
+        enrolment.current()
+        return pb2.HealthResponse(status=NOT_SERVING if self._draining.is_set() else SERVING, policy_digest=policy.digest,
+                                  policy_rejected_digest=policy.rejected_digest, policy_error=bounded(policy.error),
+                                  enrolment_digest=enrolment.digest, enrolment_rejected_digest=enrolment.rejected_digest,
+                                  enrolment_error=bounded(enrolment.error))
 
-    async def _issue(self, context, event: str, node_name: str, work, **fields: object) -> IssuedTicket:
+    async def _in_worker(self, function, argument):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, argument)
+
+    async def _outcome(self, context, event: str, node_name: str, work, result: str, **fields: object):
         started = time.monotonic()
         fields.update(node_name=node_name[:253], peer=context.peer())
         try:
-            ticket = await work
+            outcome = await work
         except Refusal as refusal:
-            message = bounded(str(refusal))
-            self._log.warning(event, result="refused", code=refusal.code, reason=refusal.reason, msg=message,
-                              mismatches=refusal.mismatches, duration_ms=_elapsed_ms(started), **fields)
-            context.set_trailing_metadata(((REASON_METADATA, refusal.reason),))
-            await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {message}")
+            await self._refuse(context, event, refusal, fields, started)
             raise
         except Exception as exc:  # noqa: BLE001 - the log gets the failure, the client a generic status
             self._log.error(event, result="error", reason="internal", error=type(exc).__name__, msg=scrub(str(exc)),
@@ -169,9 +220,23 @@ class JoinServicer:
             context.set_trailing_metadata(((REASON_METADATA, "internal"),))
             await context.abort(grpc.StatusCode.INTERNAL, "internal: the join service failed on this request; its log says why")
             raise
-        self._log.info(event, result="issued", ak_trust_level=ticket.ak_trust_level, warnings=ticket.warnings,
-                       duration_ms=_elapsed_ms(started), **fields)
-        return ticket
+        if isinstance(outcome, Challenge):
+            fields.update(granted_node_name=outcome.node_name, granted_control_plane=outcome.control_plane,
+                          ak_trust_level=outcome.ak_trust_level, warnings=outcome.warnings)
+        self._log.info(event, result=result, duration_ms=_elapsed_ms(started), **fields)
+        return outcome
+
+    async def _refuse(self, context, event: str, refusal: Refusal, fields: dict, started: float) -> None:
+        message = bounded(str(refusal))
+        self._log.warning(event, result="refused", code=refusal.code, reason=refusal.reason, msg=message,
+                          mismatches=refusal.mismatches, duration_ms=_elapsed_ms(started), **fields)
+        context.set_trailing_metadata(((REASON_METADATA, refusal.reason),))
+        await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {message}")
+
+
+def _challenge_message(challenge: Challenge):
+    return pb2.Challenge(credential_blob=challenge.credential_blob, credential_encrypted_seed=challenge.credential_encrypted_seed,
+                         node_name=challenge.node_name, control_plane=challenge.control_plane)
 
 
 def bounded(message: str) -> str:
@@ -189,22 +254,30 @@ def _elapsed_ms(started: float) -> float:
 
 
 class JoinService:
-    """The gRPC server (grpc.aio on an event loop thread of its own) around a TicketIssuer, with a draining shutdown.
+    """The gRPC server (grpc.aio on an event loop thread of its own) around a TicketIssuer, with a draining shutdown and
+    the background tasks that retire used tokens and mirror the cluster's disk bindings.
 
     ``start``, ``shutdown`` and ``stop_now`` are called from ordinary threads (main(), tests, the benchmark).
     """
 
-    def __init__(self, issuer: TicketIssuer, tls_cert_pem: bytes, tls_key_pem: bytes, listen: str, log: StructuredLog,
-                 drain_delay: float = DRAIN_DELAY):
+    def __init__(self, issuer: TicketIssuer, policy: PolicyWatcher, disk_bindings: KubectlDiskBindings, tls_cert_pem: bytes,
+                 tls_key_pem: bytes, config: ServiceConfig, log: StructuredLog, drain_delay: float = DRAIN_DELAY):
         if GRPC_IMPORT_ERROR is not None:
             raise ConfigError(f"grpcio and protobuf are required for the join service: {GRPC_IMPORT_ERROR}")
         self.issuer = issuer
-        self.listen = listen
+        self.listen = config.listen
+        self.config = config
         self.draining = threading.Event()
         self._log = log
         self._drain_delay = drain_delay
+        self._policy = policy
+        self._disk_bindings = disk_bindings
+        self._executor = ThreadPoolExecutor(max_workers=self.config.worker_threads, thread_name_prefix="joinservice-worker")
+        self.nonce_limiter = PeerLimiter(self.config.nonce_rate, self.config.nonce_burst)
+        self.ticket_limiter = PeerLimiter(self.config.ticket_rate, self.config.ticket_burst)
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
+        self._background: list[asyncio.Task] = []
         self._stopped = False
         self._server = None
         credentials = grpc.ssl_server_credentials([(tls_key_pem, tls_cert_pem)])
@@ -212,15 +285,33 @@ class JoinService:
             self.port = self._loop.run_until_complete(self._bind(credentials))
         except RuntimeError as exc:
             self._loop.close()
-            raise ConfigError(f"cannot listen on {listen}: {exc}") from None
+            raise ConfigError(f"cannot listen on {self.listen}: {exc}") from None
         if not self.port:
             self._loop.close()
-            raise ConfigError(f"cannot listen on {listen} (address in use or not local)")
+            raise ConfigError(f"cannot listen on {self.listen} (address in use or not local)")
+
+    def _server_options(self) -> list[tuple[str, int]]:
+        config = self.config
+        return [
+            # No SO_REUSEPORT: a second service on the same port must fail to start, not share it silently.
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_allowed_incoming_connections", config.max_connections),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+            ("grpc.max_connection_idle_ms", int(config.connection_idle_timeout * 1000)),
+            ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS),
+            ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_MS),
+            ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.http2.max_ping_strikes", 2),
+        ]
 
     async def _bind(self, credentials) -> int:
-        # No SO_REUSEPORT: a second service on the same port must fail to start, not share it silently.
-        self._server = grpc_aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-        pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.issuer, self._log, self.draining), _TolerantRegistration(self._server))
+        self._server = grpc_aio.server(options=self._server_options(), maximum_concurrent_rpcs=self.config.max_concurrent_rpcs)
+        servicer = JoinServicer(self.issuer, self._log, self.draining, self._executor, self.nonce_limiter, self.ticket_limiter, self._policy)
+        pb2_grpc.add_JoinServiceServicer_to_server(servicer, _TolerantRegistration(self._server))
         return self._server.add_secure_port(self.listen, credentials)
 
     def _on_loop(self, coroutine):
@@ -230,9 +321,61 @@ class JoinService:
         self._thread = threading.Thread(target=self._loop.run_forever, name="joinservice-loop", daemon=True)
         self._thread.start()
         self._on_loop(self._server.start())
+        self._on_loop(self._start_background())
         self._log.info("start", result="serving", listen=self.listen, port=self.port, verifier_id=self.issuer.verifier_id,
-                       cluster_id=self.issuer.cluster_id.hex())
+                       cluster_id=self.issuer.cluster_id.hex(), enrolled=len(self.issuer.registry.enrolment.value.by_ek),
+                       pool_workers=self.config.pool_workers)
         return self
+
+    async def _start_background(self) -> None:
+        self._background = [asyncio.ensure_future(self._retire_used_tokens()), asyncio.ensure_future(self._mirror_disk_bindings())]
+
+    async def _retire_used_tokens(self) -> None:
+        """Delete each bootstrap token once its node's kubelet has registered; forget those past their expiry."""
+        minter, live = self.issuer.token_minter, self.issuer.live_tokens
+        try:
+            for token in await minter.live():
+                live.setdefault(token.token_id, token)
+        except TokenMintError as exc:
+            self._log.warning("token", result="not-adopted", msg=str(exc))
+        while True:
+            await asyncio.sleep(self.config.registration_check_interval)
+            expired = datetime.datetime.now(datetime.timezone.utc) - TOKEN_TTL
+            for token_id in [t.token_id for t in live.values() if t.issued < expired]:
+                del live[token_id]
+            if not live:
+                continue
+            try:
+                registered = await minter.registered(list(live.values()))
+            except TokenMintError as exc:
+                self._log.warning("token", result="unchecked", msg=str(exc))
+                continue
+            for token_id in registered:
+                try:
+                    await minter.retire(token_id)
+                except TokenMintError as exc:
+                    self._log.warning("token", result="not-retired", token_id=token_id, msg=str(exc))
+                    continue
+                token = live.pop(token_id, None)
+                self._log.info("token", result="retired", token_id=token_id, node_name=token.node_name if token else None,
+                               msg="the node's kubelet registered: its bootstrap token is deleted")
+
+    async def _mirror_disk_bindings(self) -> None:
+        """Copy the cluster's disk bindings into this control plane's bindings file, at start and then periodically."""
+        failing = False
+        while True:
+            try:
+                bindings = await self._disk_bindings.all_bindings()
+                changed = self.issuer.registry.mirror.replace(bindings)
+            except (BindingConflict, OSError) as exc:
+                if not failing:
+                    self._log.warning("bindings-sync", result="failed", msg=str(exc))
+                failing = True
+            else:
+                if changed or failing:
+                    self._log.info("bindings-sync", result="mirrored", bindings=len(bindings))
+                failing = False
+            await asyncio.sleep(self.config.registry_sync_interval)
 
     def shutdown(self, grace: float) -> None:
         """Health says NOT_SERVING and new RPCs are refused; joins in flight get ``grace`` seconds to finish."""
@@ -258,10 +401,12 @@ class JoinService:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
         self._loop.close()
+        self._executor.shutdown(wait=True)
 
 
 async def _cancel_remaining_tasks() -> None:
-    """RPCs the server cancelled may still be unwinding (an awaited registration): let them finish before the loop closes."""
+    """RPCs the server cancelled may still be unwinding (an awaited registration), and the background tasks run: let them
+    finish before the loop closes."""
     tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
     for task in tasks:
         task.cancel()
@@ -269,54 +414,63 @@ async def _cancel_remaining_tasks() -> None:
         await asyncio.wait(tasks, timeout=5)
 
 
-def build_issuer(config: ServiceConfig, log: StructuredLog, token_minter: TokenMinter | None = None,
-                 nonces: NonceStore | None = None) -> TicketIssuer:
-    if seal.CRYPTOGRAPHY_IMPORT_ERROR is not None:
-        raise ConfigError(f"cryptography >= 47 is required for the join service: {seal.CRYPTOGRAPHY_IMPORT_ERROR}")
-    secrets = load_root_secrets(config.secrets_file)
-    policy = PolicyWatcher(config.policy_file, log, interval=config.policy_check_interval)
-    ek_cas = []
+def _ek_cas(config: ServiceConfig, policy: PolicyWatcher) -> list:
     if config.ek_ca_file:
         try:
             with open(config.ek_ca_file, "rb") as handle:
-                ek_cas = load_ca_certificates(handle.read())
+                return load_ca_certificates(handle.read())
         except OSError as exc:
             raise ConfigError(f"cannot read EK CA file {config.ek_ca_file}: {exc.strerror}") from None
         except VerificationError as exc:
             raise ConfigError(f"EK CA file {config.ek_ca_file}: {exc}") from None
-    elif policy.policy.ak_trust_level >= 2:
+    if policy.policy.ak_trust_level >= 2:
         raise ConfigError(f"measurement policy {config.policy_file} requires EK certificates (ak_trust: ek-certificate) "
                           "but the configuration names no ek_ca_file")
+    return []
+
+
+def build_issuer(config: ServiceConfig, log: StructuredLog, token_minter: TokenMinter | None = None, nonces: MacNonces | None = None,
+                 disk_bindings: KubectlDiskBindings | None = None, policy: PolicyWatcher | None = None) -> TicketIssuer:
+    if seal.CRYPTOGRAPHY_IMPORT_ERROR is not None:
+        raise ConfigError(f"cryptography >= 47 is required for the join service: {seal.CRYPTOGRAPHY_IMPORT_ERROR}")
+    secrets = load_root_secrets(config.secrets_file)
+    policy = policy or PolicyWatcher(config.policy_file, log, interval=config.policy_check_interval)
+    ek_cas = _ek_cas(config, policy)
     try:
         pki = ClusterPki.load(config.pki_dir)
     except PkiError as exc:
         raise ConfigError(str(exc)) from None
+    enrolment = EnrolmentWatcher(config.enrolment_file, log, interval=config.policy_check_interval)
+    registry = NodeRegistry(enrolment, BindingMirror(config.bindings_file), ek_cas, config.pool_name_prefix if config.pool_workers else None)
     minter = token_minter or KubectlTokenMinter(config.admin_kubeconfig, config.kubectl_binary)
-    return TicketIssuer(secrets, pki, policy.current, ek_cas, minter, nonces or NonceStore(ttl=config.nonce_ttl),
+    bindings = disk_bindings or KubectlDiskBindings(config.admin_kubeconfig, config.kubectl_binary)
+    return TicketIssuer(secrets, pki, policy.current, ek_cas, minter, nonces or MacNonces(ttl=config.nonce_ttl), registry, bindings,
                         config.api_server_endpoint, config.kubernetes_version, config.verifier_id, max_registrations=config.max_registrations)
 
 
-def build_service(config: ServiceConfig, log: StructuredLog, token_minter: TokenMinter | None = None,
-                  nonces: NonceStore | None = None, drain_delay: float = DRAIN_DELAY) -> JoinService:
-    issuer = build_issuer(config, log, token_minter, nonces)
+def build_service(config: ServiceConfig, log: StructuredLog, token_minter: TokenMinter | None = None, nonces: MacNonces | None = None,
+                  drain_delay: float = DRAIN_DELAY, disk_bindings: KubectlDiskBindings | None = None) -> JoinService:
+    policy = PolicyWatcher(config.policy_file, log, interval=config.policy_check_interval)
+    bindings = disk_bindings or KubectlDiskBindings(config.admin_kubeconfig, config.kubectl_binary)
+    issuer = build_issuer(config, log, token_minter, nonces, bindings, policy)
     try:
         with open(config.tls_cert, "rb") as handle:
             cert_pem = handle.read()
     except OSError as exc:
         raise ConfigError(f"cannot read TLS certificate {config.tls_cert}: {exc.strerror}") from None
     key_pem = read_private_file(config.tls_key, "TLS key")
-    return JoinService(issuer, cert_pem, key_pem, config.listen, log, drain_delay)
+    return JoinService(issuer, policy, bindings, cert_pem, key_pem, config, log, drain_delay)
 
 
-def main(argv: list[str] | None = None, token_minter: TokenMinter | None = None) -> int:
-    """The daemon; ``token_minter`` replaces kubeadm (the load suite records tokens instead)."""
+def main(argv: list[str] | None = None, token_minter: TokenMinter | None = None, disk_bindings: KubectlDiskBindings | None = None) -> int:
+    """The daemon; ``token_minter`` and ``disk_bindings`` replace kubectl (the load suite records tokens instead)."""
     parser = argparse.ArgumentParser(prog="joinservice", description="confidential.kubernetes join service")
     parser.add_argument("--config", required=True, help="service configuration file (YAML or JSON)")
     args = parser.parse_args(argv)
     log = StructuredLog()
     try:
         config = load_config(args.config)
-        service = build_service(config, log, token_minter).start()
+        service = build_service(config, log, token_minter, disk_bindings=disk_bindings).start()
     except ConfigError as exc:
         log.error("start", result="failed", msg=str(exc))
         return 2

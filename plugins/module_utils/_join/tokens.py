@@ -1,41 +1,59 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""kubeadm bootstrap tokens for joining nodes: generated here, registered as a bootstrap-token Secret.
+"""kubeadm bootstrap tokens for joining nodes: generated here, registered as a bootstrap-token Secret, single use.
 
 A token is registered exactly as ``kubeadm token create`` registers it - the Secret
 ``kube-system/bootstrap-token-<id>`` of type ``bootstrap.kubernetes.io/token`` - but
 through ``kubectl create --filename=-`` with the manifest on stdin, because
 ``kubeadm token create`` takes the token only as a positional argument, which puts
-it in /proc/<pid>/cmdline for every local user to read. kubectl rather than an
-HTTPS call from here: it reads every form of kubeconfig (embedded or file
-certificates, exec plugins) and keeps the admin client key in its own process,
-where the standard library's ``ssl`` would need that key copied to a file first.
-The token travels only in the pipe to kubectl; it is never logged, and no
-exception raised here carries it. kubectl runs as an asyncio subprocess: no thread
-is tied up while it works.
+it in /proc/<pid>/cmdline for every local user to read. The token travels only in
+the pipe to kubectl; it is never logged, and no exception raised here carries it.
+
+A token serves one join: once its node's kubelet has registered - a Node of the granted name created after the token,
+or a certificate signing request made with the token (user ``system:bootstrap:<id>``) approved - the service deletes
+the Secret (``retire``), through the same kubectl seam. Its 15-minute expiry is the backstop.
 """
 
 from __future__ import annotations
 
-import asyncio
+import base64
+import binascii
 import datetime
 import json
 import re
 import secrets
+from dataclasses import dataclass
 from typing import Callable
 
-from .._kubeadm import ADMIN_CONF, scrub
+from .kubectl import KUBECTL_TIMEOUT, Kubectl, KubectlError
+from .._kubeadm import ADMIN_CONF
 
 TOKEN_TTL = datetime.timedelta(minutes=15)
 TOKEN_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 TOKEN_PATTERN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
+TOKEN_ID = re.compile(r"[a-z0-9]{6}")
 # kubeadm's default group for join tokens: the RBAC kubeadm init made lets it post CSRs and read the join ConfigMaps.
 TOKEN_GROUPS = "system:bootstrappers:kubeadm:default-node-token"
-MINT_TIMEOUT = 60
+DESCRIPTION_PREFIX = "confidential.kubernetes join of "
+MINT_TIMEOUT = KUBECTL_TIMEOUT
+# A Node older than its token (by more than the clocks of two control planes may differ) is from an earlier membership.
+CLOCK_SKEW = datetime.timedelta(minutes=2)
+_NODES = '{range .items[*]}{.metadata.name}{"\\t"}{.metadata.creationTimestamp}{"\\n"}{end}'
+_CSRS = '{range .items[*]}{.spec.username}{"\\t"}{.status.conditions[*].type}{"\\n"}{end}'
+_SECRETS = '{range .items[*]}{.metadata.name}{"\\t"}{.data.description}{"\\t"}{.metadata.creationTimestamp}{"\\n"}{end}'
 
 
 class TokenMintError(RuntimeError):
-    """The bootstrap token could not be registered; the message carries kubectl's words with secrets masked."""
+    """A bootstrap token could not be registered or retired; the message carries kubectl's words with secrets masked."""
+
+
+@dataclass(frozen=True)
+class LiveToken:
+    """A registered token that is still valid: its public ID, its node, when it was issued. Nothing secret."""
+
+    token_id: str
+    node_name: str
+    issued: datetime.datetime
 
 
 def generate_token() -> str:
@@ -48,11 +66,18 @@ def generate_token() -> str:
 
 
 def token_description(node_name: str) -> str:
-    return f"confidential.kubernetes join of {node_name}"
+    return DESCRIPTION_PREFIX + node_name
 
 
 def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _timestamp(value: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    except ValueError:
+        return None
 
 
 def bootstrap_token_secret(token: str, node_name: str, expires: datetime.datetime) -> dict:
@@ -76,57 +101,84 @@ def bootstrap_token_secret(token: str, node_name: str, expires: datetime.datetim
 
 
 class TokenMinter:
-    """Interface: register a bootstrap token the service generated (TTL 15 min) for one node's join.
+    """Interface: register a bootstrap token the service generated (TTL 15 min) for one node's join, and retire it.
 
-    A coroutine: the service awaits it on its event loop, so a slow registration never holds up other joins.
+    Coroutines: the service awaits them on its event loop, so a slow kubectl never holds up other joins.
     """
 
     async def mint(self, token: str, node_name: str) -> None:
         raise NotImplementedError
 
+    async def live(self) -> list[LiveToken]:
+        """The tokens this service family registered that are still in the cluster (adopted at start)."""
+        raise NotImplementedError
 
-class KubectlTokenMinter(TokenMinter):
-    """Registers tokens with ``kubectl create --filename=-`` (manifest on stdin). Tests replace ``_run_command``."""
+    async def registered(self, tokens: list[LiveToken]) -> list[str]:
+        """IDs of the tokens whose node's kubelet has registered."""
+        raise NotImplementedError
+
+    async def retire(self, token_id: str) -> None:
+        raise NotImplementedError
+
+
+class KubectlTokenMinter(Kubectl, TokenMinter):
+    """Registers and retires tokens with kubectl (manifest on stdin; the token never on argv). Tests replace ``_run_command``."""
 
     def __init__(self, kubeconfig: str = ADMIN_CONF, binary: str = "kubectl", ttl: datetime.timedelta = TOKEN_TTL,
                  timeout: float = MINT_TIMEOUT, now: Callable[[], datetime.datetime] = _utcnow):
-        self.kubeconfig = kubeconfig
-        self.binary = binary
+        super().__init__(kubeconfig, binary, timeout)
         self.ttl = ttl
-        self.timeout = timeout
         self._now = now
-
-    def argv(self) -> list[str]:
-        """Nothing secret: the token is in the manifest on stdin."""
-        return [self.binary, "create", "--filename=-", f"--kubeconfig={self.kubeconfig}"]
 
     def manifest(self, token: str, node_name: str) -> bytes:
         return json.dumps(bootstrap_token_secret(token, node_name, self._now() + self.ttl)).encode()
 
     async def mint(self, token: str, node_name: str) -> None:
-        rc, stdout, stderr = await self._run_command(self.argv(), self.manifest(token, node_name))
-        if rc != 0:
-            words = scrub((stderr or stdout).strip().replace(token, "<token>").replace(token.split(".")[1], "<token-secret>"))
-            raise TokenMintError(f"registering the bootstrap token for node {node_name} failed "
-                                 f"({self.binary} create exit {rc}): {words or 'no output'}")
+        masks = ((token, "<token>"), (token.split(".")[1], "<token-secret>"))
+        try:
+            await self.kubectl(["create", "--filename=-"], self.manifest(token, node_name), masks)
+        except KubectlError as exc:
+            raise TokenMintError(f"registering the bootstrap token for node {node_name} failed ({exc})") from None
 
-    async def _run_command(self, argv: list[str], stdin: bytes) -> tuple[int, str, str]:
+    async def retire(self, token_id: str) -> None:
         try:
-            process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                           stderr=asyncio.subprocess.PIPE)
-        except FileNotFoundError:
-            raise TokenMintError(f"{self.binary} is not installed on this control-plane node") from None
-        except OSError as exc:
-            raise TokenMintError(f"cannot run {self.binary}: {exc.strerror}") from None
+            await self.kubectl(["delete", "secret", f"bootstrap-token-{token_id}", "--namespace=kube-system", "--ignore-not-found"])
+        except KubectlError as exc:
+            raise TokenMintError(f"deleting the bootstrap token {token_id} failed ({exc})") from None
+
+    async def live(self) -> list[LiveToken]:
         try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(stdin), self.timeout)
-        except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
-            raise TokenMintError(f"{self.binary} create did not finish within {self.timeout:g} s") from None
-        except asyncio.CancelledError:
-            # The RPC was cancelled (service stopped): do not leave kubectl running.
-            if process.returncode is None:
-                process.kill()
-            raise
-        return process.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace")
+            listing = await self.kubectl(["get", "secrets", "--namespace=kube-system", "--field-selector=type=bootstrap.kubernetes.io/token",
+                                          f"--output=jsonpath={_SECRETS}"])
+        except KubectlError as exc:
+            raise TokenMintError(f"listing the bootstrap tokens failed ({exc})") from None
+        tokens = []
+        for line in listing.splitlines():
+            name, encoded, created = (line.split("\t") + ["", ""])[:3]
+            try:
+                description = base64.b64decode(encoded, validate=True).decode()
+            except (binascii.Error, ValueError):
+                continue
+            token_id = name.removeprefix("bootstrap-token-")
+            issued = _timestamp(created)
+            if description.startswith(DESCRIPTION_PREFIX) and TOKEN_ID.fullmatch(token_id) and issued is not None:
+                tokens.append(LiveToken(token_id, description[len(DESCRIPTION_PREFIX):], issued))
+        return tokens
+
+    async def registered(self, tokens: list[LiveToken]) -> list[str]:
+        try:
+            nodes = await self.kubectl(["get", "nodes", f"--output=jsonpath={_NODES}"])
+            csrs = await self.kubectl(["get", "certificatesigningrequests", f"--output=jsonpath={_CSRS}"])
+        except KubectlError as exc:
+            raise TokenMintError(f"looking for registered nodes failed ({exc})") from None
+        created = {}
+        for line in nodes.splitlines():
+            name, timestamp = (line.split("\t") + [""])[:2]
+            created[name] = _timestamp(timestamp)
+        approved = {line.partition("\t")[0] for line in csrs.splitlines() if "Approved" in line.partition("\t")[2].split()}
+        done = []
+        for token in tokens:
+            node_created = created.get(token.node_name)
+            if f"system:bootstrap:{token.token_id}" in approved or (node_created is not None and node_created >= token.issued - CLOCK_SKEW):
+                done.append(token.token_id)
+        return done

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import time
 
 from .._attestation.issuer import TpmError
@@ -58,7 +57,7 @@ class BootConfig:
 
     def join_options(self, record: dict) -> JoinOptions:
         return JoinOptions(api_server_endpoint=record["api_server_endpoint"], ca_cert_hashes=record["ca_cert_hashes"],
-                           node_name=self.settings.node_name, control_plane=self.settings.control_plane,
+                           node_name=record.get("node_name") or self.settings.node_name, control_plane=self.settings.control_plane,
                            advertise_address=self.advertise_address, bind_port=self.bind_port, cri_socket=self.kubeadm["cri_socket"],
                            kubelet_extra_args=self.kubeadm["kubelet_extra_args"], skip_phases=self.kubeadm["skip_phases"])
 
@@ -91,10 +90,11 @@ def _options(source: str, prefix: str, document: object, spec: dict) -> dict:
     return values
 
 
-def parse_config(document: object, source: str, hostname: str) -> BootConfig:
+def parse_config(document: object, source: str) -> BootConfig:
     # JoinSettings' annotations are strings (postponed evaluation): the type names of an argument spec.
     spec = {name: dict(type=kind) for name, kind in JoinSettings.__annotations__.items() if name != "cluster_ca"}
-    spec.update(endpoints=dict(type="list", required=True), node_name=dict(type="str", default=hostname),
+    # No node name: the join service's registry grants it (the enrolled name, or the pool name derived from the EK).
+    spec.update(endpoints=dict(type="list", required=True), node_name=dict(type="str", default=""),
                 cluster_ca_file=dict(type="path", required=True), state_disk=dict(type="dict", required=True),
                 advertise_address=dict(type="str"), bind_port=dict(type="int", default=6443), kubeadm=dict(type="dict", default={}))
     values = _options(source, "", document, spec)
@@ -115,7 +115,7 @@ def parse_config(document: object, source: str, hostname: str) -> BootConfig:
     return BootConfig(JoinSettings.of(values), kubeadm, advertise_address, bind_port)
 
 
-def load_config(path: str, hostname: str | None = None) -> BootConfig:
+def load_config(path: str) -> BootConfig:
     if yaml is None:
         raise BootConfigError("PyYAML is required on the node")
     try:
@@ -133,7 +133,7 @@ def load_config(path: str, hostname: str | None = None) -> BootConfig:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise BootConfigError(f"the join configuration {path} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
-    return parse_config(document, f"join configuration {path}", hostname or socket.gethostname().lower())
+    return parse_config(document, f"join configuration {path}")
 
 
 def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None, kubeadm: Kubeadm | None = None) -> str:
@@ -141,7 +141,7 @@ def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None,
     joining = joining or NodeJoin(config.settings)
     started = time.monotonic()
     state = joining.state()
-    fields = dict(node_name=config.settings.node_name, control_plane=config.settings.control_plane)
+    fields = dict(node_name=joining.node_name(), control_plane=config.settings.control_plane)
     log.info("state", state=state, **fields)
     if state == MEMBER:
         log.info("done", result="member", msg="the node is a member and PCR 15 carries the cluster's mark: nothing to do", **fields)
@@ -154,6 +154,7 @@ def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None,
         return state
     if state == FRESH:
         result = joining.join()
+        fields["node_name"] = result["node_name"]
         log.info("ticket", result="applied", cluster_id=result["cluster_id"], api_server_endpoint=result["api_server_endpoint"],
                  state_disk=_disk_fields(result["state_disk"]), duration_ms=_elapsed_ms(started), **fields)
     record = joining.record()

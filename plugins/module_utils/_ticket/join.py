@@ -51,10 +51,12 @@ REBOOTED = "rebooted"  # joined, PCR 15 reset by a reboot: a rejoin
 
 
 def kubelet_csr(node_name: str) -> tuple[bytes, bytes]:
-    """A fresh P-256 key and its CSR for CN=system:node:<name>, O=system:nodes."""
+    """A fresh P-256 key and its CSR for CN=system:node:<name>, O=system:nodes (O only for a node the registry names)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-                         x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}")])
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes")]
+    if node_name:
+        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}"))
+    subject = x509.Name(attributes)
     csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     return key_pem, csr.public_bytes(serialization.Encoding.PEM)
@@ -69,7 +71,10 @@ def _text(payload: dict, name: str) -> str:
 
 @dataclass
 class JoinSettings:
-    """What a node needs to join (nothing secret): the options of join_ticket, and of the boot-time join's configuration."""
+    """What a node needs to join (nothing secret): the options of join_ticket, and of the boot-time join's configuration.
+
+    An empty ``node_name`` asks the join service for the name its registry grants this TPM (the enrolled name, or the
+    pool name derived from the EK); a name given must be the granted one."""
 
     endpoints: list
     cluster_ca: str
@@ -174,9 +179,17 @@ class NodeJoin:
         disk = key_state_disk(self.settings.state_disk, secret_bytes(payload, "state_disk_key"), False)
         return dict(record, state_disk=disk)
 
+    def node_name(self) -> str:
+        """The node's name: the one its join ticket granted (in the join record), else the one it was configured with."""
+        record = self.record()
+        return (record or {}).get("node_name") or self.settings.node_name
+
     def _apply_join_ticket(self, payload: dict, kubelet_key_pem: bytes) -> dict:
         """Lock the node for the ticket's cluster, key the disk, write the files; returns the non-secret result."""
         settings = self.settings
+        granted = _text(payload, "node_name")
+        if settings.node_name and granted != settings.node_name:
+            raise TicketError(f"the join ticket names this node {granted!r}, not {settings.node_name!r}; nothing was changed")
         cluster_id = cluster_id_of(payload)
         check_cluster_version(payload, settings.kubelet_version)
         self.lock.take(cluster_id)
@@ -204,6 +217,7 @@ class NodeJoin:
         pins = payload.get("ca_cert_hashes")
         if not isinstance(pins, list) or not pins:
             raise TicketError("join ticket lacks the CA pins")
-        record = {"cluster_id": cluster_id.hex(), "api_server_endpoint": _text(payload, "api_server_endpoint"), "ca_cert_hashes": pins}
+        record = {"cluster_id": cluster_id.hex(), "api_server_endpoint": _text(payload, "api_server_endpoint"), "ca_cert_hashes": pins,
+                  "node_name": granted}
         write_if_changed(settings.join_record, (json.dumps(record, sort_keys=True) + "\n").encode(), 0o644, False)
         return dict(record, state_disk=disk)

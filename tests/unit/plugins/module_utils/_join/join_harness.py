@@ -1,5 +1,8 @@
 """Join service test harness: a test cluster PKI made with cryptography, root secrets, a policy from the swtpm's real PCRs,
-and in-process services on 127.0.0.1 with real TLS."""
+a node enrolment made from the swtpms' real EKs, the part of the Kubernetes API the service uses (behind kubectl's
+runner seam), and in-process services on 127.0.0.1 with real TLS.
+
+Unless a test enrols TPMs itself (``JoinLab.enrol``), ``start`` enrols the lab's swtpm as worker ``worker-1``."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import ipaddress
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -21,18 +25,23 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceStore
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule, dump_policy
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2_grpc as pb2_grpc
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import request_ticket
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.bindings import KubectlDiskBindings
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import open_ticket, prove_activation, request_ticket
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import ServiceConfig
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import Enrolment, dump_enrolment
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import bind_user_data, csr_key_digest, ek_identity, request_digest
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TokenMinter
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import KubectlTokenMinter
 
 POLICY_PCRS = (0, 4, 8, 9)
 DISK_UUID = "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13"
+OTHER_DISK_UUID = "5a0c7e21-3b9d-4f16-9c2e-7d81a4f0b362"
 API_SERVER = "10.0.0.10:6443"
 K8S_VERSION = "v1.33.4"
 NOW = datetime.datetime.now(datetime.timezone.utc)
@@ -73,8 +82,9 @@ def make_server_cert(ca_cert, ca_key):
 
 def make_csr(node_name: str, key=None, subject: x509.Name | None = None) -> bytes:
     key = key or ec.generate_private_key(ec.SECP256R1())
-    subject = subject or x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-                                    x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}")])
+    # A node that asks the registry for its name puts the group only.
+    subject = subject or x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes")]
+                                   + ([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}")] if node_name else []))
     return x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
@@ -104,23 +114,105 @@ def policy_from_swtpm(tcti: str, ak_trust: str) -> MeasurementPolicy:
     return MeasurementPolicy("sha256", {i: PcrRule(i, (values[i],)) for i in POLICY_PCRS}, ak_trust)
 
 
-class FakeMinter(TokenMinter):
-    """Records every token it mints; can be slowed down, or hold the joins of ``gated`` nodes at a gate."""
+class FakeApi:
+    """The part of the Kubernetes API the join service uses, answering kubectl's argv as kubectl would (the runner seam
+    of ``KubectlTokenMinter`` and ``KubectlDiskBindings``): bootstrap-token Secrets, disk-binding ConfigMaps, Nodes,
+    CSRs. ``tokens`` records every token registered, ``retired`` every token ID deleted. Token registrations can be
+    slowed down or held at a gate (for the nodes in ``gated``, or all)."""
 
     def __init__(self, delay: float = 0.0, gate: threading.Event | None = None, gated: tuple[str, ...] = ()):
         self.tokens: list[tuple[str, str]] = []
+        self.retired: list[str] = []
+        self.secrets: dict[str, dict] = {}
+        self.configmaps: dict[str, dict] = {}
+        self.nodes: dict[str, str] = {}
+        self.csrs: list[tuple[str, str]] = []
+        self.calls: list[list[str]] = []
         self.delay = delay
         self.gate = gate
         self.gated = gated
         self.entered = threading.Event()
+        self.fail_bindings = False
+        self._version = 0
 
-    async def mint(self, token: str, node_name: str) -> None:
-        self.entered.set()
-        if self.gate is not None and (not self.gated or node_name in self.gated):
-            await asyncio.get_running_loop().run_in_executor(None, self.gate.wait, 10)
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        self.tokens.append((node_name, token))
+    def minter(self) -> KubectlTokenMinter:
+        minter = KubectlTokenMinter()
+        minter._run_command = self.run
+        return minter
+
+    def bindings(self) -> KubectlDiskBindings:
+        bindings = KubectlDiskBindings()
+        bindings._run_command = self.run
+        return bindings
+
+    def register_node(self, name: str, created: datetime.datetime | None = None) -> None:
+        """The node's kubelet registered its Node object."""
+        self.nodes[name] = (created or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def authenticates(self, token: str) -> bool:
+        """Whether the API server would accept this bootstrap token now (its Secret exists and matches)."""
+        token_id, token_secret = token.split(".")
+        secret = self.secrets.get(f"bootstrap-token-{token_id}")
+        return secret is not None and secret["stringData"]["token-secret"] == token_secret
+
+    async def run(self, argv: list[str], stdin: bytes) -> tuple[int, str, str]:
+        assert argv[0] == "kubectl" and argv[-1].startswith("--kubeconfig="), argv
+        args = argv[1:-1]
+        self.calls.append(args)
+        verb = args[0]
+        if verb in ("create", "replace"):
+            return await self._write(verb, json.loads(stdin))
+        if verb == "delete" and args[1] == "secret":
+            if self.secrets.pop(args[2], None) is not None:
+                self.retired.append(args[2].removeprefix("bootstrap-token-"))
+            return 0, "", ""
+        if verb == "get":
+            return self._get(args[1:])
+        return 1, "", f"unexpected kubectl {args}"
+
+    async def _write(self, verb: str, manifest: dict) -> tuple[int, str, str]:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        store = self.secrets if kind == "Secret" else self.configmaps
+        if kind == "Secret":
+            node = manifest["stringData"]["description"].removeprefix("confidential.kubernetes join of ")
+            self.entered.set()
+            if self.gate is not None and (not self.gated or node in self.gated):
+                await asyncio.get_running_loop().run_in_executor(None, self.gate.wait, 10)
+            if self.delay:
+                await asyncio.sleep(self.delay)
+        elif self.fail_bindings:
+            return 1, "", "Unable to connect to the server: dial tcp 10.0.0.10:6443: connect: connection refused"
+        if verb == "create" and name in store:
+            return 1, "", f'Error from server (AlreadyExists): {kind.lower()}s "{name}" already exists'
+        if verb == "replace" and store.get(name, {}).get("metadata", {}).get("resourceVersion") != manifest["metadata"].get("resourceVersion"):
+            return 1, "", f'Error from server (Conflict): Operation cannot be fulfilled on {kind.lower()}s "{name}"'
+        self._version += 1
+        manifest["metadata"]["resourceVersion"] = str(self._version)
+        manifest["metadata"]["creationTimestamp"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        store[name] = manifest
+        if kind == "Secret":
+            data = manifest["stringData"]
+            self.tokens.append((data["description"].removeprefix("confidential.kubernetes join of "),
+                                f"{data['token-id']}.{data['token-secret']}"))
+        return 0, f"{kind.lower()}/{name} {verb}d\n", ""
+
+    def _get(self, args: list[str]) -> tuple[int, str, str]:
+        what = args[0]
+        if what == "configmap":
+            item = self.configmaps.get(args[1])
+            if item is None:
+                return 1, "", f'Error from server (NotFound): configmaps "{args[1]}" not found'
+            return 0, json.dumps(item), ""
+        if what == "configmaps":
+            return 0, json.dumps({"items": list(self.configmaps.values())}), ""
+        if what == "nodes":
+            return 0, "".join(f"{name}\t{created}\n" for name, created in self.nodes.items()), ""
+        if what == "certificatesigningrequests":
+            return 0, "".join(f"{user}\t{conditions}\n" for user, conditions in self.csrs), ""
+        if what == "secrets":
+            return 0, "".join(f"{name}\t{base64.b64encode(item['stringData']['description'].encode()).decode()}\t"
+                              f"{item['metadata']['creationTimestamp']}\n" for name, item in self.secrets.items()), ""
+        return 1, "", f"unexpected kubectl get {args}"
 
 
 class Clock:
@@ -148,6 +240,10 @@ class JoinLab:
                                   json.dumps({k: base64.b64encode(v).decode() for k, v in self.secrets.items()}).encode(), 0o600)
         self.ek_ca_file = write(tmp_path / "ek-ca.pem", swtpm.ca_pem, 0o644)
         self.policy_file = tmp_path / "policy.json"
+        self.enrolment_file = tmp_path / "node-enrolment.json"
+        self.enrolments: dict[str, Enrolment] = {}
+        # The API the services share unless a test gives one (a restarted service finds what its predecessor wrote).
+        self.api: FakeApi | None = None
         self.log_stream = io.StringIO()
         self.log = StructuredLog(self.log_stream)
         self.services = []
@@ -157,20 +253,42 @@ class JoinLab:
         self.policy_file.write_text(dump_policy(policy))
         return policy
 
+    def enrol(self, tcti: str, node_name: str, control_plane: bool = False, disk_uuid: str | None = None, enrolment_id: str = "") -> str:
+        """Enrol the TPM behind ``tcti`` (its real EK) as the controller does; returns its identity."""
+        with issuer.Tpm(tcti) as tpm:
+            certificate, handle, ek_public = tpm.endorsement_key()
+            tpm.flush(handle)
+        identity = ek_identity(ek_public)
+        self.enrolments = {ek: e for ek, e in self.enrolments.items() if e.node_name != node_name}
+        self.enrolments[identity] = Enrolment(identity, node_name, control_plane, disk_uuid, enrolment_id, certificate)
+        self.write_enrolment()
+        return identity
+
+    def write_enrolment(self) -> None:
+        # A new file (inode) each time, as the role's copy writes it.
+        staged = self.enrolment_file.with_suffix(".new")
+        staged.write_bytes(dump_enrolment(list(self.enrolments.values())))
+        os.replace(staged, self.enrolment_file)
+
     def config(self, port: int = 0, **overrides) -> ServiceConfig:
         settings = dict(listen=f"127.0.0.1:{port}", tls_cert=str(self.tls_cert), tls_key=str(self.tls_key),
                         secrets_file=str(self.secrets_file), policy_file=str(self.policy_file), ek_ca_file=str(self.ek_ca_file),
-                        pki_dir=str(self.pki_dir), api_server_endpoint=API_SERVER, kubernetes_version=K8S_VERSION)
+                        pki_dir=str(self.pki_dir), api_server_endpoint=API_SERVER, kubernetes_version=K8S_VERSION,
+                        enrolment_file=str(self.enrolment_file), bindings_file=str(self.dir / "disk-bindings.json"),
+                        policy_check_interval=0, registration_check_interval=0.05)
         settings.update(overrides)
         return ServiceConfig(**settings)
 
-    def start(self, ak_trust: str | None = "pcrs-only", minter: TokenMinter | None = None, nonces: NonceStore | None = None,
+    def start(self, ak_trust: str | None = "pcrs-only", api: FakeApi | None = None, nonces: MacNonces | None = None,
               port: int = 0, drain_delay: float = 0.0, **settings):
         if ak_trust is not None:
             self.write_policy(ak_trust)
-        minter = minter or FakeMinter()
-        service = build_service(self.config(port, **settings), self.log, minter, nonces, drain_delay).start()
-        service.minter = minter
+        if not self.enrolments:
+            self.enrol(self.swtpm.tcti, "worker-1")
+        api = api or self.api or FakeApi()
+        self.api = api
+        service = build_service(self.config(port, **settings), self.log, api.minter(), nonces, drain_delay, api.bindings()).start()
+        service.minter = api
         service.endpoint = f"127.0.0.1:{service.port}"
         self.services.append(service)
         return service
@@ -193,10 +311,45 @@ def evidence_for(tcti: str, nonce: bytes, user_data: bytes) -> bytes:
         return issuer.issue_evidence(tpm, nonce, user_data).to_json().encode()
 
 
-def join_request(evidence: bytes, nonce: bytes, node_name: str = "worker-1", control_plane: bool = False, csr: bytes | None = None,
-                 disk_uuid: str = DISK_UUID):
+def bound_user_data(key_public: bytes, flow: str = "join", node_name: str = "worker-1", control_plane: bool = False,
+                    disk_uuid: str = DISK_UUID, csr: bytes = b"") -> bytes:
+    """What a genuine node quotes: its ephemeral key followed by the digest of what it asks for."""
+    return bind_user_data(key_public, request_digest(flow, node_name, control_plane, disk_uuid, csr_key_digest(csr)))
+
+
+def join_request(tcti: str, nonce: bytes, key_public: bytes, node_name: str = "worker-1", control_plane: bool = False,
+                 csr: bytes | None = None, disk_uuid: str = DISK_UUID, evidence: bytes | None = None):
+    """A genuine node's step 1: evidence from ``tcti`` bound to the nonce, the key and exactly this request."""
+    csr = csr if csr is not None else make_csr(node_name)
+    if evidence is None:
+        evidence = evidence_for(tcti, nonce, bound_user_data(key_public, "join", node_name, control_plane, disk_uuid, csr))
     return pb2.IssueJoinTicketRequest(evidence=evidence, nonce=nonce, node_name=node_name, control_plane=control_plane,
-                                      kubelet_csr=csr if csr is not None else make_csr(node_name), disk_uuid=disk_uuid)
+                                      kubelet_csr=csr, disk_uuid=disk_uuid)
+
+
+def activate(stub, tcti: str, challenge, nonce: bytes):
+    """A node's step 2: activate the credential with the TPM behind ``tcti`` and send the proof."""
+    proof = prove_activation(tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce)
+    return stub.ActivateTicket(pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof))
+
+
+def join_raw(lab, stub, tcti: str | None = None, **request) -> tuple[dict, bytes]:
+    """Both steps over a raw stub; returns the opened ticket and the nonce."""
+    tcti = tcti or lab.swtpm.tcti
+    nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+    key = EphemeralKey.generate()
+    challenge = stub.IssueJoinTicket(join_request(tcti, nonce, key.public_bytes(), **request))
+    response = activate(stub, tcti, challenge, nonce)
+    return open_ticket(key, response.sealed_ticket, "join", nonce, lab.services[-1].issuer.verifier_id), nonce
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
 
 
 @pytest.fixture
@@ -221,7 +374,11 @@ def assert_refused(stub_call, code, reason):
     return err.value
 
 
-def join_with_client(lab, service, node_name="worker-1", control_plane=False, csr=None, tcti=None, **kwargs):
-    """A node's whole join through the collection's client (nonce, evidence, request, credential activation, opening)."""
-    return request_ticket([service.endpoint], lab.ca_pem, tcti or lab.swtpm.tcti, node_name, control_plane=control_plane,
-                          disk_uuid=DISK_UUID, kubelet_csr_pem=csr or make_csr(node_name), **kwargs)
+def join_with_client(lab, service, node_name="worker-1", control_plane=False, csr=None, tcti=None, disk_uuid=None, **kwargs):
+    """A node's whole join through the collection's client (nonce, evidence, request, credential activation, opening).
+
+    The lab's swtpm joins with DISK_UUID, any other TPM with OTHER_DISK_UUID (each node its own disk)."""
+    tcti = tcti or lab.swtpm.tcti
+    disk_uuid = disk_uuid or (DISK_UUID if tcti == lab.swtpm.tcti else OTHER_DISK_UUID)
+    return request_ticket([service.endpoint], lab.ca_pem, tcti, node_name, control_plane=control_plane,
+                          disk_uuid=disk_uuid, kubelet_csr_pem=csr if csr is not None else make_csr(node_name), **kwargs)

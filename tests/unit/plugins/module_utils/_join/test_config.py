@@ -28,6 +28,8 @@ def test_defaults(tmp_path):
     config = load_config(_config_file(tmp_path, REQUIRED))
     assert (config.listen, config.verifier_id, config.pki_dir, config.admin_kubeconfig, config.nonce_ttl) == (
         "0.0.0.0:9290", "confidential.kubernetes/joinservice", "/etc/kubernetes/pki", "/etc/kubernetes/admin.conf", 60.0)
+    assert (config.enrolment_file, config.bindings_file, config.pool_workers, config.pool_name_prefix) == (
+        "/etc/confidential-kubernetes/node-enrolment.json", "/etc/confidential-kubernetes/disk-bindings.json", False, "pool")
 
 
 def test_empty_ek_ca_file_and_kubernetes_version_mean_none(tmp_path):
@@ -52,6 +54,11 @@ def test_yaml_is_read(tmp_path):
     ({"nonce_ttl": True}, "nonce_ttl"),
     ({"max_registrations": 0}, "max_registrations"),
     ({"listen": "9290"}, "address:port"),
+    ({"pool_workers": "yes"}, "pool_workers"),
+    ({"pool_name_prefix": "Pool_"}, "pool_name_prefix"),
+    ({"pool_name_prefix": "p" * 42}, "pool_name_prefix"),
+    ({"nonce_rate": -1}, "nonce_rate"),
+    ({"max_connections": 0}, "max_connections"),
 ])
 def test_bad_settings_are_named(tmp_path, change, message):
     settings = dict(REQUIRED, **{k: v for k, v in change.items() if v is not None})

@@ -1,4 +1,4 @@
-"""Credential wrapping: the sealed ticket under a key only credential activation yields."""
+"""The activation proof: HMAC-SHA256 under the activated credential secret over a label and the nonce."""
 
 from __future__ import annotations
 
@@ -7,67 +7,37 @@ import hmac
 import os
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join import credential
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.credential import CredentialWrapError, unwrap, wrap
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.credential import ProofError, activation_proof, proof_matches
 
 SECRET = bytes(range(32))
 NONCE = bytes(range(32, 64))
 
 
-def _rfc5869(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
-    """HKDF-SHA256 written out from RFC 5869, independent of the code under test."""
-    prk = hmac.new(salt, ikm, hashlib.sha256).digest()
-    okm, block = b"", b""
-    for counter in range(1, -(-length // 32) + 1):
-        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
-        okm += block
-    return okm[:length]
+def test_proof_is_hmac_sha256_of_label_and_nonce_under_the_secret():
+    expected = hmac.new(SECRET, b"confidential.kubernetes/activation-proof/v1" + NONCE, hashlib.sha256).digest()
+    assert activation_proof(SECRET, NONCE) == expected
 
 
-def test_wrap_key_is_hkdf_sha256_of_the_secret_salted_with_the_nonce():
-    assert credential.wrap_key(SECRET, NONCE) == _rfc5869(SECRET, NONCE, b"confidential.kubernetes/credential-wrap/v1", 32)
-
-
-def test_layout_is_iv_then_aes_gcm_with_the_nonce_as_aad():
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    wrapped = wrap(b"envelope", SECRET, NONCE)
-    assert len(wrapped) == 12 + len(b"envelope") + 16
-    assert AESGCM(credential.wrap_key(SECRET, NONCE)).decrypt(wrapped[:12], wrapped[12:], NONCE) == b"envelope"
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.binary(max_size=4096), st.binary(min_size=16, max_size=64))
-def test_round_trip(envelope, secret):
-    assert unwrap(wrap(envelope, secret, NONCE), secret, NONCE) == envelope
-
-
-def test_every_wrap_uses_a_new_iv():
-    assert wrap(b"x", SECRET, NONCE)[:12] != wrap(b"x", SECRET, NONCE)[:12]
-
-
-@pytest.mark.parametrize("case", ["wrong secret", "wrong nonce", "flipped IV", "flipped ciphertext", "flipped tag", "truncated"])
-def test_anything_but_the_genuine_secret_and_nonce_fails(case):
-    wrapped = bytearray(wrap(b"sealed ticket envelope", SECRET, NONCE))
+@pytest.mark.parametrize("case", ["wrong secret", "wrong nonce", "flipped bit", "truncated", "empty"])
+def test_only_the_genuine_secret_and_nonce_match(case):
+    proof = bytearray(activation_proof(SECRET, NONCE))
     secret, nonce = SECRET, NONCE
     if case == "wrong secret":
         secret = os.urandom(32)
     elif case == "wrong nonce":
         nonce = os.urandom(32)
-    elif case == "flipped IV":
-        wrapped[0] ^= 1
-    elif case == "flipped ciphertext":
-        wrapped[14] ^= 1
-    elif case == "flipped tag":
-        wrapped[-1] ^= 1
+    elif case == "flipped bit":
+        proof[7] ^= 1
+    elif case == "truncated":
+        proof = proof[:16]
     else:
-        wrapped = wrapped[:20]
-    with pytest.raises(CredentialWrapError):
-        unwrap(bytes(wrapped), secret, nonce)
+        proof = bytearray()
+    assert proof_matches(SECRET, NONCE, activation_proof(SECRET, NONCE))
+    assert not proof_matches(secret, nonce, bytes(proof))
 
 
-def test_nonce_must_be_32_bytes():
-    with pytest.raises(CredentialWrapError, match="32 bytes"):
-        wrap(b"x", SECRET, b"short")
+@pytest.mark.parametrize("secret, nonce, match", [(b"", NONCE, "empty"), (SECRET, b"short", "32 bytes")])
+def test_unusable_inputs_are_refused(secret, nonce, match):
+    with pytest.raises(ProofError, match=match):
+        activation_proof(secret, nonce)

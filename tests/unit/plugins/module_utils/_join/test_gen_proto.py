@@ -35,8 +35,9 @@ def test_checked_in_code_is_up_to_date():
 def test_drift_is_reported_and_regeneration_fixes_it(tmp_path):
     root = _copy(tmp_path)
     proto = root / PACKAGE / "joinservice.proto"
-    proto.write_text(proto.read_text().replace("message HealthResponse {\n  string status = 1;\n}",
-                                               "message HealthResponse {\n  string status = 1;\n  string detail = 2;\n}"))
+    text = proto.read_text()
+    assert "message HealthRequest {}" in text
+    proto.write_text(text.replace("message HealthRequest {}", "message HealthRequest {\n  string detail = 1;\n}"))
     result = _run(root, "--check")
     assert result.returncode == 1 and "out of date" in result.stderr
     assert _run(root).returncode == 0

@@ -15,19 +15,20 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+import hashlib
+
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceStore
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import node_lock_mark
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive
-from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey, SealError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, open_ticket, request_ticket
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TokenMintError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, open_ticket, prove_activation, request_ticket
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import ca_cert_hash
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import cluster_id_of
 
-from join_harness import (API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeMinter, assert_refused, evidence_for, join_request, join_with_client,
-                          make_csr)
+from join_harness import (API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeApi, activate, assert_refused, evidence_for, join_request,
+                          join_with_client, make_csr, wait_for)
 
 
 def test_valid_join_returns_a_ticket_the_client_opens(join_lab):
@@ -46,10 +47,12 @@ def test_valid_join_returns_a_ticket_the_client_opens(join_lab):
     assert payload["ca_cert_hashes"] == [ca_cert_hash(join_lab.ca_pem)]
     assert payload["ca_crt"] == join_lab.ca_pem.decode()
     assert payload["control_plane_files"] == {}
+    assert (payload["node_name"], payload["control_plane"]) == ("worker-1", False)
     assert [t for n, t in service.minter.tokens] == [payload["bootstrap_token"]]
 
 
 def test_kubelet_certificate_chains_to_the_cluster_ca_with_the_node_identity(join_lab):
+    join_lab.enrol(join_lab.swtpm.tcti, "worker-7")
     service = join_lab.start("pcrs-only")
     node_key = ec.generate_private_key(ec.SECP384R1())
     payload = join_with_client(join_lab, service, "worker-7", csr=make_csr("worker-7", node_key))
@@ -68,6 +71,7 @@ def test_kubelet_certificate_chains_to_the_cluster_ca_with_the_node_identity(joi
 
 
 def test_control_plane_join_carries_the_pki_files_with_modes(join_lab):
+    join_lab.enrol(join_lab.swtpm.tcti, "cp-2", control_plane=True)
     service = join_lab.start("pcrs-only")
     payload = join_with_client(join_lab, service, "cp-2", control_plane=True)
     files = payload["control_plane_files"]
@@ -80,12 +84,14 @@ def test_control_plane_join_carries_the_pki_files_with_modes(join_lab):
     assert {name: base64.b64decode(value) for name, value in payload["cluster_secrets"].items()} == join_lab.secrets
 
 
-def test_tickets_meet_the_node_side_contract(join_lab):
+def test_tickets_meet_the_node_side_contract(join_lab, other_swtpm):
     """What the join_ticket module's node side (module_utils._ticket.join) accepts."""
     from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import join as node_side
+    join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
+    join_lab.enrol(other_swtpm.tcti, "cp-2", control_plane=True)
     service = join_lab.start("pcrs-only")
     worker = join_with_client(join_lab, service, "worker-1")
-    control_plane = join_with_client(join_lab, service, "cp-2", control_plane=True)
+    control_plane = join_with_client(join_lab, service, "cp-2", control_plane=True, tcti=other_swtpm.tcti)
     assert "cluster_secrets" not in worker and worker["control_plane_files"] == {}
     assert set(control_plane["control_plane_files"]) == node_side.CONTROL_PLANE_FILES
     assert all(node_side._MODE.fullmatch(entry["mode"]) for entry in control_plane["control_plane_files"].values())
@@ -95,43 +101,45 @@ def test_tickets_meet_the_node_side_contract(join_lab):
         assert cluster_id_of(payload).hex() == payload["cluster_id"]
 
 
-def test_level1_response_has_no_credential(join_lab):
+@pytest.mark.parametrize("ak_trust", ["pcrs-only", "ek-certificate"])
+def test_nothing_is_issued_before_the_credential_is_activated(join_lab, ak_trust):
+    """Both trust levels: step 1 answers a credential for the EK and AK only; the token is registered after the proof."""
+    service = join_lab.start(ak_trust)
+    stub, channel = join_lab.stub(service)
+    key = EphemeralKey.generate()
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, key.public_bytes()))
+        assert challenge.credential_blob and challenge.credential_encrypted_seed
+        assert (challenge.node_name, challenge.control_plane) == ("worker-1", False)
+        assert service.minter.tokens == [] and service.issuer.pending() == 1
+        response = activate(stub, join_lab.swtpm.tcti, challenge, nonce)
+    payload = open_ticket(key, response.sealed_ticket, "join", nonce, service.issuer.verifier_id)
+    assert [t for n, t in service.minter.tokens] == [payload["bootstrap_token"]] and service.issuer.pending() == 0
+
+
+def test_a_challenge_is_answered_once(join_lab):
     service = join_lab.start("pcrs-only")
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        key = EphemeralKey.generate()
-        response = stub.IssueJoinTicket(join_request(evidence_for(join_lab.swtpm.tcti, nonce, key.public_bytes()), nonce))
-    assert response.credential_blob == b"" and response.credential_encrypted_seed == b""
-    assert open_ticket(key, response.sealed_ticket, b"", b"", "join", nonce, service.issuer.verifier_id, join_lab.swtpm.tcti)["version"] == 1
+        challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()))
+        proof = prove_activation(join_lab.swtpm.tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce)
+        stub.ActivateTicket(pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof))
+        assert_refused(lambda: stub.ActivateTicket(pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof)),
+                       grpc.StatusCode.FAILED_PRECONDITION, "activation-unknown")
+    assert len(service.minter.tokens) == 1
 
 
-def test_level2_ticket_is_wrapped_and_opens_after_credential_activation(join_lab):
-    service = join_lab.start("ek-certificate")
+def test_get_nonce_remembers_nothing_and_a_peer_over_its_rate_is_refused(join_lab):
+    nonces = MacNonces(ttl=60)
+    service = join_lab.start("pcrs-only", nonces=nonces, nonce_rate=1, nonce_burst=30)
     stub, channel = join_lab.stub(service)
     with channel:
-        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        key = EphemeralKey.generate()
-        response = stub.IssueJoinTicket(join_request(evidence_for(join_lab.swtpm.tcti, nonce, key.public_bytes()), nonce))
-    assert response.credential_blob and response.credential_encrypted_seed
-    # Without the activated credential the HPKE envelope is not even reachable.
-    with pytest.raises(SealError):
-        key.open(response.sealed_ticket, "join", nonce, service.issuer.verifier_id)
-    payload = open_ticket(key, response.sealed_ticket, response.credential_blob, response.credential_encrypted_seed, "join", nonce,
-                          service.issuer.verifier_id, join_lab.swtpm.tcti)
-    assert payload["bootstrap_token"] == service.minter.tokens[0][1]
-    # And the client does all of it by itself.
-    assert join_with_client(join_lab, service, "worker-2")["version"] == 1
-
-
-def test_get_nonce_is_refused_while_the_nonce_store_is_full(join_lab):
-    service = join_lab.start("pcrs-only", nonces=NonceStore(ttl=60, max_outstanding=2))
-    stub, channel = join_lab.stub(service)
-    with channel:
-        stub.GetNonce(pb2.GetNonceRequest())
-        stub.GetNonce(pb2.GetNonceRequest())
-        assert_refused(lambda: stub.GetNonce(pb2.GetNonceRequest()), grpc.StatusCode.RESOURCE_EXHAUSTED, "nonce-limit")
-    assert [e["reason"] for e in join_lab.logs() if e.get("result") == "refused"] == ["nonce-limit"]
+        issued = {stub.GetNonce(pb2.GetNonceRequest()).nonce for _i in range(30)}
+        assert len(issued) == 30 and nonces.used() == 0
+        assert_refused(lambda: stub.GetNonce(pb2.GetNonceRequest()), grpc.StatusCode.RESOURCE_EXHAUSTED, "rate-limit")
+    assert [e["reason"] for e in join_lab.logs() if e.get("result") == "refused"] == ["rate-limit"]
 
 
 def test_malformed_evidence_is_an_invalid_argument(join_lab):
@@ -139,7 +147,8 @@ def test_malformed_evidence_is_an_invalid_argument(join_lab):
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        assert_refused(lambda: stub.IssueJoinTicket(join_request(b"{not json", nonce)), grpc.StatusCode.INVALID_ARGUMENT, "malformed")
+        request = join_request(join_lab.swtpm.tcti, nonce, b"", evidence=b"{not json")
+        assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.INVALID_ARGUMENT, "malformed")
     assert service.minter.tokens == []
 
 
@@ -153,7 +162,7 @@ def test_bad_request_fields_are_invalid_arguments(join_lab, field, value, reason
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()), nonce)
+        request = join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
         setattr(request, field, value)
         assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.INVALID_ARGUMENT, reason)
     assert service.minter.tokens == []
@@ -161,7 +170,9 @@ def test_bad_request_fields_are_invalid_arguments(join_lab, field, value, reason
 
 def test_second_concurrent_control_plane_join_is_aborted(join_lab, other_swtpm):
     gate = threading.Event()
-    service = join_lab.start("pcrs-only", minter=FakeMinter(gate=gate, gated=("cp-2",)))
+    join_lab.enrol(join_lab.swtpm.tcti, "cp-2", control_plane=True)
+    join_lab.enrol(other_swtpm.tcti, "cp-3", control_plane=True)
+    service = join_lab.start("pcrs-only", api=FakeApi(gate=gate, gated=("cp-2",)))
     first = {}
     worker = threading.Thread(target=lambda: first.update(payload=join_with_client(join_lab, service, "cp-2", control_plane=True)))
     worker.start()
@@ -171,20 +182,22 @@ def test_second_concurrent_control_plane_join_is_aborted(join_lab, other_swtpm):
             join_with_client(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=1)
         assert (err.value.code, err.value.reason) == ("ABORTED", "control-plane-busy")
         assert "another control-plane join is in progress" in str(err.value)
-        # Workers are not serialised.
-        assert join_with_client(join_lab, service, "worker-9", tcti=other_swtpm.tcti)["version"] == 1
+        # Workers are not serialised (a TPM enrolled as a control plane may ask for less).
+        assert join_with_client(join_lab, service, "cp-3", tcti=other_swtpm.tcti)["control_plane"] is False
     finally:
         gate.set()
         worker.join(30)
     assert first["payload"]["control_plane_files"]
     # The slot is free again once the first response went out.
     assert join_with_client(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti)["control_plane_files"]
-    assert [node for node, token in service.minter.tokens] == ["worker-9", "cp-2", "cp-3"]
+    assert [node for node, token in service.minter.tokens] == ["cp-3", "cp-2", "cp-3"]
 
 
 def test_aborted_control_plane_join_is_retried_by_the_client(join_lab, other_swtpm):
     gate = threading.Event()
-    service = join_lab.start("pcrs-only", minter=FakeMinter(gate=gate))
+    join_lab.enrol(join_lab.swtpm.tcti, "cp-2", control_plane=True)
+    join_lab.enrol(other_swtpm.tcti, "cp-3", control_plane=True)
+    service = join_lab.start("pcrs-only", api=FakeApi(gate=gate))
     worker = threading.Thread(target=lambda: join_with_client(join_lab, service, "cp-2", control_plane=True))
     worker.start()
     assert service.minter.entered.wait(10)
@@ -200,14 +213,28 @@ def test_aborted_control_plane_join_is_retried_by_the_client(join_lab, other_swt
     assert payload["control_plane_files"] and len(sleeps) >= 1
 
 
-def test_health_reports_serving(join_lab):
+def test_health_reports_serving_and_what_is_loaded(join_lab):
     service = join_lab.start("pcrs-only")
     stub, channel = join_lab.stub(service)
     with channel:
-        assert stub.Health(pb2.HealthRequest()).status == "SERVING"
+        health = stub.Health(pb2.HealthRequest())
+        assert health.status == "SERVING"
+        assert health.policy_digest == hashlib.sha256(join_lab.policy_file.read_bytes()).hexdigest()
+        assert health.enrolment_digest == hashlib.sha256(join_lab.enrolment_file.read_bytes()).hexdigest()
+        assert (health.policy_error, health.enrolment_error) == ("", "")
+        good = join_lab.policy_file.read_bytes()
+        join_lab.policy_file.write_text('{"version": 1, "hash_algorithm": "sha256", "pcrs": {"4": {"allowed": ["zz"]}}}')
+        rejected = stub.Health(pb2.HealthRequest())
+        assert rejected.policy_digest == health.policy_digest
+        assert rejected.policy_rejected_digest == hashlib.sha256(join_lab.policy_file.read_bytes()).hexdigest()
+        assert "measurement policy" in rejected.policy_error and "PCR 4: 'zz' is not" in rejected.policy_error
+        join_lab.policy_file.write_bytes(good + b"\n")
+        recovered = stub.Health(pb2.HealthRequest())
+        assert recovered.policy_digest == hashlib.sha256(good + b"\n").hexdigest() and recovered.policy_error == ""
 
 
 def test_rejoin_gives_disk_key_and_measurement_secret_only(join_lab):
+    join_lab.enrol(join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID)
     service = join_lab.start("pcrs-only")
     payload = request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID.upper(), flow="rejoin")
     assert sorted(payload) == ["cluster_id", "measurement_salt", "measurement_secret", "state_disk_key", "version"]
@@ -237,7 +264,7 @@ def test_policy_file_replaced_by_garbage_keeps_the_old_policy_and_a_good_change_
         expected_pcr9 = tpm.read_pcrs("sha256", (9,))[9]
     join_lab.policy_file.write_text(original.decode().replace(expected_pcr9.hex(), "ab" * 32))
     with pytest.raises(JoinError) as err:
-        join_with_client(join_lab, service, "worker-2")
+        join_with_client(join_lab, service, "worker-1")
     assert err.value.reason == "pcr-policy"
     assert open(f"{join_lab.policy_file}.previous", "rb").read() == original
     assert [e["result"] for e in join_lab.logs() if e["event"] == "policy-reload"] == ["rejected", "loaded"]
@@ -246,7 +273,7 @@ def test_policy_file_replaced_by_garbage_keeps_the_old_policy_and_a_good_change_
 def test_client_gets_its_ticket_across_a_service_restart(join_lab):
     """The service dies while minting; a new one comes up on the same port; the client's retry gets the ticket."""
     gate = threading.Event()
-    first = join_lab.start("pcrs-only", minter=FakeMinter(gate=gate))
+    first = join_lab.start("pcrs-only", api=FakeApi(gate=gate))
     result, sleeps = {}, []
 
     def join():
@@ -260,7 +287,7 @@ def test_client_gets_its_ticket_across_a_service_restart(join_lab):
     client.start()
     assert first.minter.entered.wait(10)
     first.stop_now()
-    second = join_lab.start(None, port=first.port)
+    second = join_lab.start(None, api=FakeApi(), port=first.port)
     gate.set()
     client.join(60)
     assert "error" not in result, result.get("error")
@@ -273,7 +300,7 @@ def test_client_gets_its_ticket_across_a_service_restart(join_lab):
 
 
 def test_graceful_shutdown_finishes_the_join_in_flight(join_lab, other_swtpm):
-    service = join_lab.start("pcrs-only", minter=FakeMinter(delay=1.5), drain_delay=0.5)
+    service = join_lab.start("pcrs-only", api=FakeApi(delay=1.5), drain_delay=0.5)
     result = {}
     client = threading.Thread(target=lambda: result.update(payload=join_with_client(join_lab, service, "worker-1", attempts=1)))
     client.start()
@@ -297,9 +324,12 @@ def test_graceful_shutdown_finishes_the_join_in_flight(join_lab, other_swtpm):
     assert err.value.code == "UNAVAILABLE"
 
 
-def test_no_secret_in_the_logs(join_lab):
+def test_no_secret_in_the_logs(join_lab, other_swtpm):
+    join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
+    join_lab.enrol(other_swtpm.tcti, "cp-2", control_plane=True)
     service = join_lab.start("ek-certificate")
-    payloads = [join_with_client(join_lab, service, "worker-1"), join_with_client(join_lab, service, "cp-2", control_plane=True)]
+    payloads = [join_with_client(join_lab, service, "worker-1"),
+                join_with_client(join_lab, service, "cp-2", control_plane=True, tcti=other_swtpm.tcti)]
     with pytest.raises(JoinError):
         join_with_client(join_lab, service, "worker-3", csr=make_csr("worker-4"))
     text = join_lab.log_stream.getvalue()
@@ -359,14 +389,14 @@ def test_client_does_not_retry_a_refusal(join_lab):
 def test_client_gets_a_new_nonce_when_its_nonce_went_stale(join_lab):
     clock = Clock()
 
-    class ExpiresOnce(NonceStore):
+    class ExpiresOnce(MacNonces):
         expired = False
 
-        def consume(self, nonce):
+        def check(self, nonce):
             if not self.expired:
                 self.expired = True
                 clock.now += 61
-            super().consume(nonce)
+            return super().check(nonce)
 
     service = join_lab.start("pcrs-only", nonces=ExpiresOnce(ttl=60, clock=clock))
     sleeps = []
@@ -410,10 +440,15 @@ def test_daemon_serves_and_exits_0_on_sigterm(join_lab):
     import json
     import signal
     join_lab.write_policy("pcrs-only")
-    # Stands in for kubectl on this host (no cluster here): accepts exactly the create command line and a bootstrap-token Secret on stdin.
+    join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
+    # Stands in for kubectl on this host (no cluster here): creates (a bootstrap-token Secret or a disk-binding ConfigMap on
+    # stdin) succeed, listings are empty, anything else fails.
     kubectl = join_lab.dir / "kubectl"
-    kubectl.write_text('#!/bin/sh\n[ "$1 $2 $3" = "create --filename=- --kubeconfig=/etc/kubernetes/admin.conf" ] || exit 3\n'
-                       'grep -Eq \'"token-secret": "[a-z0-9]{16}"\' || exit 4\necho secret/bootstrap-token created\n')
+    kubectl.write_text('#!/bin/sh\ncase "$1 $2" in\n'
+                       '"create --filename=-") grep -Eq \'"token-secret": "[a-z0-9]{16}"|"kind": "ConfigMap"\' || exit 4; echo created ;;\n'
+                       '"get configmaps") echo \'{"items": []}\' ;;\n'
+                       '"get secrets"|"get nodes"|"get certificatesigningrequests") ;;\n'
+                       '*) exit 3 ;;\nesac\n')
     kubectl.chmod(0o755)
     process = _daemon(join_lab, kubectl_binary=str(kubectl))
     try:
@@ -444,23 +479,35 @@ def test_daemon_refuses_to_start_with_secrets_readable_by_others(join_lab):
     assert failure["result"] == "failed" and "chmod 600" in failure["msg"]
 
 
-@pytest.mark.parametrize("user_data", [b"\x01" * 16, b"\xff" * (1184 + 32)], ids=["no suite of that length", "not an ML-KEM key"])
-def test_evidence_bound_to_an_unusable_key_is_refused_before_any_token(join_lab, user_data):
+@pytest.mark.parametrize("key", [b"\x01" * 16, b"\xff" * (1184 + 32)], ids=["no suite of that length", "not an ML-KEM key"])
+def test_evidence_bound_to_an_unusable_key_is_refused_before_any_token(join_lab, key):
     service = join_lab.start("pcrs-only")
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, user_data), nonce)
+        request = join_request(join_lab.swtpm.tcti, nonce, key)
         assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.INVALID_ARGUMENT, "ephemeral-key")
-    assert service.minter.tokens == []
+    assert service.minter.tokens == [] and service.issuer.pending() == 0
+
+
+def test_user_data_without_a_request_digest_is_refused(join_lab):
+    service = join_lab.start("pcrs-only")
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(join_lab.swtpm.tcti, nonce, b"", evidence=evidence_for(join_lab.swtpm.tcti, nonce, b"\x01" * 32))
+        error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "request-binding")
+    assert "request digest" in error.details() and service.minter.tokens == []
 
 
 def test_token_registration_failure_is_retryable_and_leaves_nothing_usable(join_lab):
-    class Failing(FakeMinter):
-        async def mint(self, token, node_name):
-            raise TokenMintError("kubeadm token create for node worker-1 failed (exit 1): the API server is not reachable")
+    class Failing(FakeApi):
+        async def _write(self, verb, manifest):
+            if manifest["kind"] == "Secret":
+                return 1, "", "Unable to connect to the server: the API server is not reachable"
+            return await super()._write(verb, manifest)
 
-    service = join_lab.start("pcrs-only", minter=Failing())
+    service = join_lab.start("pcrs-only", api=Failing())
     sleeps = []
     with pytest.raises(JoinError) as err:
         join_with_client(join_lab, service, attempts=2, backoff=0.01, sleep=sleeps.append)
@@ -470,23 +517,27 @@ def test_token_registration_failure_is_retryable_and_leaves_nothing_usable(join_
 def test_control_plane_slot_is_held_until_released(join_lab, other_swtpm):
     """The issuer without gRPC: the slot a control-plane join takes is free again only after release()."""
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import JoinRequest, Refusal
+    join_lab.enrol(join_lab.swtpm.tcti, "cp-2", control_plane=True)
+    join_lab.enrol(other_swtpm.tcti, "cp-3", control_plane=True)
     service = join_lab.start("pcrs-only")
     issuer_under_test = service.issuer
 
-    def request(tcti, node_name):
+    def pending(tcti, node_name):
         nonce = issuer_under_test.issue_nonce()
-        evidence = evidence_for(tcti, nonce, EphemeralKey.generate().public_bytes())
-        return JoinRequest(evidence, nonce, node_name, True, make_csr(node_name), DISK_UUID)
+        csr = make_csr(node_name)
+        request = join_request(tcti, nonce, EphemeralKey.generate().public_bytes(), node_name, True, csr)
+        challenge = issuer_under_test.begin_join(JoinRequest(request.evidence, nonce, node_name, True, csr, DISK_UUID))
+        return issuer_under_test.take(nonce, prove_activation(tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce))
 
-    first = issuer_under_test.prepare_join(request(join_lab.swtpm.tcti, "cp-2"))
+    first = issuer_under_test.prepare_join(pending(join_lab.swtpm.tcti, "cp-2"))
     with pytest.raises(Refusal) as err:
-        issuer_under_test.prepare_join(request(other_swtpm.tcti, "cp-3"))
+        issuer_under_test.prepare_join(pending(other_swtpm.tcti, "cp-3"))
     assert (err.value.code, err.value.reason) == ("ABORTED", "control-plane-busy")
     first.release()
-    second = issuer_under_test.prepare_join(request(other_swtpm.tcti, "cp-3"))
+    second = issuer_under_test.prepare_join(pending(other_swtpm.tcti, "cp-3"))
     first.release()  # a second release (e.g. the RPC's done callback) must not free someone else's slot
     with pytest.raises(Refusal):
-        issuer_under_test.prepare_join(request(join_lab.swtpm.tcti, "cp-4"))
+        issuer_under_test.prepare_join(pending(join_lab.swtpm.tcti, "cp-2"))
     second.release()
     assert service.minter.tokens == []
 
@@ -514,8 +565,90 @@ def test_refusal_quoting_a_huge_field_stays_a_refusal(join_lab):
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        request = join_request(evidence_for(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()), nonce)
+        request = join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
         request.node_name = "X" * 60_000
         error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.INVALID_ARGUMENT, "node-name")
     assert len(error.details()) < 1200 and error.details().endswith("more characters)")
     assert len([e for e in join_lab.logs() if e.get("result") == "refused"][0]["msg"]) < 1200
+
+
+def test_a_token_is_retired_once_its_node_registered_and_no_longer_authenticates(join_lab):
+    service = join_lab.start("pcrs-only")
+    token = join_with_client(join_lab, service)["bootstrap_token"]
+    api = service.minter
+    assert api.authenticates(token) and list(service.issuer.live_tokens.values())[0].node_name == "worker-1"
+    time.sleep(0.3)
+    assert api.authenticates(token), "nothing registered yet: the token stays"
+    api.register_node("worker-1")
+    assert wait_for(lambda: not api.authenticates(token))
+    assert api.retired == [token.split(".")[0]] and service.issuer.live_tokens == {}
+    retired = [e for e in join_lab.logs() if e["event"] == "token"]
+    assert [(e["result"], e["node_name"]) for e in retired] == [("retired", "worker-1")]
+    assert token.split(".")[1] not in join_lab.log_stream.getvalue()
+
+
+def test_tokens_left_by_an_earlier_service_are_adopted_and_retired(join_lab):
+    first = join_lab.start("pcrs-only")
+    token = join_with_client(join_lab, first)["bootstrap_token"]
+    first.stop_now()
+    second = join_lab.start(None, api=first.minter)
+    assert wait_for(lambda: token.split(".")[0] in second.issuer.live_tokens)
+    first.minter.register_node("worker-1")
+    assert wait_for(lambda: not first.minter.authenticates(token))
+
+
+def test_first_disk_is_bound_in_the_api_and_mirrored_on_every_control_plane(join_lab, other_swtpm, tmp_path):
+    join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
+    join_lab.enrol(other_swtpm.tcti, "worker-2")
+    first = join_lab.start("pcrs-only")
+    join_with_client(join_lab, first)
+    binding = first.minter.configmaps[f"confidential-kubernetes-disk-{DISK_UUID}"]["data"]
+    assert (binding["node_name"], binding["disk_uuid"]) == ("worker-1", DISK_UUID)
+    # Another control plane (its own bindings file) on the same API learns it at start and refuses the disk to another TPM.
+    second = join_lab.start(None, api=first.minter, bindings_file=str(tmp_path / "cp2-bindings.json"))
+    assert wait_for(lambda: second.issuer.registry.mirror.get(DISK_UUID) is not None)
+    with pytest.raises(JoinError) as err:
+        join_with_client(join_lab, second, "worker-2", tcti=other_swtpm.tcti, disk_uuid=DISK_UUID)
+    assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "disk-not-granted")
+    assert [n for n, t in first.minter.tokens] == ["worker-1"]
+
+
+def test_a_binding_race_between_control_planes_is_settled_by_the_api(join_lab, other_swtpm, tmp_path):
+    """The second service has not mirrored the binding yet: the API refuses its claim, and the node gets nothing."""
+    join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
+    join_lab.enrol(other_swtpm.tcti, "worker-2")
+    api = FakeApi()
+    first = join_lab.start("pcrs-only", api=api, registry_sync_interval=3600)
+    second = join_lab.start(None, api=api, bindings_file=str(tmp_path / "cp2-bindings.json"), registry_sync_interval=3600)
+    join_with_client(join_lab, first)
+    assert second.issuer.registry.mirror.get(DISK_UUID) is None
+    with pytest.raises(JoinError) as err:
+        join_with_client(join_lab, second, "worker-2", tcti=other_swtpm.tcti, disk_uuid=DISK_UUID)
+    assert err.value.reason == "disk-not-granted" and second.issuer.registry.mirror.get(DISK_UUID) is not None
+    assert [n for n, t in api.tokens] == ["worker-1"]
+
+
+def test_no_binding_is_made_while_the_api_is_unreachable(join_lab):
+    api = FakeApi()
+    api.fail_bindings = True
+    service = join_lab.start("pcrs-only", api=api)
+    with pytest.raises(JoinError) as err:
+        join_with_client(join_lab, service, attempts=1)
+    assert (err.value.code, err.value.reason) == ("UNAVAILABLE", "disk-binding")
+    assert api.tokens == [] and service.issuer.registry.mirror.all() == []
+
+
+def test_health_check_fails_with_the_services_load_error_and_passes_once_it_loaded(join_lab, capsys):
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join import health
+    service = join_lab.start("pcrs-only")
+    ca = join_lab.dir / "ca.crt"
+    ca.write_bytes(join_lab.ca_pem)
+    argv = ["--endpoint", service.endpoint, "--ca", str(ca), "--timeout", "10", "--policy-file", str(join_lab.policy_file),
+            "--enrolment-file", str(join_lab.enrolment_file)]
+    assert health.main(argv) == 0
+    join_lab.policy_file.write_text('{"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only", "pcrs": {"99": {"allowed": []}}}')
+    assert health.main(argv) == 1
+    error = capsys.readouterr().err
+    assert "refused the policy file that was pushed" in error and "measurement policy" in error and "99" in error
+    join_lab.write_policy("pcrs-only")
+    assert health.main(argv) == 0

@@ -107,3 +107,57 @@ def test_registrations_overlap_instead_of_queueing(tmp_path):
         return loop.time() - started
 
     assert asyncio.run(five()) < 1.6
+
+
+class AnsweringMinter(KubectlTokenMinter):
+    """kubectl's answers by subcommand and resource, through the runner seam."""
+
+    def __init__(self, answers: dict, **kwargs):
+        super().__init__(now=lambda: NOW, **kwargs)
+        self.answers = answers
+        self.calls = []
+
+    async def _run_command(self, argv, stdin):
+        self.calls.append(argv)
+        return self.answers.get((argv[1], argv[2]), (0, "", ""))
+
+
+def _live(token_id: str, node: str, issued: datetime.datetime = NOW):
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import LiveToken
+    return LiveToken(token_id, node, issued)
+
+
+def test_a_token_counts_as_used_once_its_node_registered_after_it_or_its_csr_was_approved():
+    minter = AnsweringMinter({
+        ("get", "nodes"): (0, "worker-1\t2026-11-21T10:03:00Z\nold-node\t2025-01-01T00:00:00Z\n", ""),
+        ("get", "certificatesigningrequests"): (0, "system:bootstrap:cccccc\tApproved\nsystem:bootstrap:dddddd\t\n", ""),
+    })
+    tokens = [_live("aaaaaa", "worker-1"), _live("bbbbbb", "old-node"), _live("cccccc", "worker-3"), _live("dddddd", "worker-4"),
+              _live("eeeeee", "worker-5")]
+    # A Node older than its token is from an earlier membership; a CSR not approved yet does not count.
+    assert asyncio.run(minter.registered(tokens)) == ["aaaaaa", "cccccc"]
+    assert [argv[1:3] for argv in minter.calls] == [["get", "nodes"], ["get", "certificatesigningrequests"]]
+
+
+def test_retiring_deletes_the_secret_through_the_same_seam():
+    minter = AnsweringMinter({})
+    asyncio.run(minter.retire("aaaaaa"))
+    assert minter.calls == [["kubectl", "delete", "secret", "bootstrap-token-aaaaaa", "--namespace=kube-system", "--ignore-not-found",
+                             "--kubeconfig=/etc/kubernetes/admin.conf"]]
+
+
+def test_live_tokens_are_those_this_service_family_registered():
+    import base64
+    ours = base64.b64encode(b"confidential.kubernetes join of worker-1").decode()
+    theirs = base64.b64encode(b"kubeadm init token").decode()
+    listing = (f"bootstrap-token-aaaaaa\t{ours}\t2026-11-21T10:00:00Z\n"
+               f"bootstrap-token-bbbbbb\t{theirs}\t2026-11-21T10:00:00Z\n"
+               "bootstrap-token-cccccc\tnot base64!\t2026-11-21T10:00:00Z\n")
+    minter = AnsweringMinter({("get", "secrets"): (0, listing, "")})
+    assert asyncio.run(minter.live()) == [_live("aaaaaa", "worker-1")]
+
+
+def test_a_failed_deletion_is_reported_without_a_token():
+    minter = AnsweringMinter({("delete", "secret"): (1, "", "Error from server (Forbidden): secrets is forbidden")})
+    with pytest.raises(TokenMintError, match="deleting the bootstrap token aaaaaa failed .*Forbidden"):
+        asyncio.run(minter.retire("aaaaaa"))

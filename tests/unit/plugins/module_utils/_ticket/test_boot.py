@@ -156,7 +156,7 @@ def test_rebooted_member_rejoins_with_no_token_and_no_second_kubeadm_join(node, 
     rejoin = node.logs()[-1]
     assert (rejoin["event"], rejoin["result"], rejoin["pcr15_state"], rejoin["state_disk"]["keyed"]) == ("rejoin", "rejoined", "marked", True)
     served = [entry for entry in join_lab.logs() if entry["event"] == "rejoin"]
-    assert [(entry["result"], entry["node_name"]) for entry in served] == [("issued", "worker-1")]
+    assert [(entry["result"], entry["node_name"]) for entry in served] == [("challenged", "worker-1"), ("issued", "worker-1")]
     assert node.run() == MEMBER
 
 
@@ -231,10 +231,11 @@ def _config_file(tmp_path, node, **changes) -> str:
 
 
 def test_config_file_gives_the_join_settings(tmp_path, node):
-    config = boot.load_config(_config_file(tmp_path, node), hostname="ignored")
+    config = boot.load_config(_config_file(tmp_path, node))
     assert config.settings.node_name == "worker-1" and config.settings.cluster_ca == node.lab.ca_pem.decode()
     assert config.settings.state_disk["device"] == str(node.device) and config.kubeadm["config_api_version"] == "auto"
-    assert boot.load_config(_config_file(tmp_path, node, node_name=None), hostname="worker-9").settings.node_name == "worker-9"
+    # No name: the node asks the join service's registry for the one it grants.
+    assert boot.load_config(_config_file(tmp_path, node, node_name=None)).settings.node_name == ""
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -280,3 +281,23 @@ def test_kubelet_newer_than_the_tickets_cluster_version_is_refused_before_the_lo
     node.settings.kubelet_version = "Kubernetes v1.31.2"
     node.joining().join()
     assert os.path.exists(node.settings.lock_record) and node.pcr15() != "00" * 32
+
+
+def test_pool_node_without_a_name_joins_under_the_name_derived_from_its_ek(tmp_path, join_lab, other_swtpm, monkeypatch):
+    """The boot-time join of an autoscaled node: no name configured; the registry's pool rule names it, kubeadm uses that name."""
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
+    monkeypatch.setattr(luks, "INITIAL_KEY_DIR", str(tmp_path / "initial-keys"))
+    join_lab.enrol(other_swtpm.tcti, "worker-2")
+    service = join_lab.start("pcrs-only", pool_workers=True, pool_name_prefix="pool")
+    node = Node(tmp_path, join_lab, service)
+    node.service = service
+    node.settings.node_name = ""
+    with Tpm(node.tcti) as tpm:
+        ek_public = tpm.endorsement_key()[2]
+    name = f"pool-{ek_identity(ek_public)[:10]}"
+    assert node.run() == FRESH
+    assert node.joining().node_name() == name
+    assert yaml.safe_load(node.kubeadm.configs[0])["nodeRegistration"]["name"] == name
+    [(minted_for, _token)] = service.minter.tokens
+    assert minted_for == name
+    assert [entry["node_name"] for entry in node.logs() if entry["event"] == "kubeadm-join"] == [name]

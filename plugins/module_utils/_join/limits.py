@@ -1,0 +1,69 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Per-peer rate limits of the join service: one token bucket per client address and kind of request.
+
+A peer is an IPv4 address or an IPv6 /64 (one host usually owns a whole /64); IPv4-mapped IPv6 addresses count as
+their IPv4 address. Buckets of peers idle for a minute are dropped, and at most ``max_peers`` are kept (the longest
+idle go first), so a spray of source addresses cannot grow the table without bound.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections import OrderedDict
+
+MAX_PEERS = 65_536
+IDLE_SECONDS = 60.0
+
+
+def peer_key(peer: str) -> str:
+    """'ipv4:10.0.0.5:4711' -> '10.0.0.5'; 'ipv6:[2001:db8::1]:4711' -> '2001:db8::/64'; anything else as given."""
+    kind, dummy, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        host = rest.rsplit(":", 1)[0].strip("[]").split("%", 1)[0]
+        try:
+            address = ipaddress.IPv6Address(host)
+        except ValueError:
+            return peer
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
+    return peer
+
+
+class PeerLimiter:
+    """``rate`` requests per second with bursts of ``burst`` for each peer (``clock`` is a seam for tests)."""
+
+    def __init__(self, rate: float, burst: float, clock=time.monotonic, max_peers: int = MAX_PEERS):
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._max_peers = max_peers
+        self._buckets: OrderedDict[str, list[float]] = OrderedDict()
+        self.refused = 0
+
+    def allow(self, peer: str) -> bool:
+        now = self._clock()
+        key = peer_key(peer)
+        bucket = self._buckets.pop(key, None)
+        if bucket is None:
+            bucket = [self.burst, now]
+        tokens = min(self.burst, bucket[0] + (now - bucket[1]) * self.rate)
+        allowed = tokens >= 1.0
+        bucket[0], bucket[1] = (tokens - 1.0 if allowed else tokens), now
+        # Most recently seen last: the oldest entries are the idle ones.
+        self._buckets[key] = bucket
+        self._prune(now)
+        if not allowed:
+            self.refused += 1
+        return allowed
+
+    def _prune(self, now: float) -> None:
+        while self._buckets:
+            key, oldest = next(iter(self._buckets.items()))
+            if len(self._buckets) <= self._max_peers and now - oldest[1] < IDLE_SECONDS:
+                break
+            del self._buckets[key]

@@ -1,0 +1,49 @@
+"""Per-peer token buckets of the join service."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.limits import PeerLimiter, peer_key
+
+
+@pytest.mark.parametrize("peer, key", [
+    ("ipv4:10.0.0.5:4711", "10.0.0.5"),
+    ("ipv6:[2001:db8::1]:4711", "2001:db8::/64"),
+    ("ipv6:[2001:db8::ffff:1]:1", "2001:db8::/64"),
+    ("ipv6:[::ffff:127.0.0.1]:50000", "127.0.0.1"),
+    ("ipv6:[fe80::1%eth0]:1", "fe80::/64"),
+    ("unix:/run/x.sock", "unix:/run/x.sock"),
+])
+def test_peer_keys(peer, key):
+    assert peer_key(peer) == key
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_burst_then_rate_per_peer():
+    clock = Clock()
+    limiter = PeerLimiter(rate=2, burst=3, clock=clock)
+    assert [limiter.allow("ipv4:10.0.0.1:1") for _i in range(4)] == [True, True, True, False]
+    # Another peer has its own bucket; a new port of the same address does not.
+    assert limiter.allow("ipv4:10.0.0.2:1") and not limiter.allow("ipv4:10.0.0.1:2")
+    clock.now += 0.5
+    assert limiter.allow("ipv4:10.0.0.1:3") and not limiter.allow("ipv4:10.0.0.1:3")
+    assert limiter.refused == 3
+
+
+def test_idle_peers_are_forgotten_and_the_table_is_capped():
+    clock = Clock()
+    limiter = PeerLimiter(rate=1, burst=1, clock=clock, max_peers=100)
+    for number in range(1000):
+        limiter.allow(f"ipv4:10.0.{number // 256}.{number % 256}:1")
+    assert len(limiter._buckets) == 100
+    clock.now += 61
+    limiter.allow("ipv4:192.0.2.1:1")
+    assert len(limiter._buckets) == 1

@@ -1,0 +1,67 @@
+"""The joinservice role's enrol entry point, run by ansible-playbook against this host (local connection) with two real
+swtpms and a real LUKS state disk on a file: each host's EK, name, role and disk end up in the enrolment file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import Tpm
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import parse_enrolment
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
+
+DISK = "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13"
+
+
+def _identity(tcti: str) -> str:
+    with Tpm(tcti) as tpm:
+        certificate, handle, ek_public = tpm.endorsement_key()
+        tpm.flush(handle)
+    return ek_identity(ek_public)
+
+
+def _playbook(tmp_path, swtpm, other_swtpm) -> subprocess.CompletedProcess:
+    disk = tmp_path / "state-disk.img"
+    with open(disk, "wb") as handle:
+        handle.truncate(32 * 1024 * 1024)
+    subprocess.run(["cryptsetup", "luksFormat", "--batch-mode", "--type", "luks2", "--pbkdf-memory", "32768", "--pbkdf-force-iterations", "4",
+                    "--uuid", DISK, "--key-file=-", str(disk)], input=b"k" * 32, check=True, capture_output=True)
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"children": {"cluster": {"children": {
+        "control_plane": {"hosts": {"cp-0": dict(host, confidential_tpm_tcti=swtpm.tcti, confidential_state_disk={"device": str(disk)})}},
+        "workers": {"hosts": {"worker-0": dict(host, confidential_tpm_tcti=other_swtpm.tcti,
+                                               confidential_state_disk={"device": str(tmp_path / "blank.img")})}},
+    }}}}}
+    (tmp_path / "blank.img").write_bytes(bytes(1024 * 1024))
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "enrol.yml").write_text(yaml.safe_dump([{
+        "name": "Enrol", "hosts": "cluster", "gather_facts": False,
+        "tasks": [{"name": "Enrol the node", "ansible.builtin.include_role": {"name": "confidential.kubernetes.joinservice", "tasks_from": "enrol"}}],
+    }]))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=":".join(p for p in sys.path if p.endswith("collections")), ANSIBLE_FORCE_COLOR="0")
+    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"),
+                           str(tmp_path / "enrol.yml"), "-e", f"joinservice_enrolment_file={tmp_path}/secrets/node-enrolment.json"],
+                          capture_output=True, text=True, env=env, check=False)
+
+
+def test_enrol_records_each_hosts_ek_name_role_and_disk(tmp_path, swtpm, other_swtpm):
+    result = _playbook(tmp_path, swtpm, other_swtpm)
+    assert result.returncode == 0, result.stdout + result.stderr
+    enrolment_file = tmp_path / "secrets" / "node-enrolment.json"
+    assert os.stat(enrolment_file).st_mode & 0o777 == 0o600
+    enrolled = parse_enrolment(enrolment_file.read_bytes(), "test").by_name
+    control_plane, worker = enrolled["cp-0"], enrolled["worker-0"]
+    assert (control_plane.ek, control_plane.control_plane, control_plane.disk_uuid) == (_identity(swtpm.tcti), True, DISK)
+    assert control_plane.ek_certificate is not None
+    # The worker's disk is not LUKS yet: no disk, a fresh enrolment ID (bindings of an earlier life no longer count).
+    assert (worker.ek, worker.control_plane, worker.disk_uuid) == (_identity(other_swtpm.tcti), False, None) and worker.enrolment_id
+    # A re-run changes nothing for the control plane; the worker, not joined yet, is enrolled afresh.
+    again = _playbook(tmp_path, swtpm, other_swtpm)
+    assert again.returncode == 0, again.stdout
+    after = parse_enrolment(enrolment_file.read_bytes(), "test").by_name
+    assert after["cp-0"] == control_plane and after["worker-0"].enrolment_id != worker.enrolment_id
+    assert json.loads(enrolment_file.read_text())["version"] == 1
