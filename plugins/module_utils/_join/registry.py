@@ -221,7 +221,8 @@ def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False,
 
     Each node replaces any entry with its EK or its name; the nodes named in ``absent`` are removed (a node taken out
     of the cluster for good). A node enrolled without a disk (its state disk is not LUKS: it never joined, or it was
-    reset) gets a new ``enrolment_id``, which voids disk bindings made under an older one.
+    reset) gets a new ``enrolment_id``, which voids disk bindings made under an older one. A node enrolled without a
+    disk that now has one (it joined since, and the join service bound that disk) is left as it is.
     Returns (changed, the file's content).
     """
     directory = os.path.dirname(path) or "."
@@ -237,6 +238,11 @@ def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False,
         entries = dict(parse_enrolment(current, f"node enrolment {path}").by_ek) if current is not None else {}
         entries = {ek: entry for ek, entry in entries.items() if entry.node_name not in absent}
         for node in nodes:
+            enrolled = entries.get(node.ek)
+            if (enrolled is not None and not enrolled.disk_uuid and node.disk_uuid
+                    and (enrolled.node_name, enrolled.control_plane) == (node.node_name, node.control_plane)):
+                # It joined since: the join service bound that disk under this enrolment; re-runs change nothing.
+                continue
             entries = {ek: entry for ek, entry in entries.items() if ek != node.ek and entry.node_name != node.node_name}
             if not node.disk_uuid:
                 node = replace(node, enrolment_id=secrets.token_hex(8))

@@ -229,11 +229,15 @@ class Kubeadm:
         write_file_atomically(self.path(INIT_RECORD), (ca_hash + "\n").encode("ascii"), 0o644)
 
     def delete_default_tokens(self, kubeconfig: str) -> int:
-        """kubeadm init mints a 24 h join token; joins here get theirs from the join service only."""
+        """kubeadm init mints a 24 h join token; joins here get theirs from the join service only.
+
+        Run right after kubeadm init, when every token is kubeadm's (the join service's carry their node's name).
+        """
         out = self.run("token", "list", "--kubeconfig", kubeconfig, "-o", "json", what="kubeadm token list")
         deleted = 0
         for document in _json_stream(out):
-            if document.get("description") == DEFAULT_TOKEN_DESCRIPTION:
+            # kubeadm before 1.22 gives its token no description; ours always have one.
+            if document.get("description") in (DEFAULT_TOKEN_DESCRIPTION, "", None):
                 token_id = str(document.get("token", "")).split(".", maxsplit=1)[0]
                 self.run("token", "delete", token_id, "--kubeconfig", kubeconfig, what="kubeadm token delete")
                 deleted += 1

@@ -246,3 +246,20 @@ def test_unreadable_binding_mirror_stops_the_service_at_start(tmp_path):
     path.write_text('{"version": 1, "bindings": [{"disk_uuid": "x"}]}')
     with pytest.raises(ConfigError, match="disk bindings .* binding 0"):
         BindingMirror(str(path))
+
+
+def test_a_node_that_joined_since_its_enrolment_changes_nothing(tmp_path):
+    """Enrolled before its join (no LUKS disk yet), enrolled again after it: the file stays as it was, so a re-run of
+    join.yml reports no change and the disk binding made under the enrolment_id stays valid."""
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import merge_enrolment
+
+    path = str(tmp_path / "node-enrolment.json")
+    before = Enrolment(ek="ab" * 32, node_name="worker-0", control_plane=False)
+    changed, first = merge_enrolment(path, [before])
+    assert changed
+    joined = Enrolment(ek="ab" * 32, node_name="worker-0", control_plane=False, disk_uuid="22900c07-6ff1-4ef1-b5ed-0216ebff066d")
+    assert merge_enrolment(path, [joined]) == (False, first)
+    # A changed role is a new enrolment all the same.
+    changed, _content = merge_enrolment(path, [Enrolment(ek="ab" * 32, node_name="worker-0", control_plane=True,
+                                                         disk_uuid="22900c07-6ff1-4ef1-b5ed-0216ebff066d")])
+    assert changed

@@ -3,6 +3,7 @@ the v1beta2 rendering accepted by the real kubeadm 1.20 without a single unknown
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -118,3 +119,23 @@ def test_real_kubeadm_1_20_reads_the_rendering_without_an_unknown_field(tmp_path
     config.write_text(render_init_config(full_init_options(), "v1beta3"))
     refused = subprocess.run([kubeadm, "config", "images", "list", "--config", str(config)], capture_output=True, text=True, check=False)
     assert refused.returncode != 0 and 'is registered for version "kubeadm.k8s.io/v1beta3"' in refused.stderr
+
+
+def test_kubeadm_inits_own_tokens_are_deleted_with_or_without_a_description():
+    """kubeadm 1.20 gives its 24 h token no description, later ones a fixed one; the join service's carry a node name."""
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import DEFAULT_TOKEN_DESCRIPTION, Kubeadm
+
+    listed = "\n".join(json.dumps(token) for token in (
+        {"token": "aaaaaa.0123456789abcdef", "usages": ["authentication"]},
+        {"token": "bbbbbb.0123456789abcdef", "description": DEFAULT_TOKEN_DESCRIPTION},
+        {"token": "cccccc.0123456789abcdef", "description": "confidential.kubernetes join of worker-0"}))
+    deleted = []
+
+    class Scripted(Kubeadm):
+        def _run_command(self, argv, stdin=None):
+            if argv[1:3] == ["token", "delete"]:
+                deleted.append(argv[3])
+            return 0, listed if argv[1:3] == ["token", "list"] else "", ""
+
+    assert Scripted().delete_default_tokens("/etc/kubernetes/admin.conf") == 2
+    assert deleted == ["aaaaaa", "bbbbbb"]
