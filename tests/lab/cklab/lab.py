@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import LabError, base as base_image, kubernetes, measure, network, nodes, tpm
-from .host import check_host, ensure_inotify_instances, run
+from .host import check_host, ensure_inotify_instances, missing_packages, run
 from .inventory import render_inventory, ssh_options
 from .paths import LabPaths
-from .plan import NodeSpec, is_lab_node_name, plan_nodes
+from .plan import BRIDGE, NodeSpec, is_lab_node_name, plan_nodes
 
 START_WORKERS = 8
 SSH_PORT = 22
@@ -87,6 +87,21 @@ def check_kubernetes_bin(paths: LabPaths) -> None:
     if missing:
         raise LabError(f"Kubernetes binaries missing from {paths.kubernetes_bin}: {' '.join(missing)} "
                        "(build them there, or set CK_KUBERNETES_BIN to a directory that has them)")
+
+
+def cannot_boot(paths: LabPaths) -> str | None:
+    """Why a lab of this index cannot be booted here now (for tests that skip), or None: nothing is built or changed."""
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    if missing_packages():
+        return "missing host packages: " + " ".join(missing_packages())
+    try:
+        check_kubernetes_bin(paths)
+    except LabError as exc:
+        return str(exc)
+    if Path("/sys/class/net", BRIDGE).exists():
+        return f"a lab is already running (bridge {BRIDGE} exists); not disturbing it"
+    return None
 
 
 def _ensure_lab_identity(paths: LabPaths) -> None:

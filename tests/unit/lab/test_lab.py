@@ -283,20 +283,6 @@ def test_cli_reports_bad_input_in_one_line(capsys):
 
 # ---- a real lab -------------------------------------------------------------------------
 
-def _lab_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "the lab needs root"
-    if host.missing_packages():
-        return "missing host packages: " + " ".join(host.missing_packages())
-    try:
-        lab_commands.check_kubernetes_bin(LabPaths.from_environment())
-    except LabError as exc:
-        return str(exc)
-    if Path("/sys/class/net", plan.BRIDGE).exists():
-        return f"a lab is already running (bridge {plan.BRIDGE} exists); not disturbing it"
-    return None
-
-
 def _leftovers(lab_dir: Path) -> list[str]:
     found = []
     if Path("/sys/class/net", plan.BRIDGE).exists():
@@ -318,7 +304,7 @@ def _leftovers(lab_dir: Path) -> list[str]:
 
 @pytest.mark.lab
 def test_lab_up_ssh_tpm_and_down_leave_nothing_behind(tmp_path):
-    reason = _lab_unavailable()
+    reason = lab_commands.cannot_boot(LabPaths.from_environment())
     if reason:
         pytest.skip(reason)
     lab_dir = tmp_path / "lab"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cklab import LabError, host, lab as lab_commands, plan, tpm
+from cklab import lab as lab_commands, plan, tpm
 from cklab.paths import LabPaths
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,20 +25,6 @@ PORT_HOLDER = ("nohup python3 -c 'import socket, time; s = socket.socket(); s.bi
                "time.sleep(3600)' >/dev/null 2>&1 & echo $! > /run/port-holder.pid")
 
 pytestmark = pytest.mark.lab
-
-
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "the lab needs root"
-    if host.missing_packages():
-        return "missing host packages: " + " ".join(host.missing_packages())
-    try:
-        lab_commands.ensure_kubernetes_bin(LabPaths.from_environment())
-    except LabError as exc:
-        return str(exc)
-    if Path("/sys/class/net", plan.BRIDGE).exists():
-        return f"a lab is already running (bridge {plan.BRIDGE} exists); not disturbing it"
-    return None
 
 
 class Lab:
@@ -68,7 +54,7 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    reason = _unavailable()
+    reason = lab_commands.cannot_boot(LabPaths.from_environment())
     if reason:
         pytest.skip(reason)
     created = Lab(tmp_path_factory.mktemp("preflight") / "lab")

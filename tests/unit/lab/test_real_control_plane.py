@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cklab import LabError, host, lab as lab_commands, plan
+from cklab import lab as lab_commands, plan
 from cklab.paths import LabPaths
 
 LAB = Path(__file__).resolve().parents[2] / "lab" / "lab"
@@ -35,20 +35,6 @@ CP, WORKER = plan.plan_nodes(1, 1)
 
 # kubeadm 1.20 gives its CA serial number 0, which cryptography warns about.
 pytestmark = [pytest.mark.lab, pytest.mark.filterwarnings("ignore:Parsed a serial number which wasn't positive")]
-
-
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "the lab needs root"
-    if host.missing_packages():
-        return "missing host packages: " + " ".join(host.missing_packages())
-    try:
-        lab_commands.check_kubernetes_bin(LabPaths.from_environment())
-    except LabError as exc:
-        return str(exc)
-    if Path("/sys/class/net", plan.BRIDGE).exists():
-        return f"a lab is already running (bridge {plan.BRIDGE} exists); not disturbing it"
-    return None
 
 
 class Lab:
@@ -146,7 +132,7 @@ def rss_kib(lab: Lab, node: plan.NodeSpec, pids: list[int]) -> int:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A lab whose cp-0 ran kubeadm init; worker-0 tried a wrongly pinned join, then joined."""
-    reason = _unavailable()
+    reason = lab_commands.cannot_boot(LabPaths.from_environment())
     if reason:
         pytest.skip(reason)
     lab = Lab(tmp_path_factory.mktemp("real-control-plane") / "lab")
