@@ -11,8 +11,8 @@ from . import StandinError, resolve_image, same_endpoint
 from .pods import PODS, read_states, running, stop_container
 
 INFO = {"status": {"conditions": [{"type": "RuntimeReady", "status": True, "reason": "", "message": ""},
-    {"type": "NetworkReady", "status": False, "reason": "NetworkPluginNotReady",
-     "message": "kubelet-standin runs static pods as host processes, with no pod network"}]}}
+                                  {"type": "NetworkReady", "status": False, "reason": "NetworkPluginNotReady",
+                                   "message": "kubelet-standin runs static pods as host processes, with no pod network"}]}}
 
 
 def image(command: str, reference: str) -> str:
