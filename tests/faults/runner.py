@@ -70,12 +70,14 @@ class Lab:
                 found[name] = host_vars["ansible_host"]
         return found
 
-    def ssh(self, node: str, command: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        argv = ["ssh", "-i", str(self.dir / "ssh" / "id_ed25519"), "-o", "BatchMode=yes",
+    def ssh_argv(self, node: str, command: str) -> list[str]:
+        return ["ssh", "-i", str(self.dir / "ssh" / "id_ed25519"), "-o", "BatchMode=yes",
                 "-o", f"UserKnownHostsFile={self.dir / 'ssh' / 'known_hosts'}", "-o", "GlobalKnownHostsFile=/dev/null",
                 "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
                 f"root@{self.hosts()[node]}", command]
-        completed = subprocess.run(argv, input=stdin or b"", capture_output=True, check=False)
+
+    def ssh(self, node: str, command: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        completed = subprocess.run(self.ssh_argv(node, command), input=stdin or b"", capture_output=True, check=False)
         if check and completed.returncode != 0:
             raise SystemExit(f"ssh {node} {command!r} failed (rc {completed.returncode}): {completed.stderr.decode()[-2000:]}")
         return completed
@@ -135,6 +137,8 @@ class ClusterSecrets:
     def __init__(self, lab: Lab):
         self.lab = lab
         self.secrets: dict[str, list[bytes]] = {}
+        # Bootstrap-token Secrets as the API server's watch showed them while they existed (they are single-use).
+        self.watched = b""
 
     def collect(self) -> dict[str, list[bytes]]:
         found: dict[str, list[bytes]] = {}
@@ -162,7 +166,7 @@ class ClusterSecrets:
         control_plane = next(iter(self.lab.hosts()))
         served = self.lab.ssh(control_plane, TOKEN_SECRETS, check=False)
         if served.returncode == 0:
-            for token in bootstrap_tokens(served.stdout):
+            for token in bootstrap_tokens(served.stdout) + bootstrap_tokens(self.watched):
                 token_id, secret = token.split(".")
                 found[f"bootstrap_token[{token_id}]"] = sorted({token.encode(), *encodings(secret.encode())})
         for key in PKI_KEYS:
@@ -188,7 +192,12 @@ def bootstrap_tokens(secrets_json: bytes) -> list[str]:
             for item in value:
                 visit(item)
 
-    visit(json.loads(secrets_json))
+    decoder, text, position = json.JSONDecoder(), secrets_json.decode(errors="replace").strip(), 0
+    # One document (a list) or, from a watch, one document per change.
+    while position < len(text):
+        document, position = decoder.raw_decode(text, position)
+        visit(document)
+        position = len(text) - len(text[position:].lstrip())
     return tokens
 
 
@@ -312,8 +321,9 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
 
 # Every playbook of the collection, in an order that keeps the cluster up until the end, with the extra variables
 # an operator would give. A playbook missing here is reported as a hygiene problem.
+# init.yml first: the join tokens are watched for from then on (they are deleted once their node registered).
 HYGIENE_PLAYBOOKS: list[tuple[str, list[str]]] = [
-    ("site.yml", []), ("init.yml", []), ("join.yml", []), ("upgrade.yml", []), ("verify.yml", []),
+    ("init.yml", []), ("site.yml", []), ("join.yml", []), ("upgrade.yml", []), ("verify.yml", []),
     ("measurements.yml", ["-e", "measurements_golden_node=cp-0", "-e", "measurements_policy_file={lab}/enrolled-policy.yml"]),
     ("prepare_image.yml", []), ("groups.yml", []), ("addresses.yml", []),
 ]
@@ -348,8 +358,15 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
                 results["hygiene_problems"].append(f"{playbook} failed: {last_failure(output)}")
             outputs.append((playbook, output))
 
-    run(HYGIENE_PLAYBOOKS)
+    run(HYGIENE_PLAYBOOKS[:1])
     collector = ClusterSecrets(lab)
+    watch = subprocess.Popen(lab.ssh_argv(next(iter(lab.hosts())), TOKEN_SECRETS + " --watch"), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        run(HYGIENE_PLAYBOOKS[1:])
+    finally:
+        watch.terminate()
+        collector.watched = watch.communicate(timeout=30)[0]
     scanner = Scanner(collector.collect())
     # The nodes' files while the cluster runs; then the playbooks that take it apart, confirmed by the cluster ID.
     scan_nodes(lab, scanner, journals=False)
