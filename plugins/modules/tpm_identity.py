@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: tpm_identity
 short_description: Read a node's TPM identity (its endorsement key) for enrolment with the join service
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Reads the TPM's RSA-2048 endorsement key (EK) and, where the TPM has one, its EK certificate. The join service knows
     a node by this key and grants name, role and disk to the enrolled EK only; it proves the node holds the EK by
