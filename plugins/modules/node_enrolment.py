@@ -9,8 +9,8 @@ module: node_enrolment
 short_description: Enrol nodes' TPMs with their names, roles and disks in the controller's node enrolment file
 version_added: 0.2.0
 description:
-  - The join service grants a node its name, its role and its state disk from this file: identity, role and disk are
-    granted, never claimed. The controller enrols its inventory hosts from their TPMs' endorsement
+  - The join service grants a node its name, its role and its state disk from this file (identity, role and disk are
+    granted, never claimed). The controller enrols its inventory hosts from their TPMs' endorsement
     keys (M(confidential.kubernetes.tpm_identity)); the C(joinservice) role pushes the file to every control plane and
     fails when a join service does not load it.
   - Each node replaces any entry with the same EK or the same name; other entries stay. The file is merged under an
