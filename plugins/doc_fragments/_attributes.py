@@ -19,6 +19,15 @@ attributes:
       - This assumes that the system controlled/queried by the module has not changed in a relevant way.
 """
 
+    # Should be used together with the standard fragment: a module whose work is done by its action plugin.
+    ACTION = r"""
+options: {}
+attributes:
+  action:
+    support: full
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+"""
+
     # Should be used together with the standard fragment
     INFO_MODULE = r"""
 options: {}

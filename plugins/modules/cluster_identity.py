@@ -17,11 +17,9 @@ author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
+  - confidential.kubernetes._attributes.action
   - confidential.kubernetes._attributes.INFO_MODULE
 attributes:
-  action:
-    support: full
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
   idempotent:
     support: full
 options:

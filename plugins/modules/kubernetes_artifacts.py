@@ -25,10 +25,8 @@ author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
+  - confidential.kubernetes._attributes.action
 attributes:
-  action:
-    support: full
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
   check_mode:
     support: full
     details:
