@@ -198,6 +198,13 @@ def test_inventory_ssh_trusts_only_the_lab_known_hosts(tmp_path):
     assert "~/.ssh" not in args
 
 
+def test_inventory_reuses_one_pipelined_connection_per_node(tmp_path):
+    variables = _inventory(tmp_path, plan.plan_nodes(1, 0))["all"]["vars"]
+    assert variables["ansible_pipelining"] is True
+    assert "ControlMaster=auto" in variables["ansible_ssh_common_args"]
+    assert "ControlPersist=60s" in variables["ansible_ssh_common_args"]
+
+
 def test_inventory_without_workers_has_an_empty_workers_group(tmp_path):
     children = _inventory(tmp_path, plan.plan_nodes(1, 0))["all"]["children"]
     assert children["workers"] == {}
