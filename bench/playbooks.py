@@ -26,9 +26,13 @@ from cklab import plan  # noqa: E402
 import _figures  # noqa: E402
 
 PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
-FLOOR = """---
+
+
+def floor_playbook(hosts: str) -> str:
+    """The floor every playbook pays on those hosts: one SSH session each, fact gathering and one command."""
+    return f"""---
 - name: Floor
-  hosts: control_plane[0]
+  hosts: {hosts}
   gather_facts: true
   tasks:
     - name: One command
@@ -64,7 +68,7 @@ def main() -> int:
                    ANSIBLE_HOST_KEY_CHECKING="True")
         inventory = f"{lab_dir}/inventory.yml"
         floor = Path(temporary) / "floor.yml"
-        floor.write_text(FLOOR)
+        floor.write_text(floor_playbook("control_plane[0]"))
         try:
             timed([str(LAB), "up", "--control-planes", "1", "--workers", "1"], env)
             floor_times = [timed([str(PLAYBOOK), "-i", inventory, str(floor)], env) for _run in range(args.runs)]

@@ -1,9 +1,10 @@
 """Run every benchmark and print one table of figures (benchmark, figure, value, unit, target, met or MISSED), comparable
 release to release.
 
-Run: .venv/bin/python bench/run.py [--quick] [--json FILE] [--lab-runs N] [--baseline REF]
+Run: .venv/bin/python bench/run.py [--quick] [--scale] [--json FILE] [--lab-runs N] [--baseline REF]
 --baseline REF also times the evidence verifier of git ref REF (before and after from one run). --quick leaves out
-the lab benchmarks (lab_updown, playbooks, bringup), which need root and take minutes. The lab ones use the lab of
+the lab benchmarks (lab_updown, playbooks, bringup), which need root and take minutes. --scale runs bringup on
+1+2 and 1+29 nodes instead of 1+2 and 3+3 (tens of minutes on 2 cores). The lab ones use the lab of
 CK_LAB_INDEX in CK_LAB_DIR (export both when other labs run beside yours). Each benchmark runs as a process of its
 own and hands its figures over through ``--figures``; one that fails shows as a failed row and makes the exit code 1.
 Missed targets are reported in the table (MISSED), not in the exit code.
@@ -78,6 +79,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="leave out the lab benchmarks (lab bring-up, playbooks)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures and the machine they were taken on as JSON")
+    parser.add_argument("--scale", action="store_true", help="bring-up of 1+2 and 1+29 nodes instead of 1+2 and 3+3")
     parser.add_argument("--lab-runs", type=int, default=3, help="runs of each lab measurement (default 3)")
     parser.add_argument("--baseline", metavar="REF", help="also time the evidence verifier of this git ref (e.g. main)")
     parser.add_argument("--verbose", action="store_true", help="show each benchmark's own printout")
@@ -96,6 +98,8 @@ def main() -> int:
             arguments = [a.format(lab_runs=args.lab_runs) for a in arguments]
             if script == "verify_evidence.py" and args.baseline:
                 arguments += ["--baseline", args.baseline]
+            if script == "bringup.py" and args.scale:
+                arguments += ["--scale"]
             result, printout = run(script, arguments, workdir)
             if args.verbose:
                 sys.stderr.write(printout)
