@@ -14,6 +14,8 @@ description:
     credential activation at every join.
   - Returns the identity (the hex SHA-256 of the EK's SubjectPublicKeyInfo), the EK public area and the certificate.
     Nothing secret. M(confidential.kubernetes.node_enrolment) records them on the controller.
+  - With O(state_disk), also the LUKS UUID of the node's state disk when it is LUKS already (a member's disk stays
+    bound to its TPM), read with C(cryptsetup luksUUID) in the same call.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
@@ -23,7 +25,12 @@ extends_documentation_fragment:
 attributes:
   idempotent:
     support: full
-options: {}
+options:
+  state_disk:
+    description:
+      - The state disk device (or file). Empty or unset reads no disk and returns RV(disk_uuid=null).
+    type: str
+    default: ""
 seealso:
   - module: confidential.kubernetes.node_enrolment
 """
@@ -48,6 +55,11 @@ ek_certificate:
   description: The EK certificate (DER, base64) from the TPM's NV index; null when the TPM has none.
   returned: success
   type: str
+disk_uuid:
+  description: The LUKS UUID of O(state_disk); null when no disk is given or it is no LUKS device yet.
+  returned: success
+  type: str
+  sample: 0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13
 """
 
 import base64
@@ -59,8 +71,19 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
 
 
+def luks_uuid(module: AnsibleModule, device: str) -> str | None:
+    """The LUKS UUID of the device, None when it is no LUKS device (cryptsetup's exit 1); fails on any other error."""
+    if not device:
+        return None
+    rc, stdout, stderr = module.run_command([module.get_bin_path("cryptsetup", required=True), "luksUUID", device])
+    if rc not in (0, 1):
+        module.fail_json(msg=f"cryptsetup luksUUID {device} failed (exit {rc}): {stderr.strip()}")
+    return stdout.strip() if rc == 0 else None
+
+
 def main() -> None:
-    module = AnsibleModule(argument_spec=dict(tcti=dict(type="str", default="auto")), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=dict(tcti=dict(type="str", default="auto"), state_disk=dict(type="str", default="")),
+                           supports_check_mode=True)
     if node.CRYPTOGRAPHY_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
     try:
@@ -70,7 +93,8 @@ def main() -> None:
     except TpmError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, ek=ek_identity(ek_public), ek_public=base64.b64encode(ek_public).decode(),
-                     ek_certificate=base64.b64encode(certificate).decode() if certificate else None)
+                     ek_certificate=base64.b64encode(certificate).decode() if certificate else None,
+                     disk_uuid=luks_uuid(module, module.params["state_disk"]))
 
 
 if __name__ == "__main__":
