@@ -8,7 +8,7 @@ import base64
 import binascii
 import hashlib
 import json
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 EVIDENCE_VERSION = 1
 VARIANTS = ("tpm",)
@@ -41,8 +41,9 @@ class EvidenceError(ValueError):
     """The evidence document is malformed; the message names the field."""
 
 
-@dataclass(frozen=True)
-class Evidence:
+class Evidence(NamedTuple):
+    """A parsed evidence document (immutable; a tuple, made on every verify, so cheaper to build than a frozen dataclass)."""
+
     variant: str
     ak_public: bytes
     quote: bytes
@@ -51,7 +52,7 @@ class Evidence:
     user_data: bytes
     ek_public: bytes | None = None
     ek_certificate: bytes | None = None
-    event_log: list[dict] = field(default_factory=list)
+    event_log: list[dict] | tuple = ()
 
     def to_document(self) -> dict:
         doc = {
