@@ -101,15 +101,18 @@ def place_cluster_state(mount_path: str, paths: tuple[str, ...] = CLUSTER_STATE_
     for path in pending:
         if os.path.realpath(path) in points:
             raise StateDiskError(f"{path} has another filesystem mounted on it, not the state disk's {disk_side(mount_path, path)}: "
-                                 f"unmount it (the state disk holds the node's cluster state), then run again")
+                                 "unmount it (the state disk holds the node's cluster state), then run again")
         if os.path.lexists(path) and not os.path.isdir(path):
             raise StateDiskError(f"{path} is not a directory: it cannot be placed on the state disk")
     if not pending or check_mode:
         return pending
-    stopped = _active_services(services)
-    for unit in stopped:
-        _run(["systemctl", "stop", unit])
+    stopped: list[str] = []
     try:
+        for unit in _active_services(services):
+            result = _run(["systemctl", "stop", unit])
+            if result.returncode != 0:
+                raise StateDiskError(f"systemctl stop {unit} failed ({result.stderr.strip()}): its directories were not moved onto the state disk")
+            stopped.append(unit)
         for path in pending:
             target = disk_side(mount_path, path)
             if not os.path.isdir(target):
