@@ -19,7 +19,10 @@ options:
         type: path
         required: true
       state:
-        description: V(formatted), or also V(opened) (mapped) or V(mounted); mapping needs device-mapper.
+        description:
+          - V(formatted), or also V(opened) (mapped) or V(mounted); mapping needs device-mapper.
+          - V(mounted) keeps the node's cluster state on the disk (C(/etc/kubernetes), C(/var/lib/etcd), C(/var/lib/kubelet),
+            C(/var/lib/containerd), bind-mounted from it; see M(confidential.kubernetes.state_disk)).
         type: str
         choices: [formatted, opened, mounted]
         default: formatted

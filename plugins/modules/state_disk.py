@@ -53,7 +53,10 @@ options:
     description:
       - V(formatted) means a LUKS2 header exists and is keyed with the derived disk key.
       - V(opened) also maps the disk as C(/dev/mapper/<name>).
-      - V(mounted) also makes a filesystem on first use and mounts it at O(mount_path).
+      - V(mounted) also makes a filesystem on first use, mounts it at O(mount_path), and keeps the node's cluster state on
+        it - C(/etc/kubernetes), C(/var/lib/etcd), C(/var/lib/kubelet) and C(/var/lib/containerd), each at
+        C(<mount_path>/<directory>), bind-mounted onto its usual place. On first use a directory's existing content is
+        copied to the disk first; containerd and the kubelet are stopped while a directory moves and started again.
     type: str
     choices: [formatted, opened, mounted]
     default: formatted

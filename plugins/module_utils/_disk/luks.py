@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from . import StateDiskError
 from .._files import write_private_file
 from .keys import DISK_KEY_LENGTH, private_key_file, read_private_file, wipe_file
+from .placement import CLUSTER_STATE_PATHS, place_cluster_state, unescape_mountinfo
 
 STATES = ("formatted", "opened", "mounted")
 DEFAULT_NAME = "state"
@@ -42,7 +43,6 @@ _PACKAGES = {"cryptsetup": "cryptsetup-bin (Debian, Ubuntu) or cryptsetup (Fedor
              "mount": "util-linux", "mkfs.ext4": "e2fsprogs", "mkfs.xfs": "xfsprogs", "mkfs.btrfs": "btrfs-progs"}
 _MAPPER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,126}$")
 _FILESYSTEM = re.compile(r"^[a-z0-9]{1,16}$")
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def initial_key_path_for(name: str) -> str:
@@ -121,17 +121,13 @@ def parse_luks_dump_text(dump: str) -> LuksHeader:
                       int(sector[0]) if sector else None, slots[0].get("PBKDF") if slots else None, len(slots))
 
 
-def _unescape_mountinfo(field: str) -> str:
-    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
-
-
 class StateDisk:
     """One state disk. ``_run_command`` is the only way out to cryptsetup, blkid, mkfs and mount."""
 
     def __init__(self, device: str, name: str = DEFAULT_NAME, mount_path: str = DEFAULT_MOUNT_PATH,
                  filesystem: str = DEFAULT_FILESYSTEM, initial_key_path: str | None = None,
                  pbkdf_memory: int | None = None, pbkdf_iterations: int | None = None, check_mode: bool = False,
-                 dm_control: str = DM_CONTROL, mountinfo: str = MOUNTINFO):
+                 dm_control: str = DM_CONTROL, mountinfo: str = MOUNTINFO, cluster_state_paths: tuple[str, ...] = CLUSTER_STATE_PATHS):
         if not _MAPPER_NAME.match(name):
             raise StateDiskError(f"name {name!r} is not a usable device-mapper name (letters, digits, '.', '_', '-'; at most 127)")
         if not _FILESYSTEM.match(filesystem):
@@ -147,6 +143,8 @@ class StateDisk:
         self.check_mode = check_mode
         self.dm_control = dm_control
         self.mountinfo = mountinfo
+        # Bound from the mounted disk (placement.py): the node's cluster state lives on the disk.
+        self.cluster_state_paths = cluster_state_paths
 
     # The runner seam: an argument list, secrets only in ``data`` (stdin).
     def _run_command(self, argv: list[str], data: bytes | None = None) -> CommandResult:
@@ -362,8 +360,8 @@ class StateDisk:
                 if "-" not in fields[6:]:
                     continue
                 separator = fields.index("-", 6)
-                if _unescape_mountinfo(fields[4]) == target and len(fields) > separator + 2:
-                    source = _unescape_mountinfo(fields[separator + 2])
+                if unescape_mountinfo(fields[4]) == target and len(fields) > separator + 2:
+                    source = unescape_mountinfo(fields[separator + 2])
         return source
 
     def _make_filesystem(self) -> None:
@@ -451,7 +449,7 @@ class StateDisk:
         source = self.mount_source()
         if source is not None and os.path.realpath(source) == os.path.realpath(self.mapper_path):
             result["mount_path"] = self.mount_path
-            return result
+            return self._place_cluster_state(result)
         if source is not None:
             raise StateDiskError(f"mount_path {self.mount_path} already has {source} mounted on it: "
                                  f"unmount it or choose another mount_path", result)
@@ -466,4 +464,9 @@ class StateDisk:
                                  "it is never reformatted; set filesystem to match", result)
         self._mount()
         result["mount_path"] = self.mount_path
+        return self._place_cluster_state(result)
+
+    def _place_cluster_state(self, result: dict) -> dict:
+        if place_cluster_state(self.mount_path, self.cluster_state_paths, check_mode=self.check_mode):
+            result["changed"] = True
         return result

@@ -3,7 +3,7 @@
 """Wait until a join service answers its Health RPC with SERVING (over TLS, verified against the cluster CA) and, when
 asked, has loaded the files just pushed to it.
 
-``python -m ...health --endpoint 127.0.0.1:30090 --ca /etc/kubernetes/pki/ca.crt --timeout 60
+``python -m ...health --endpoint 127.0.0.1:9290 --ca /etc/kubernetes/pki/ca.crt --timeout 60
 [--policy-file FILE] [--enrolment-file FILE]``
 exits 0 once it is serving with exactly those files loaded (their SHA-256 digests), 1 when the service refused to load
 one of them (the message is the service's load error) or when the time is up (printing the last state).

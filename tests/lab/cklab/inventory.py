@@ -54,6 +54,8 @@ def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_
         "confidential_measurement_policy_file": str(lab_dir / "measurement-policy.yml"),
         # Lab-only: a cheap argon2id cost keeps keyslot operations fast on this 2-core machine.
         "confidential_state_disk": {"device": NODE_STATE_DISK, "state": "formatted", "pbkdf_memory": 32768, "pbkdf_iterations": 4},
+        # Lab-only: containers cannot map the state disk, so the node's cluster state stays on the root filesystem.
+        "confidential_state_disk_allow_unmapped": True,
         "confidential_tpm_event_log": NODE_EVENT_LOG,
         "kubernetes_version": KUBERNETES_VERSION,
         "init_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},

@@ -65,7 +65,8 @@ def initial_key_path(tmp_path) -> str:
 
 @pytest.fixture
 def disk(device, initial_key_path) -> StateDisk:
-    return StateDisk(device, initial_key_path=initial_key_path, **FAST_PBKDF)
+    # The cluster state's placement on the disk has its own tests (test_state_placement.py).
+    return StateDisk(device, initial_key_path=initial_key_path, cluster_state_paths=(), **FAST_PBKDF)
 
 
 def formatted(disk: StateDisk) -> tuple[str, bytes]:
@@ -76,7 +77,7 @@ def formatted(disk: StateDisk) -> tuple[str, bytes]:
 
 
 def check_mode_twin(disk: StateDisk) -> StateDisk:
-    return StateDisk(disk.device, initial_key_path=disk.initial_key_path, check_mode=True, **FAST_PBKDF)
+    return StateDisk(disk.device, initial_key_path=disk.initial_key_path, check_mode=True, cluster_state_paths=(), **FAST_PBKDF)
 
 
 def test_format_writes_the_luks2_header_the_design_asks_for(disk, device, initial_key_path):
@@ -471,3 +472,19 @@ def test_a_failure_after_the_rekey_still_reports_the_change(disk, device, tmp_pa
         disk.ensure("mounted", derived_key(uuid))
     assert error.value.result["changed"] is True and error.value.result["keyed"] is True and error.value.result["mapped"] is True
     assert key_opens(device, derived_key(uuid))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root")
+def test_mounted_binds_the_cluster_state_from_the_disk_once(disk, tmp_path):
+    uuid, _initial_key = formatted(disk)
+    disk.mount_path = str(tmp_path / "state")
+    FakeDeviceMapperHost(disk, tmp_path)
+    etc = str(tmp_path / "root" / "etc" / "kubernetes")
+    disk.cluster_state_paths = (etc,)
+    try:
+        assert disk.ensure("mounted", derived_key(uuid))["changed"] is True
+        assert os.path.samefile(etc, os.path.join(disk.mount_path, etc.lstrip("/")))
+        disk.ensure("formatted", derived_key(uuid))
+        assert disk.ensure("mounted", derived_key(uuid))["changed"] is False
+    finally:
+        subprocess.run(["umount", etc], check=False)
