@@ -48,9 +48,6 @@ sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins" / "module_utils" / "_
 import _figures  # noqa: E402
 
 import grpc  # noqa: E402
-from cryptography import x509  # noqa: E402
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 
 import join_harness  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2  # noqa: E402
@@ -64,6 +61,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.clie
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, load_kubelet_csr  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas  # noqa: E402
 
 
 def _quote_batch(tcti: str, nonces: list[bytes], user_data: list[bytes], out: dict) -> None:
@@ -169,20 +167,9 @@ def floor(swtpm, pki: ClusterPki, policy, secrets: dict, payload_size: int) -> f
     return statistics.median(timings)
 
 
-def ecdsa_pki(pki_dir: Path) -> ClusterPki:
-    """The cluster PKI with an ECDSA-P256 CA in place of kubeadm's default RSA-2048 one."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "kubernetes")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-                   .not_valid_after(now + datetime.timedelta(days=3650))
-                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
-    pki_dir.mkdir(parents=True)
-    (pki_dir / "ca.crt").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    (pki_dir / "ca.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
-    return ClusterPki.load(str(pki_dir))
+def ecdsa_pki(pki_dir: Path) -> None:
+    """The cluster PKI with ECDSA-P256 CAs, as kubeadm_init makes them (ca_key_algorithm: ecdsa-p256)."""
+    make_missing_cas(str(pki_dir), missing_cas(str(pki_dir)))
 
 
 def _load() -> str:
