@@ -89,8 +89,8 @@ def test_real_kubeadm_1_20_signs_its_certificates_with_the_ecdsa_cas(tmp_path):
     pki = tmp_path / "pki"
     make_missing_cas(str(pki), missing_cas(str(pki)))
     cas = {name: (pki / f"{name}.crt").read_bytes() + (pki / f"{name}.key").read_bytes() for name, dummy in KUBEADM_CAS}
-    documents = list(yaml.safe_load_all(render_init_config(InitOptions(advertise_address="192.0.2.10", kubernetes_version="v1.20.2",
-                                                                        ca_key_algorithm="ecdsa-p256"), "v1beta2")))
+    options = InitOptions(advertise_address="192.0.2.10", kubernetes_version="v1.20.2", ca_key_algorithm="ecdsa-p256")
+    documents = list(yaml.safe_load_all(render_init_config(options, "v1beta2")))
     documents[1]["certificatesDir"] = str(pki)
     config = tmp_path / "kubeadm.yaml"
     config.write_text(yaml.safe_dump_all(documents))
