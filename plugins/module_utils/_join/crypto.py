@@ -147,9 +147,9 @@ class JoinCrypto:
             ephemeral_key, quoted = split_user_data(verified.evidence.user_data)
         except BindingError as exc:
             raise Refusal.of("request-binding", str(exc)) from None
-        kubelet_key = csr.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) \
-            if csr is not None else b""
-        kubelet_digest = public_key_digest(csr.public_key()) if csr is not None else b""
+        csr_key = csr.public_key() if csr is not None else None
+        kubelet_key = csr_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) if csr_key is not None else b""
+        kubelet_digest = public_key_digest(csr_key) if csr_key is not None else b""
         if not digest_matches(quoted, request_digest(request.flow, node_name, request.control_plane, request.disk_uuid, kubelet_digest)):
             raise Refusal.of("request-binding", "the quote does not cover this request: the node name, role, disk UUID or kubelet key "
                                                 "differ from what the TPM quoted")
