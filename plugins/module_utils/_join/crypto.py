@@ -84,11 +84,14 @@ class CheckRequest:
 
 @dataclass(frozen=True, repr=False)
 class Checked:
-    """Step 1's output: the request verified and covered by the quote, the node's EK identity, and its credential."""
+    """Step 1's output: the request verified and covered by the quote, the node's EK identity (digest and certificate),
+    what the verification established, and the credential. Small: it crosses from a worker back to the service."""
 
-    verified: VerificationResult
+    ak_trust_level: int
+    warnings: list[dict]
     ephemeral_key: bytes
     ek: str
+    ek_certificate: bytes | None
     kubelet_key: bytes
     secret: bytes = field(repr=False)
     credential: tpm2.Credential
@@ -159,7 +162,9 @@ class JoinCrypto:
             raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None
         ek = self._ek(verified)
         secret, credential = self._credential(verified, ek)
-        return Checked(verified, ephemeral_key, ek_identity(verified.evidence.ek_public), kubelet_key, secret, credential)
+        evidence = verified.evidence
+        return Checked(verified.ak_trust_level, verified.warnings, ephemeral_key, ek_identity(evidence.ek_public), evidence.ek_certificate,
+                       kubelet_key, secret, credential)
 
     @staticmethod
     def _ek(verified: VerificationResult) -> tpm2.Public:

@@ -26,7 +26,7 @@ from typing import Callable
 
 from .._attestation.nonces import NonceLimitError
 from .._attestation.policy import MeasurementPolicy
-from .._attestation.verifier import VerificationError, VerificationResult
+from .._attestation.verifier import VerificationError
 from .._crypto import derive
 from .._crypto.root_secrets import RootSecrets
 from .bindings import BindingConflict, KubectlDiskBindings
@@ -79,7 +79,8 @@ class Pending:
 
     flow: str
     nonce: bytes
-    verified: VerificationResult
+    ak_trust_level: int
+    warnings: list[dict]
     grant: Grant
     ephemeral_key: bytes
     secret: bytes
@@ -216,16 +217,15 @@ class TicketIssuer:
             raise Refusal.of(exc.reason, str(exc)) from None
         except NonceLimitError as exc:
             raise Refusal.of("nonce-limit", str(exc)) from None
-        verified = checked.verified
-        identity = NodeIdentity(checked.ek, verified.evidence.ek_certificate)
+        identity = NodeIdentity(checked.ek, checked.ek_certificate)
         try:
             grant = self.registry.grant(identity, check.flow, check.node_name, check.control_plane, check.disk_uuid)
         except RegistryRefusal as refusal:
             raise Refusal.of(refusal.reason, str(refusal)) from None
-        self._remember(Pending(check.flow, check.nonce, verified, grant, checked.ephemeral_key, checked.secret,
-                               self._clock() + self._nonces.ttl, checked.kubelet_key))
+        self._remember(Pending(check.flow, check.nonce, checked.ak_trust_level, checked.warnings, grant, checked.ephemeral_key,
+                               checked.secret, self._clock() + self._nonces.ttl, checked.kubelet_key))
         return Challenge(checked.credential.blob, checked.credential.encrypted_seed, grant.node_name, grant.control_plane,
-                         verified.ak_trust_level, verified.warnings)
+                         checked.ak_trust_level, checked.warnings)
 
     def _remember(self, pending: Pending) -> None:
         with self._pending_lock:

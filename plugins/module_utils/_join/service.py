@@ -193,8 +193,8 @@ class JoinServicer:
             return prepared.envelope
 
         sealed = await self._outcome(context, pending.flow, grant.node_name, issue(), "issued", control_plane=grant.control_plane,
-                                     disk_uuid=grant.disk_uuid, source=grant.source, ak_trust_level=pending.verified.ak_trust_level,
-                                     warnings=pending.verified.warnings)
+                                     disk_uuid=grant.disk_uuid, source=grant.source, ak_trust_level=pending.ak_trust_level,
+                                     warnings=pending.warnings)
         return pb2.ActivateTicketResponse(sealed_ticket=sealed)
 
     async def Health(self, request, context):  # noqa: N802 - gRPC method name
