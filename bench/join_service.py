@@ -11,8 +11,10 @@ activation on the client's swtpm, ActivateTicket and opening the ticket; the lat
 (the activation is the node's own TPM work). The clients (one TLS channel each) run in a process of their own, as real
 nodes are other machines (--clients-in-process puts them beside the service). The floor is measured right before and
 after each level and the faster of the two counts. CPU columns: CPU time of each process over the timed phase / wall
-time. swtpm processes are stopped by pid on exit (also on SIGTERM). The floor is also printed with the kubelet
-certificate signed by an ECDSA-P256 CA instead of kubeadm's default RSA-2048 one, side by side.
+time. swtpm processes are stopped by pid on exit (also on SIGTERM). Everything runs twice, side by side: with kubeadm's
+default RSA-2048 cluster CA and with the ECDSA-P256 CAs kubeadm_init makes (``ca_key_algorithm: ecdsa-p256``); the
+service's CPU counts its worker processes. Last, the CPU-bound steps alone (the service's own JoinCrypto.check and
+seal_ticket), in one thread and through the service's worker processes: what the cores give without clients or gRPC.
 Targets (issue 15, P2): at 64 clients >= 0.8 x (cores / floor per join) tickets/s, p99 < 150 ms.
 """
 from __future__ import annotations
