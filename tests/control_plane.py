@@ -2,7 +2,8 @@
 
 The binaries are the lab's real Kubernetes build (``tests/lab/lab kubernetes``): ``CK_KUBERNETES_BIN`` or
 ``$CK_LAB_CACHE/kubernetes/v1.20.2/bin``. The PKI and kubeconfigs are made by the real kubeadm
-(``init phase certs``/``kubeconfig``), the bootstrap-token RBAC and ``cluster-info`` by ``init phase
+(``init phase certs``/``kubeconfig``) with the ECDSA P-256 CAs the collection makes for kubeadm 1.20 on the lab's
+default (``init_ca_key_algorithm: ecdsa-p256``), the bootstrap-token RBAC and ``cluster-info`` by ``init phase
 bootstrap-token``, so what the tests meet is what a kubeadm cluster serves: Node authorizer, NodeRestriction,
 bootstrap-token authentication, the CSR approver and signer, the bootstrap signer and the token cleaner.
 No kubelet and no scheduler: pods stay Pending.
@@ -20,6 +21,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas
 
 KUBERNETES_VERSION = "v1.20.2"
 READY_TIMEOUT = 90.0
@@ -106,6 +109,8 @@ class ControlPlane:
             f"kubernetesVersion: {KUBERNETES_VERSION}\ncertificatesDir: {self.pki}\n"
             f"controlPlaneEndpoint: 127.0.0.1:{self.api_port}\n"
             "apiServer: {certSANs: [127.0.0.1, localhost]}\n")
+        # The lab's default: the collection's ECDSA CAs, which kubeadm 1.20 must take as its own (kubeadm_init does the same).
+        make_missing_cas(str(self.pki), missing_cas(str(self.pki)))
         self.kubeadm("init", "phase", "certs", "all", f"--config={config}")
         self.kubeadm("init", "phase", "kubeconfig", "admin", f"--config={config}", f"--kubeconfig-dir={self.root}")
         self.kubeadm("init", "phase", "kubeconfig", "controller-manager", f"--config={config}",

@@ -116,6 +116,20 @@ options:
     type: path
     default: kubelet
     version_added: 0.2.0
+  ca_key_algorithm:
+    description:
+      - The key algorithm of the cluster's certificate authorities (C(ca), C(front-proxy-ca), C(etcd/ca)). The join service
+        signs kubelet client certificates with the cluster CA's key, so V(ecdsa-p256) makes every join cheaper.
+      - V(ecdsa-p256) with kubeadm 1.31 or later (config API V(v1beta4)) sets the ClusterConfiguration's
+        C(encryptionAlgorithm) to C(ECDSA-P256). With older kubeadm the module makes the three CAs on the node before
+        C(kubeadm init), as kubeadm would (ten years, CA:true, key mode 0600), and kubeadm uses them; a CA already in
+        C(/etc/kubernetes/pki) is kept, and one with its certificate or its key missing fails the task.
+      - V(rsa-2048) is kubeadm's own default.
+      - Like the rest of the configuration, it counts only when the node is initialised; later runs change nothing.
+    type: str
+    choices: [rsa-2048, ecdsa-p256]
+    default: rsa-2048
+    version_added: 0.2.0
 """
 
 EXAMPLES = r"""
@@ -147,6 +161,14 @@ config_validated:
   description: Whether kubeadm validated the rendered configuration before anything changed.
   returned: when the node was not initialised yet
   type: bool
+generated_cas:
+  description:
+    - The CAs made with ECDSA P-256 keys before C(kubeadm init) (paths in C(/etc/kubernetes/pki) without C(.crt)/C(.key)),
+      or that would be in check mode.
+  returned: when O(ca_key_algorithm=ecdsa-p256), kubeadm is older than 1.31 and the node was not initialised yet
+  type: list
+  elements: str
+  sample: [ca, front-proxy-ca, etcd/ca]
 deleted_default_tokens:
   description: How many default bootstrap tokens of C(kubeadm init) were deleted.
   returned: when kubeadm init ran
@@ -178,7 +200,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
     ADMIN_CONF, CA_CERT, INIT_RECORD, KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version,
-    render_init_config, skip_phases)
+    has_encryption_algorithm, render_init_config, skip_phases)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import (
+    CA_KEY_ALGORITHMS, ECDSA_P256, CaError, make_missing_cas, missing_cas)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS, preflight_init
 
 OPTION_NAMES = list(InitOptions.__dataclass_fields__)
@@ -225,6 +249,7 @@ def main() -> None:
             skip_phases=dict(type="list", elements="str", default=[]),
             upload_certs=dict(type="bool", default=False),
             config_path=dict(type="path", default="/etc/kubernetes/kubeadm-init.yaml"),
+            ca_key_algorithm=dict(type="str", choices=list(CA_KEY_ALGORITHMS), default="rsa-2048"),
         ),
         supports_check_mode=True,
     )
@@ -256,8 +281,12 @@ def main() -> None:
         finally:
             os.unlink(candidate.name)
         result["changed"] = True
+        pki_dir = os.path.dirname(CA_CERT)
+        if options.ca_key_algorithm == ECDSA_P256 and not has_encryption_algorithm(api_version):
+            result["generated_cas"] = missing_cas(pki_dir)
         if module.check_mode:
             module.exit_json(**result)
+        make_missing_cas(pki_dir, result.get("generated_cas", []))
         os.makedirs(os.path.dirname(params["config_path"]), exist_ok=True)
         fd = os.open(params["config_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
@@ -271,7 +300,7 @@ def main() -> None:
         result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
         result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())
         kubeadm.record_init_completed(result["ca_cert_hash"])
-    except (KubeadmError, OSError, ValueError) as exc:
+    except (KubeadmError, CaError, OSError, ValueError) as exc:
         module.fail_json(msg=str(exc), **result)
     module.exit_json(**result)
 

@@ -31,7 +31,7 @@ DEFAULT_ENROLMENT_FILE = "/etc/confidential-kubernetes/node-enrolment.json"
 DEFAULT_BINDINGS_FILE = "/etc/confidential-kubernetes/disk-bindings.json"
 _FLOATS = ("nonce_ttl", "grace_period", "policy_check_interval", "nonce_rate", "nonce_burst", "ticket_rate", "ticket_burst",
            "registration_check_interval", "registry_sync_interval", "connection_idle_timeout")
-_COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections", "worker_threads")
+_COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections", "worker_processes")
 _POOL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,39}[a-z0-9])?")
 MAX_CONFIG_BYTES = 64 * 1024
 POLICY_CHECK_INTERVAL = 1.0
@@ -75,7 +75,8 @@ class ServiceConfig:
     max_concurrent_rpcs: int = 256
     max_connections: int = 1024
     connection_idle_timeout: float = 120.0
-    worker_threads: int = 2
+    # Processes for the CPU-bound steps of a join (verify, sign, seal): one per core.
+    worker_processes: int = os.cpu_count() or 1
     # Single-use tokens: how often the API is asked whether a node with a live token has registered.
     registration_check_interval: float = 5.0
     registry_sync_interval: float = 60.0

@@ -19,62 +19,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
-import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .._attestation import tpm2
 from .._attestation.nonces import NonceLimitError
-from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_mark
-from .._attestation.verifier import EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier
-from .._crypto import derive, seal
+from .._attestation.policy import MeasurementPolicy
+from .._attestation.verifier import VerificationError
+from .._crypto import derive
 from .._crypto.root_secrets import RootSecrets
 from .bindings import BindingConflict, KubectlDiskBindings
 from .credential import proof_matches
+from .crypto import CheckRequest, Checked, JoinCrypto, Refusal, SealRequest
 from .nonces import MacNonces
-from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
+from .pki import ClusterPki, PkiError
 from .registry import Grant, NodeIdentity, NodeRegistry, RegistryRefusal
-from .request import BindingError, digest_matches, ek_identity, public_key_digest, request_digest, split_user_data
 from .tokens import LiveToken, TokenMinter, TokenMintError, generate_token
 
 TICKET_VERSION = 1
-CREDENTIAL_SECRET_BYTES = 32
 # Challenges answered by nobody are forgotten after a nonce lifetime; at most this many wait at once.
 MAX_PENDING = 4096
-STATUS_FOR_REASON = {
-    "malformed": "INVALID_ARGUMENT",
-    "nonce-unknown": "FAILED_PRECONDITION",
-    "nonce-reused": "FAILED_PRECONDITION",
-    "nonce-stale": "FAILED_PRECONDITION",
-    "nonce-limit": "RESOURCE_EXHAUSTED",
-    "node-name": "INVALID_ARGUMENT",
-    "disk-uuid": "INVALID_ARGUMENT",
-    "csr-malformed": "INVALID_ARGUMENT",
-    "csr-signature": "INVALID_ARGUMENT",
-    "csr-key": "INVALID_ARGUMENT",
-    "csr-subject": "PERMISSION_DENIED",
-    "ephemeral-key": "INVALID_ARGUMENT",
-    "activation-unknown": "FAILED_PRECONDITION",
-    "busy": "RESOURCE_EXHAUSTED",
-}
 CONTROL_PLANE_BUSY = "another control-plane join is in progress"
-
-
-class Refusal(Exception):
-    """The service refuses a request. ``code`` is a gRPC status name, ``reason`` a stable code the client can act on."""
-
-    def __init__(self, code: str, reason: str, message: str, mismatches: list[dict] | None = None):
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.mismatches = mismatches or []
-
-    @classmethod
-    def of(cls, reason: str, message: str, mismatches: list[dict] | None = None) -> "Refusal":
-        return cls(STATUS_FOR_REASON.get(reason, "PERMISSION_DENIED"), reason, message, mismatches)
 
 
 @dataclass(frozen=True, repr=False)
@@ -113,12 +79,26 @@ class Pending:
 
     flow: str
     nonce: bytes
-    verified: VerificationResult
+    ak_trust_level: int
+    warnings: list[dict]
     grant: Grant
     ephemeral_key: bytes
     secret: bytes
     expires: float
-    csr: object = None
+    kubelet_key: bytes = b""
+
+
+@dataclass(frozen=True, repr=False)
+class ReservedJoin:
+    """A join holding its control-plane slot (if it is a control plane's), its ticket waiting to be signed and sealed."""
+
+    pending: Pending
+    token: str
+    seal: SealRequest
+    release: Callable[[], None]
+
+    def sealed(self, envelope: bytes) -> "PreparedJoin":
+        return PreparedJoin(self.pending, self.token, envelope, self.release)
 
 
 @dataclass(frozen=True, repr=False)
@@ -161,8 +141,10 @@ def _once(action: Callable[[], None]) -> Callable[[], None]:
 class TicketIssuer:
     """The service's decisions and state: used nonces, pending challenges, the control-plane slot, live tokens.
 
-    ``begin`` and ``prepare_join``/``prepare_rejoin`` are CPU-bound and thread-safe (the service runs them in its worker
-    threads); ``activate_*`` coroutines run on the service's event loop around them.
+    Each step is cheap state work around one CPU-bound call of ``JoinCrypto`` (``check``, ``seal_ticket``): the service
+    runs that call in its worker processes and the rest on its event loop, in this order, so every decision about
+    state is taken once, in this process. ``begin_join``, ``begin_rejoin``, ``prepare_join`` and ``prepare_rejoin`` do
+    all of a step in the calling thread (tests, tools).
     """
 
     def __init__(self, secrets: RootSecrets, pki: ClusterPki, policy: Callable[[], MeasurementPolicy], ek_cas: list,
@@ -172,7 +154,7 @@ class TicketIssuer:
         self._secrets = secrets
         self._pki = pki
         self._policy = policy
-        self._ek_cas = ek_cas
+        self.ek_cas = ek_cas
         self.token_minter = token_minter
         self._nonces = nonces
         self.registry = registry
@@ -184,8 +166,9 @@ class TicketIssuer:
         self._clock = clock
         self._measurement_secret = secrets.measurement_secret()
         self.cluster_id = secrets.cluster_id()
+        # The CPU-bound steps, for the calls that run a whole step here; the service's workers hold their own.
+        self.crypto = JoinCrypto(pki, ek_cas, self.cluster_id, verifier_id)
         self._control_plane = threading.Lock()
-        self._verifier_cache: tuple[MeasurementPolicy, Verifier, Verifier] | None = None
         self._pending: dict[bytes, Pending] = {}
         self._pending_lock = threading.Lock()
         # Tokens registered and not yet retired, by token ID (the service retires them once their node registered).
@@ -193,81 +176,56 @@ class TicketIssuer:
         # At most this many kubectl processes at once; joins beyond wait their turn.
         self._registrations = asyncio.Semaphore(max_registrations)
 
+    @property
+    def pki_dir(self) -> str:
+        return self._pki.pki_dir
+
     def issue_nonce(self) -> bytes:
         return self._nonces.issue()
 
     # --- step 1 -------------------------------------------------------------------------------------------------
 
     def begin_join(self, request: JoinRequest) -> Challenge:
-        return self._begin("join", request.evidence, request.nonce, request.node_name, request.control_plane, request.disk_uuid,
-                           request.kubelet_csr)
+        check = self.join_check(request)
+        return self.accept(check, self.crypto.check(check))
 
     def begin_rejoin(self, request: RejoinRequest) -> Challenge:
-        return self._begin("rejoin", request.evidence, request.nonce, request.node_name, False, request.disk_uuid, b"")
+        check = self.rejoin_check(request)
+        return self.accept(check, self.crypto.check(check))
 
-    def _begin(self, flow: str, evidence: bytes, nonce: bytes, node_name: str, control_plane: bool, disk_uuid: str,
-               kubelet_csr: bytes) -> Challenge:
-        verified = self._attest(evidence, nonce, fresh_only=flow == "join")
+    def join_check(self, request: JoinRequest) -> CheckRequest:
+        """What ``JoinCrypto.check`` verifies, once the nonce is known to be this service's, fresh and unused."""
+        return self._check_request(CheckRequest(self._policy(), "join", request.evidence, request.nonce, request.node_name,
+                                                request.control_plane, request.disk_uuid, request.kubelet_csr))
+
+    def rejoin_check(self, request: RejoinRequest) -> CheckRequest:
+        return self._check_request(CheckRequest(self._policy(), "rejoin", request.evidence, request.nonce, request.node_name, False,
+                                                request.disk_uuid, b""))
+
+    def _check_request(self, check: CheckRequest) -> CheckRequest:
         try:
-            if node_name:
-                check_node_name(node_name)
-            check_disk_uuid(disk_uuid)
-            csr = load_kubelet_csr(kubelet_csr, node_name) if flow == "join" else None
-        except RequestError as exc:
+            self._nonces.check(check.nonce)
+        except VerificationError as exc:
             raise Refusal.of(exc.reason, str(exc)) from None
+        return check
+
+    def accept(self, check: CheckRequest, checked: Checked) -> Challenge:
+        """Use the nonce (once, however many requests race with it), let the registry grant, remember the challenge."""
         try:
-            ephemeral_key, quoted = split_user_data(verified.evidence.user_data)
-        except BindingError as exc:
-            raise Refusal.of("request-binding", str(exc)) from None
-        kubelet_key = public_key_digest(csr.public_key()) if csr is not None else b""
-        if not digest_matches(quoted, request_digest(flow, node_name, control_plane, disk_uuid, kubelet_key)):
-            raise Refusal.of("request-binding", "the quote does not cover this request: the node name, role, disk UUID or kubelet key "
-                                                "differ from what the TPM quoted")
-        try:
-            seal.check_public_key(ephemeral_key)
-        except seal.SealError as exc:
-            raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None
-        identity = self._identity(verified)
-        try:
-            self._nonces.consume(nonce)
+            self._nonces.consume(check.nonce)
         except VerificationError as exc:
             raise Refusal.of(exc.reason, str(exc)) from None
         except NonceLimitError as exc:
             raise Refusal.of("nonce-limit", str(exc)) from None
+        identity = NodeIdentity(checked.ek, checked.ek_certificate)
         try:
-            grant = self.registry.grant(identity, flow, node_name, control_plane, disk_uuid)
+            grant = self.registry.grant(identity, check.flow, check.node_name, check.control_plane, check.disk_uuid)
         except RegistryRefusal as refusal:
             raise Refusal.of(refusal.reason, str(refusal)) from None
-        secret, credential = self._credential(verified)
-        self._remember(Pending(flow, nonce, verified, grant, ephemeral_key, secret, self._clock() + self._nonces.ttl, csr))
-        return Challenge(credential.blob, credential.encrypted_seed, grant.node_name, grant.control_plane, verified.ak_trust_level,
-                         verified.warnings)
-
-    def _identity(self, verified: VerificationResult) -> NodeIdentity:
-        """The node is its EK: the evidence must carry the EK public key (and carries its certificate where one exists)."""
-        evidence = verified.evidence
-        if evidence.ek_public is None:
-            raise Refusal.of("ek-missing", "the evidence carries no EK public key: the join service identifies a node by its TPM's "
-                                           "endorsement key")
-        try:
-            ek = tpm2.parse_public(evidence.ek_public)
-            return NodeIdentity(ek_identity(evidence.ek_public), ek.public_key(), evidence.ek_certificate)
-        except tpm2.StructureError as exc:
-            raise Refusal.of("malformed", f"evidence field 'ek_public': {exc}") from None
-
-    def _credential(self, verified: VerificationResult) -> tuple[bytes, tpm2.Credential]:
-        """At level 2 the verifier's challenge; at level 1 one made here for the evidence's EK (identity needs it too)."""
-        if verified.challenge is not None:
-            return verified.challenge.secret, verified.challenge.credential
-        ek = tpm2.parse_public(verified.evidence.ek_public)
-        missing = [name for name, bit in EK_REQUIRED_ATTRIBUTES.items() if not ek.attributes & bit]
-        if missing:
-            raise Refusal.of("ek-missing", f"the evidence's EK lacks required attribute(s): {', '.join(missing)}")
-        secret = os.urandom(CREDENTIAL_SECRET_BYTES)
-        try:
-            return secret, tpm2.make_credential(ek, verified.ak_name, secret)
-        except tpm2.StructureError as exc:
-            raise Refusal.of("ek-missing", f"cannot make a credential for the evidence's EK: {exc}") from None
+        self._remember(Pending(check.flow, check.nonce, checked.ak_trust_level, checked.warnings, grant, checked.ephemeral_key,
+                               checked.secret, self._clock() + self._nonces.ttl, checked.kubelet_key))
+        return Challenge(checked.credential.blob, checked.credential.encrypted_seed, grant.node_name, grant.control_plane,
+                         checked.ak_trust_level, checked.warnings)
 
     def _remember(self, pending: Pending) -> None:
         with self._pending_lock:
@@ -316,6 +274,16 @@ class TicketIssuer:
     def prepare_join(self, pending: Pending) -> PreparedJoin:
         """Reserve the control-plane slot, derive, sign and seal. The caller must ``release()`` the result once the
         response is sent (it frees the control-plane slot)."""
+        reserved = self.reserve_join(pending)
+        try:
+            return reserved.sealed(self.crypto.seal_ticket(reserved.seal))
+        except BaseException:
+            reserved.release()
+            raise
+
+    def reserve_join(self, pending: Pending) -> "ReservedJoin":
+        """Take the control-plane slot (a control plane's join), draw the token and build the ticket; what is left is
+        ``JoinCrypto.seal_ticket`` of ``seal``. The caller must ``release()`` it once the response is sent or failed."""
         grant = pending.grant
         release = _noop
         if grant.control_plane:
@@ -326,7 +294,6 @@ class TicketIssuer:
             payload = self._identity_payload(grant.disk_uuid)
             try:
                 files = self._pki.control_plane_files() if grant.control_plane else {}
-                kubelet_crt = self._pki.sign_kubelet_client(pending.csr, grant.node_name, self._now())
             except PkiError as exc:
                 raise Refusal("INTERNAL", "pki", str(exc)) from None
             token = generate_token()
@@ -337,18 +304,17 @@ class TicketIssuer:
                 "bootstrap_token": token,
                 "ca_cert_hashes": [self._pki.ca_cert_hash],
                 "ca_crt": self._pki.ca_pem.decode(),
-                "kubelet_client_crt": kubelet_crt.decode(),
                 "control_plane_files": {name: {"content": _b64(content), "mode": f"{mode:04o}"} for name, (content, mode) in files.items()},
                 "kubernetes_version": self.kubernetes_version,
             })
             if grant.control_plane:
                 # A control plane runs a join service of its own, which needs the root secrets.
                 payload["cluster_secrets"] = self._secrets.to_document()
-            envelope = self._seal(pending, payload)
         except BaseException:
             release()
             raise
-        return PreparedJoin(pending, token, envelope, release)
+        return ReservedJoin(pending, token, SealRequest(payload, pending.ephemeral_key, pending.flow, pending.nonce, pending.kubelet_key,
+                                                        grant.node_name, self._now()), release)
 
     async def register_token(self, prepared: PreparedJoin) -> None:
         """The token becomes valid only now, for a ticket that is sealed and about to be sent."""
@@ -361,40 +327,13 @@ class TicketIssuer:
         self.live_tokens[token_id] = LiveToken(token_id, prepared.node_name, self._now())
 
     def prepare_rejoin(self, pending: Pending) -> bytes:
+        return self.crypto.seal_ticket(self.rejoin_seal(pending))
+
+    def rejoin_seal(self, pending: Pending) -> SealRequest:
         """A rebooted member: disk key and measurement secret only."""
-        return self._seal(pending, self._identity_payload(pending.grant.disk_uuid))
+        return SealRequest(self._identity_payload(pending.grant.disk_uuid), pending.ephemeral_key, pending.flow, pending.nonce)
 
     # --- shared -------------------------------------------------------------------------------------------------
-
-    def _verifiers(self) -> tuple[MeasurementPolicy, Verifier, Verifier]:
-        """(policy, verifier of fresh nodes, verifier of rejoining members), made again only when the policy changes."""
-        policy = self._policy()
-        cached = self._verifier_cache
-        if cached is not None and cached[0] is policy:
-            return cached
-        unlocked = bytes(len(node_lock_mark(b"", policy.hash_algorithm)))
-        member = node_lock_mark(self.cluster_id, policy.hash_algorithm)
-        cached = (policy, Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked]), self._ek_cas),
-                  Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked, member]), self._ek_cas))
-        self._verifier_cache = cached
-        return cached
-
-    def _attest(self, evidence: bytes, nonce: bytes, fresh_only: bool) -> VerificationResult:
-        policy, fresh, member = self._verifiers()
-        try:
-            self._nonces.check(nonce)
-            return (fresh if fresh_only else member).verify(evidence, nonce)
-        except VerificationError as exc:
-            raise Refusal.of(exc.reason, self._explain(exc, policy, fresh_only), exc.mismatches) from None
-
-    def _explain(self, error: VerificationError, policy: MeasurementPolicy, fresh_only: bool) -> str:
-        for mismatch in error.mismatches:
-            if mismatch["pcr"] != NODE_LOCK_PCR:
-                continue
-            if fresh_only and mismatch["actual"] == node_lock_mark(self.cluster_id, policy.hash_algorithm).hex():
-                return f"{error}; PCR 15 shows the node is already a member of this cluster: a rebooted node asks for a rejoin ticket"
-            return f"{error}; PCR 15 shows the node is locked for another cluster (or was tampered with): it needs a reset"
-        return str(error)
 
     def _identity_payload(self, disk_uuid: str) -> dict:
         return {
@@ -404,10 +343,3 @@ class TicketIssuer:
             "measurement_salt": _b64(self._secrets.measurement_salt),
             "state_disk_key": _b64(derive.state_disk_key(self._secrets.master_key, self._secrets.master_salt, disk_uuid)),
         }
-
-    def _seal(self, pending: Pending, payload: dict) -> bytes:
-        try:
-            return seal.seal(json.dumps(payload, sort_keys=True).encode(), pending.ephemeral_key, pending.flow, pending.nonce,
-                             self.verifier_id)
-        except seal.SealError as exc:
-            raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None

@@ -165,15 +165,16 @@ class ClusterPki:
             raise PkiError(f"{pki_dir}/ca.key is not the key of {pki_dir}/ca.crt")
         return cls(pki_dir, ca_pem, certificate, key, ca_cert_hash(ca_pem), x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key()))
 
-    def sign_kubelet_client(self, csr: x509.CertificateSigningRequest, node_name: str, now: datetime.datetime) -> bytes:
-        """A kubelet client certificate (clientAuth) for the CSR's key and the granted ``node_name`` (nothing else of
-        the CSR is copied), issued by the cluster CA for one year."""
+    def sign_kubelet_client(self, public_key: object, node_name: str, now: datetime.datetime) -> bytes:
+        """A kubelet client certificate (clientAuth) for the key of the node's CSR and the granted ``node_name`` (nothing
+        else of the CSR is copied), issued by the cluster CA for one year: signed ECDSA-SHA256 by an ECDSA CA (kubeadm's
+        ``encryptionAlgorithm: ECDSA-P256``), RSA-SHA256 by kubeadm's default RSA-2048 one."""
         algorithm = None if isinstance(self.ca_key, (ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)) else hashes.SHA256()
         certificate = (
             x509.CertificateBuilder()
             .subject_name(kubelet_subject(node_name))
             .issuer_name(self.ca_certificate.subject)
-            .public_key(csr.public_key())
+            .public_key(public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - BACKDATE)
             .not_valid_after(now + KUBELET_CERT_VALIDITY)

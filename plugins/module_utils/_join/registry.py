@@ -113,10 +113,9 @@ class Binding:
 
 @dataclass(frozen=True)
 class NodeIdentity:
-    """Who asks: the EK identity (hex), its public key, and its certificate where the evidence carries one."""
+    """Who asks: the EK identity (hex) and its certificate where the evidence carries one."""
 
     ek: str
-    ek_public_key: object
     ek_certificate: bytes | None = None
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import multiprocessing
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from . import joinservice_pb2 as pb2
 from . import joinservice_pb2_grpc as pb2_grpc
@@ -23,6 +25,7 @@ try:
     import grpc
     from google.protobuf.message import DecodeError
     from grpc import aio as grpc_aio
+    from cryptography.hazmat.primitives import serialization
 except ImportError as exc:  # reported by main() and build_service()
     GRPC_IMPORT_ERROR: ImportError | None = exc
 else:
@@ -32,6 +35,7 @@ from .._attestation.verifier import VerificationError, load_ca_certificates
 from .._crypto import seal
 from .._kubeadm import scrub
 from .bindings import BindingConflict, KubectlDiskBindings
+from . import crypto
 from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load_root_secrets, read_private_file
 from .issuance import Challenge, JoinRequest, Refusal, RejoinRequest, TicketIssuer
 from .limits import PeerLimiter
@@ -101,17 +105,18 @@ class JoinServicer:
     outcome logged.
 
     They run on the service's event loop, which only dispatches: the CPU-bound part of a request (verify, make the
-    credential, sign, seal) runs in the worker threads, and kubectl (token registration, disk bindings) is an awaited
-    subprocess, so neither a slow kubectl nor a burst of heavy requests stalls the loop that answers everyone else.
-    All state (used nonces, pending challenges, the control-plane slot, live tokens) stays in this one process.
+    credential, sign, seal) runs in the worker processes, one per core, and kubectl (token registration, disk bindings)
+    is an awaited subprocess, so neither a slow kubectl nor a burst of heavy requests stalls the loop that answers
+    everyone else. All state (used nonces, pending challenges, the control-plane slot, live tokens) stays in this one
+    process: the workers compute, the loop decides.
     """
 
-    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event, executor: ThreadPoolExecutor,
+    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event, workers: "WorkerPool",
                  nonce_limiter: PeerLimiter, ticket_limiter: PeerLimiter, policy: PolicyWatcher):
         self._issuer = issuer
         self._log = log
         self._draining = draining
-        self._executor = executor
+        self._workers = workers
         self._nonce_limiter = nonce_limiter
         self._ticket_limiter = ticket_limiter
         self._policy = policy
@@ -152,7 +157,7 @@ class JoinServicer:
         await self._refuse_while_draining(context)
         await self._limit(context, self._ticket_limiter, "join")
         join = JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane, request.kubelet_csr, request.disk_uuid)
-        challenge = await self._outcome(context, "join", request.node_name, self._in_worker(self._issuer.begin_join, join),
+        challenge = await self._outcome(context, "join", request.node_name, self._begin(self._issuer.join_check, join),
                                         "challenged", control_plane=request.control_plane)
         return _challenge_message(challenge)
 
@@ -161,7 +166,7 @@ class JoinServicer:
         await self._refuse_while_draining(context)
         await self._limit(context, self._ticket_limiter, "rejoin")
         rejoin = RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
-        challenge = await self._outcome(context, "rejoin", request.node_name, self._in_worker(self._issuer.begin_rejoin, rejoin),
+        challenge = await self._outcome(context, "rejoin", request.node_name, self._begin(self._issuer.rejoin_check, rejoin),
                                         "challenged")
         return _challenge_message(challenge)
 
@@ -178,17 +183,18 @@ class JoinServicer:
 
         async def issue() -> bytes:
             if pending.flow == "rejoin":
-                return await self._in_worker(self._issuer.prepare_rejoin, pending)
+                return await self._workers.run(crypto.seal_ticket, self._issuer.rejoin_seal(pending))
             await self._issuer.claim_disk(pending)
-            prepared = await self._in_worker(self._issuer.prepare_join, pending)
-            # The control-plane slot stays taken until the response is sent (or the RPC is cancelled).
-            context.add_done_callback(lambda unused_context: prepared.release())
+            reserved = self._issuer.reserve_join(pending)
+            # The control-plane slot stays taken until the response is sent (or the RPC fails or is cancelled).
+            context.add_done_callback(lambda unused_context: reserved.release())
+            prepared = reserved.sealed(await self._workers.run(crypto.seal_ticket, reserved.seal))
             await self._issuer.register_token(prepared)
             return prepared.envelope
 
         sealed = await self._outcome(context, pending.flow, grant.node_name, issue(), "issued", control_plane=grant.control_plane,
-                                     disk_uuid=grant.disk_uuid, source=grant.source, ak_trust_level=pending.verified.ak_trust_level,
-                                     warnings=pending.verified.warnings)
+                                     disk_uuid=grant.disk_uuid, source=grant.source, ak_trust_level=pending.ak_trust_level,
+                                     warnings=pending.warnings)
         return pb2.ActivateTicketResponse(sealed_ticket=sealed)
 
     async def Health(self, request, context):  # noqa: N802 - gRPC method name
@@ -203,8 +209,10 @@ class JoinServicer:
                                   enrolment_digest=enrolment.digest, enrolment_rejected_digest=enrolment.rejected_digest,
                                   enrolment_error=bounded(enrolment.error))
 
-    async def _in_worker(self, function, argument):
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, argument)
+    async def _begin(self, make_check, request) -> Challenge:
+        """Step 1: the nonce checked here, the evidence and request in a worker, the nonce used and the grant made here."""
+        check = make_check(request)
+        return self._issuer.accept(check, await self._workers.run(crypto.check, check))
 
     async def _outcome(self, context, event: str, node_name: str, work, result: str, **fields: object):
         started = time.monotonic()
@@ -253,6 +261,50 @@ def _elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
+class WorkerPool:
+    """Worker processes for the CPU-bound steps (``crypto.check``, ``crypto.seal_ticket``), one per core by default.
+
+    Processes, not threads: the steps are Python around OpenSSL and hold the interpreter lock most of the time, so
+    threads shared one core. They are spawned (no fork of a process running gRPC) and each loads the cluster CA itself
+    from ``pki_dir`` in its initializer, so the key is in no message, argument or log line. A worker that dies breaks the
+    pool: the request fails (INTERNAL) and the next one gets a fresh pool.
+    """
+
+    def __init__(self, processes: int, issuer: TicketIssuer, log: StructuredLog):
+        self.processes = processes
+        self._log = log
+        ek_ca_pem = b"".join(certificate.public_bytes(serialization.Encoding.PEM) for certificate in issuer.ek_cas)
+        self._initargs = (issuer.pki_dir, ek_ca_pem, issuer.cluster_id, issuer.verifier_id)
+        self._executor = self._new()
+
+    def _new(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.processes, multiprocessing.get_context("spawn"), initializer=crypto.start_worker,
+                                   initargs=self._initargs)
+
+    def warm(self) -> None:
+        """Start every worker now rather than at the first joins."""
+        for dummy in range(self.processes):
+            self._executor.submit(crypto.ready)
+
+    async def run(self, function, argument):
+        executor = self._executor
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, function, argument)
+        except BrokenProcessPool:
+            if executor is self._executor:
+                self._log.error("workers", result="restarted", msg="a worker process died; the pool is started again")
+                self._executor = self._new()
+                executor.shutdown(wait=False)
+            raise
+
+    def pids(self) -> list[int]:
+        """The worker processes running now (the benchmark adds up their CPU time)."""
+        return list(getattr(self._executor, "_processes", None) or ())
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
 class JoinService:
     """The gRPC server (grpc.aio on an event loop thread of its own) around a TicketIssuer, with a draining shutdown and
     the background tasks that retire used tokens and mirror the cluster's disk bindings.
@@ -272,7 +324,7 @@ class JoinService:
         self._drain_delay = drain_delay
         self._policy = policy
         self._disk_bindings = disk_bindings
-        self._executor = ThreadPoolExecutor(max_workers=self.config.worker_threads, thread_name_prefix="joinservice-worker")
+        self.workers = WorkerPool(self.config.worker_processes, issuer, log)
         self.nonce_limiter = PeerLimiter(self.config.nonce_rate, self.config.nonce_burst)
         self.ticket_limiter = PeerLimiter(self.config.ticket_rate, self.config.ticket_burst)
         self._loop = asyncio.new_event_loop()
@@ -310,7 +362,7 @@ class JoinService:
 
     async def _bind(self, credentials) -> int:
         self._server = grpc_aio.server(options=self._server_options(), maximum_concurrent_rpcs=self.config.max_concurrent_rpcs)
-        servicer = JoinServicer(self.issuer, self._log, self.draining, self._executor, self.nonce_limiter, self.ticket_limiter, self._policy)
+        servicer = JoinServicer(self.issuer, self._log, self.draining, self.workers, self.nonce_limiter, self.ticket_limiter, self._policy)
         pb2_grpc.add_JoinServiceServicer_to_server(servicer, _TolerantRegistration(self._server))
         return self._server.add_secure_port(self.listen, credentials)
 
@@ -318,13 +370,14 @@ class JoinService:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def start(self) -> "JoinService":
+        self.workers.warm()
         self._thread = threading.Thread(target=self._loop.run_forever, name="joinservice-loop", daemon=True)
         self._thread.start()
         self._on_loop(self._server.start())
         self._on_loop(self._start_background())
         self._log.info("start", result="serving", listen=self.listen, port=self.port, verifier_id=self.issuer.verifier_id,
                        cluster_id=self.issuer.cluster_id.hex(), enrolled=len(self.issuer.registry.enrolment.value.by_ek),
-                       pool_workers=self.config.pool_workers)
+                       pool_workers=self.config.pool_workers, worker_processes=self.workers.processes)
         return self
 
     async def _start_background(self) -> None:
@@ -401,7 +454,7 @@ class JoinService:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
         self._loop.close()
-        self._executor.shutdown(wait=True)
+        self.workers.shutdown()
 
 
 async def _cancel_remaining_tasks() -> None:

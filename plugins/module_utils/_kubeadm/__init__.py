@@ -126,6 +126,12 @@ class InitOptions:
     kubelet_extra_args: dict | None = None
     kubelet_config: dict | None = None
     skip_phases: list | None = None
+    ca_key_algorithm: str = "rsa-2048"
+
+
+def has_encryption_algorithm(api_version: str) -> bool:
+    """Whether kubeadm's config API has ClusterConfiguration.encryptionAlgorithm (v1beta4, kubeadm 1.31, on)."""
+    return api_version not in ("v1beta2", "v1beta3")
 
 
 def render_init_config(options: InitOptions, api_version: str) -> str:
@@ -148,6 +154,8 @@ def render_init_config(options: InitOptions, api_version: str) -> str:
         "clusterName": options.cluster_name,
         "kubernetesVersion": options.kubernetes_version,
         "controlPlaneEndpoint": options.control_plane_endpoint,
+        # Older kubeadm is given ECDSA CAs instead (ca.py); RSA-2048 is kubeadm's default either way.
+        "encryptionAlgorithm": "ECDSA-P256" if options.ca_key_algorithm == "ecdsa-p256" and has_encryption_algorithm(api_version) else None,
         "networking": _prune({"podSubnet": options.pod_subnet, "serviceSubnet": options.service_subnet}),
         "apiServer": _prune({
             "certSANs": options.cert_sans or [],

@@ -58,6 +58,7 @@ def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_
         "confidential_state_disk_allow_unmapped": True,
         "confidential_tpm_event_log": NODE_EVENT_LOG,
         "kubernetes_version": KUBERNETES_VERSION,
+        "init_ca_key_algorithm": "ecdsa-p256",
         "init_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
         "join_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
         "lab_dir": str(lab_dir),

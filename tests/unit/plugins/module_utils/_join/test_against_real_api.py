@@ -94,7 +94,7 @@ def kubelet_kubeconfig(kube_control_plane):
     cluster = kube_control_plane
     key = ec.generate_private_key(ec.SECP256R1())
     csr = x509.CertificateSigningRequestBuilder().subject_name(kubelet_subject("worker-9")).sign(key, hashes.SHA256())
-    certificate = ClusterPki.load(str(cluster.pki)).sign_kubelet_client(csr, "worker-9", datetime.datetime.now(datetime.timezone.utc))
+    certificate = ClusterPki.load(str(cluster.pki)).sign_kubelet_client(csr.public_key(), "worker-9", datetime.datetime.now(datetime.timezone.utc))
     (cluster.root / "worker-9.crt").write_bytes(certificate)
     key_path = cluster.root / "worker-9.key"
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))

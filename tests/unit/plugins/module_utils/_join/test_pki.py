@@ -12,6 +12,7 @@ from cryptography.x509.oid import NameOID
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import (
     ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas
 
 from join_harness import make_cluster_pki, make_csr
 
@@ -88,18 +89,33 @@ def test_bad_csrs_are_refused_with_their_reason(case, csr, reason):
     assert err.value.reason == reason, case
 
 
-def test_kubelet_client_certificate(tmp_path):
-    ca = make_cluster_pki(tmp_path)
+def _rsa_cluster_pki(pki_dir) -> x509.Certificate:
+    return make_cluster_pki(pki_dir)["ca_cert"]
+
+
+def _ecdsa_cluster_pki(pki_dir) -> x509.Certificate:
+    """The CAs kubeadm_init makes for kubeadm before 1.31 with ca_key_algorithm=ecdsa-p256."""
+    make_missing_cas(str(pki_dir), missing_cas(str(pki_dir)))
+    return x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+
+
+@pytest.mark.parametrize("make_pki, signature_oid", [
+    (_rsa_cluster_pki, x509.SignatureAlgorithmOID.RSA_WITH_SHA256),
+    (_ecdsa_cluster_pki, x509.SignatureAlgorithmOID.ECDSA_WITH_SHA256),
+], ids=["RSA-2048 CA", "ECDSA-P256 CA"])
+def test_kubelet_client_certificate(tmp_path, make_pki, signature_oid):
+    ca_cert = make_pki(tmp_path)
     pki = ClusterPki.load(str(tmp_path))
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc)
-    pem = pki.sign_kubelet_client(load_kubelet_csr(make_csr("worker-1", key), "worker-1"), "worker-1", now)
-    cert = x509.load_pem_x509_certificate(pem)
-    cert.verify_directly_issued_by(ca["ca_cert"])
+    kubelet_key = load_kubelet_csr(make_csr("worker-1", key), "worker-1").public_key()
+    cert = x509.load_pem_x509_certificate(pki.sign_kubelet_client(kubelet_key, "worker-1", now))
+    cert.verify_directly_issued_by(ca_cert)
+    assert cert.signature_algorithm_oid == signature_oid
     assert cert.not_valid_after_utc == now + datetime.timedelta(days=365)
     assert cert.not_valid_before_utc <= now
     assert cert.signature_hash_algorithm.name == hashes.SHA256.name
-    other = x509.load_pem_x509_certificate(pki.sign_kubelet_client(load_kubelet_csr(make_csr("worker-1", key), "worker-1"), "worker-1", now))
+    other = x509.load_pem_x509_certificate(pki.sign_kubelet_client(kubelet_key, "worker-1", now))
     assert cert.serial_number != other.serial_number and cert.serial_number.bit_length() > 64
 
 

@@ -55,7 +55,7 @@ class Tpm:
                                 .sign(ca_key, hashes.SHA256())).public_bytes(serialization.Encoding.DER)
 
     def node(self) -> NodeIdentity:
-        return NodeIdentity(self.identity, self.key.public_key(), self.certificate)
+        return NodeIdentity(self.identity, self.certificate)
 
 
 class Registry:
@@ -176,7 +176,7 @@ def test_pool_rule_admits_only_ek_certificates_of_the_ek_ca(tmp_path):
     assert "does not certify its EK under the configured EK CA" in _refused("not-enrolled", lambda: registry.grant(foreign))
     assert "carries no EK certificate" in _refused("not-enrolled", lambda: registry.grant(uncertified))
     # Another TPM's genuine certificate does not make this EK a pool member.
-    borrowed = NodeIdentity(uncertified.identity, uncertified.key.public_key(), Tpm(ca).certificate)
+    borrowed = NodeIdentity(uncertified.identity, Tpm(ca).certificate)
     _refused("not-enrolled", lambda: registry.registry.grant(borrowed, "join", "", False, DISK_A))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime
 import os
+import signal
 import threading
 import time
 
@@ -652,3 +653,43 @@ def test_health_check_fails_with_the_services_load_error_and_passes_once_it_load
     assert "refused the policy file that was pushed" in error and "measurement policy" in error and "99" in error
     join_lab.write_policy("pcrs-only")
     assert health.main(argv) == 0
+
+
+def test_joins_are_verified_signed_and_sealed_in_worker_processes_that_get_no_key_in_their_command_line(join_lab):
+    service = join_lab.start("pcrs-only", worker_processes=2)
+    payload = join_with_client(join_lab, service, "worker-1")
+    pids = service.workers.pids()
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert [e["worker_processes"] for e in join_lab.logs() if e["event"] == "start"] == [2]
+    x509.load_pem_x509_certificate(payload["kubelet_client_crt"].encode()).verify_directly_issued_by(
+        x509.load_pem_x509_certificate((join_lab.pki_dir / "ca.crt").read_bytes()))
+    key_lines = [line for line in (join_lab.pki_dir / "ca.key").read_bytes().splitlines() if not line.startswith(b"-----")]
+    for pid in pids:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            command_line = handle.read()
+        assert b"multiprocessing" in command_line
+        assert not any(line in command_line for line in key_lines) and b"ca.key" not in command_line
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(") ", 1)[1].startswith("Z")
+    except OSError:
+        return True
+
+
+def test_a_dead_worker_costs_one_request_and_the_pool_is_started_again(join_lab):
+    service = join_lab.start("pcrs-only", worker_processes=1)
+    assert join_with_client(join_lab, service, "worker-1")["version"] == 1
+    [pid] = service.workers.pids()
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: _gone(pid))
+    outcomes = []
+    for dummy in range(2):
+        try:
+            outcomes.append(join_with_client(join_lab, service, "worker-1", attempts=1)["version"])
+        except JoinError as exc:
+            outcomes.append(exc.reason)
+    assert outcomes in (["internal", 1], [1, 1]), outcomes
+    assert service.workers.pids() and pid not in service.workers.pids()

@@ -1,0 +1,246 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The CPU-bound steps of a join, without state: they run in the join service's worker processes, one per core.
+
+``JoinCrypto.check`` is step 1's work (verify the evidence against the policy it is handed, check the request and that
+the quote covers it, make the credential); ``JoinCrypto.seal_ticket`` is step 2's (sign the kubelet certificate, seal
+the ticket). Neither touches a nonce, the registry, the control-plane slot or a token: those decisions stay in the
+service's one process, around these calls, so each stays exactly-once. A worker holds the cluster CA (it signs) and
+the EK CAs; never the root secrets or the nonce key. A ticket's plaintext passes through it to be sealed.
+
+The worker entry points (``start_worker``, ``check``, ``seal_ticket``) take and return picklable values only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+
+try:
+    from cryptography.hazmat.primitives import serialization
+except ImportError:  # reported by the service at start
+    pass
+
+from .._attestation import tpm2
+from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_mark
+from .._attestation.verifier import EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier, load_ca_certificates
+from .._crypto import seal
+from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
+from .request import BindingError, digest_matches, ek_identity, public_key_digest, request_digest, split_user_data
+
+CREDENTIAL_SECRET_BYTES = 32
+STATUS_FOR_REASON = {
+    "malformed": "INVALID_ARGUMENT",
+    "nonce-unknown": "FAILED_PRECONDITION",
+    "nonce-reused": "FAILED_PRECONDITION",
+    "nonce-stale": "FAILED_PRECONDITION",
+    "nonce-limit": "RESOURCE_EXHAUSTED",
+    "node-name": "INVALID_ARGUMENT",
+    "disk-uuid": "INVALID_ARGUMENT",
+    "csr-malformed": "INVALID_ARGUMENT",
+    "csr-signature": "INVALID_ARGUMENT",
+    "csr-key": "INVALID_ARGUMENT",
+    "csr-subject": "PERMISSION_DENIED",
+    "ephemeral-key": "INVALID_ARGUMENT",
+    "activation-unknown": "FAILED_PRECONDITION",
+    "busy": "RESOURCE_EXHAUSTED",
+}
+
+
+class Refusal(Exception):
+    """The service refuses a request. ``code`` is a gRPC status name, ``reason`` a stable code the client can act on."""
+
+    def __init__(self, code: str, reason: str, message: str, mismatches: list[dict] | None = None):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.mismatches = mismatches or []
+
+    def __reduce__(self):
+        # Raised in a worker process, re-raised in the service's: pickled with all four fields.
+        return (type(self), (self.code, self.reason, str(self), self.mismatches))
+
+    @classmethod
+    def of(cls, reason: str, message: str, mismatches: list[dict] | None = None) -> "Refusal":
+        return cls(STATUS_FOR_REASON.get(reason, "PERMISSION_DENIED"), reason, message, mismatches)
+
+
+@dataclass(frozen=True, repr=False)
+class CheckRequest:
+    """Step 1's input: what the node sent, with the measurement policy current when it arrived."""
+
+    policy: MeasurementPolicy
+    flow: str
+    evidence: bytes
+    nonce: bytes
+    node_name: str
+    control_plane: bool
+    disk_uuid: str
+    kubelet_csr: bytes
+
+
+@dataclass(frozen=True, repr=False)
+class Checked:
+    """Step 1's output: the request verified and covered by the quote, the node's EK identity (digest and certificate),
+    what the verification established, and the credential. Small: it crosses from a worker back to the service."""
+
+    ak_trust_level: int
+    warnings: list[dict]
+    ephemeral_key: bytes
+    ek: str
+    ek_certificate: bytes | None
+    kubelet_key: bytes
+    secret: bytes = field(repr=False)
+    credential: tpm2.Credential
+
+
+@dataclass(frozen=True, repr=False)
+class SealRequest:
+    """Step 2's input: the ticket's payload, and for a join the kubelet key (DER) to certify for the granted name."""
+
+    payload: dict
+    ephemeral_key: bytes
+    flow: str
+    nonce: bytes
+    kubelet_key: bytes = b""
+    node_name: str = ""
+    now: datetime.datetime | None = None
+
+
+class JoinCrypto:
+    """Verifiers (made again only when the policy changes), the cluster CA, and the two CPU-bound steps."""
+
+    def __init__(self, pki: ClusterPki, ek_cas: list, cluster_id: bytes, verifier_id: str):
+        self._pki = pki
+        self._ek_cas = ek_cas
+        self._cluster_id = cluster_id
+        self._verifier_id = verifier_id
+        self._verifier_cache: tuple[MeasurementPolicy, Verifier, Verifier] | None = None
+
+    def _verifiers(self, policy: MeasurementPolicy) -> tuple[Verifier, Verifier]:
+        """(verifier of fresh nodes, verifier of rejoining members); a policy from another process compares equal."""
+        cached = self._verifier_cache
+        if cached is None or not (cached[0] is policy or cached[0] == policy):
+            unlocked = bytes(len(node_lock_mark(b"", policy.hash_algorithm)))
+            member = node_lock_mark(self._cluster_id, policy.hash_algorithm)
+            cached = (policy, Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked]), self._ek_cas),
+                      Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked, member]), self._ek_cas))
+            self._verifier_cache = cached
+        return cached[1], cached[2]
+
+    def check(self, request: CheckRequest) -> Checked:
+        fresh_only = request.flow == "join"
+        fresh, member = self._verifiers(request.policy)
+        try:
+            verified = (fresh if fresh_only else member).verify(request.evidence, request.nonce)
+        except VerificationError as exc:
+            raise Refusal.of(exc.reason, self._explain(exc, request.policy, fresh_only), exc.mismatches) from None
+        node_name = request.node_name
+        try:
+            if node_name:
+                check_node_name(node_name)
+            check_disk_uuid(request.disk_uuid)
+            csr = load_kubelet_csr(request.kubelet_csr, node_name) if fresh_only else None
+        except RequestError as exc:
+            raise Refusal.of(exc.reason, str(exc)) from None
+        try:
+            ephemeral_key, quoted = split_user_data(verified.evidence.user_data)
+        except BindingError as exc:
+            raise Refusal.of("request-binding", str(exc)) from None
+        csr_key = csr.public_key() if csr is not None else None
+        kubelet_key = csr_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) if csr_key is not None else b""
+        kubelet_digest = public_key_digest(csr_key) if csr_key is not None else b""
+        if not digest_matches(quoted, request_digest(request.flow, node_name, request.control_plane, request.disk_uuid, kubelet_digest)):
+            raise Refusal.of("request-binding", "the quote does not cover this request: the node name, role, disk UUID or kubelet key "
+                                                "differ from what the TPM quoted")
+        try:
+            seal.check_public_key(ephemeral_key)
+        except seal.SealError as exc:
+            raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None
+        ek = self._ek(verified)
+        secret, credential = self._credential(verified, ek)
+        evidence = verified.evidence
+        return Checked(verified.ak_trust_level, verified.warnings, ephemeral_key, ek_identity(evidence.ek_public), evidence.ek_certificate,
+                       kubelet_key, secret, credential)
+
+    @staticmethod
+    def _ek(verified: VerificationResult) -> tpm2.Public:
+        """The node is its EK: the evidence must carry the EK public key (and carries its certificate where one exists)."""
+        evidence = verified.evidence
+        if evidence.ek_public is None:
+            raise Refusal.of("ek-missing", "the evidence carries no EK public key: the join service identifies a node by its TPM's "
+                                           "endorsement key")
+        try:
+            ek = tpm2.parse_public(evidence.ek_public)
+            ek.public_key()
+        except tpm2.StructureError as exc:
+            raise Refusal.of("malformed", f"evidence field 'ek_public': {exc}") from None
+        return ek
+
+    @staticmethod
+    def _credential(verified: VerificationResult, ek: tpm2.Public) -> tuple[bytes, tpm2.Credential]:
+        """At level 2 the verifier's challenge; at level 1 one made here for the evidence's EK (identity needs it too)."""
+        if verified.challenge is not None:
+            return verified.challenge.secret, verified.challenge.credential
+        missing = [name for name, bit in EK_REQUIRED_ATTRIBUTES.items() if not ek.attributes & bit]
+        if missing:
+            raise Refusal.of("ek-missing", f"the evidence's EK lacks required attribute(s): {', '.join(missing)}")
+        secret = os.urandom(CREDENTIAL_SECRET_BYTES)
+        try:
+            return secret, tpm2.make_credential(ek, verified.ak_name, secret)
+        except tpm2.StructureError as exc:
+            raise Refusal.of("ek-missing", f"cannot make a credential for the evidence's EK: {exc}") from None
+
+    def _explain(self, error: VerificationError, policy: MeasurementPolicy, fresh_only: bool) -> str:
+        for mismatch in error.mismatches:
+            if mismatch["pcr"] != NODE_LOCK_PCR:
+                continue
+            if fresh_only and mismatch["actual"] == node_lock_mark(self._cluster_id, policy.hash_algorithm).hex():
+                return f"{error}; PCR 15 shows the node is already a member of this cluster: a rebooted node asks for a rejoin ticket"
+            return f"{error}; PCR 15 shows the node is locked for another cluster (or was tampered with): it needs a reset"
+        return str(error)
+
+    def seal_ticket(self, request: SealRequest) -> bytes:
+        """For a join, sign the kubelet certificate into the payload first; then seal it to the node's ephemeral key."""
+        payload = request.payload
+        if request.kubelet_key:
+            try:
+                key = serialization.load_der_public_key(request.kubelet_key)
+                payload = dict(payload, kubelet_client_crt=self._pki.sign_kubelet_client(key, request.node_name, request.now).decode())
+            except PkiError as exc:
+                raise Refusal("INTERNAL", "pki", str(exc)) from None
+        try:
+            return seal.seal(json.dumps(payload, sort_keys=True).encode(), request.ephemeral_key, request.flow, request.nonce,
+                             self._verifier_id)
+        except seal.SealError as exc:
+            raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None
+
+
+# --- worker processes ---------------------------------------------------------------------------------------------
+
+_WORKER: JoinCrypto | None = None
+
+
+def start_worker(pki_dir: str, ek_ca_pem: bytes, cluster_id: bytes, verifier_id: str) -> None:
+    """A worker's initializer: it reads the cluster CA itself (the key is in no message); the service drains on SIGTERM
+    and SIGINT, and stops its workers when it is done, so they ignore both."""
+    global _WORKER  # pylint: disable=global-statement
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER = JoinCrypto(ClusterPki.load(pki_dir), load_ca_certificates(ek_ca_pem) if ek_ca_pem else [], cluster_id, verifier_id)
+
+
+def check(request: CheckRequest) -> Checked:
+    return _WORKER.check(request)
+
+
+def seal_ticket(request: SealRequest) -> bytes:
+    return _WORKER.seal_ticket(request)
+
+
+def ready() -> int:
+    """Nothing: the service calls it once per worker at start, so the workers are up before the first join."""
+    return os.getpid()
