@@ -99,11 +99,7 @@ class Lab:
         self.tmp = tmp
         self.env = {**os.environ, "CK_LAB_DIR": str(lab_dir), "ANSIBLE_NOCOLOR": "1",
                     "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".venv" / "collections")}
-        self.playbook = tmp / "stack.yml"
-        self.playbook.write_text(json.dumps([{
-            "hosts": "cluster", "gather_facts": False,
-            "tasks": [{"ansible.builtin.include_role": {"name": "confidential.kubernetes.node", "tasks_from": "kubernetes"}}],
-        }]))
+        self.playbook = LAB.with_name("node-stack.yml")
 
     def lab(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         return subprocess.run([str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
