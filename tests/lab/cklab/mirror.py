@@ -5,6 +5,7 @@ Written with the build (`ensure_kubernetes`, under the cache lock) next to the b
     v1.20.2/mirror/<URL path>     the artefacts under upstream's URL paths (release/v1.20.2/bin/linux/amd64/kubeadm,
                                   helm-v3.17.2-linux-amd64.tar.gz), served as they are
     v1.20.2/versions-row.json     {"1.20.2": row}: the row in the format of roles/node/vars/kubernetes_versions.yml
+    v1.20.2/mirror-packed.json    which recorded binary each packed artefact was packed from
 
 A binary's sha256 is the one SHA256SUMS recorded when it was built; helm's tarball is packed deterministically from
 the recorded helm, and its sha256 is that of the packed bytes. Nothing is hashed from a download. The row's URLs are
@@ -97,6 +98,10 @@ def row_file(version_dir: Path) -> Path:
     return version_dir / "versions-row.json"
 
 
+def packed_file(version_dir: Path) -> Path:
+    return version_dir / "mirror-packed.json"
+
+
 def render_row(digests: Mapping[str, str]) -> dict:
     """The lab's row from the sha256 of each artefact's file in the tree."""
     artifacts: dict = {name: None for name in NOT_PROVIDED}
@@ -109,27 +114,36 @@ def render_row(digests: Mapping[str, str]) -> dict:
 def ensure_mirror(version_dir: Path, recorded: Mapping[str, str], log: Callable[[str], None]) -> None:
     """Write the tree and the row from the recorded binaries in version_dir/bin; leave what is already right.
 
-    The caller holds the cache lock and has checked the binaries against `recorded` (SHA256SUMS).
+    The caller holds the cache lock and has checked the binaries against `recorded` (SHA256SUMS). A binary is in the
+    tree as a hard link to the verified one (checked by inode, not hashed again); a packed artefact is packed again
+    only when its source's recorded sha256 changed (packed.json remembers which source each packing came from).
     """
     tree = tree_dir(version_dir)
+    packed_record = _load_json(packed_file(version_dir))
     digests: dict[str, str] = {}
+    packed: dict[str, dict[str, str]] = {}
     written = []
     for artifact in ARTIFACTS:
         target = tree / artifact.url_path
         source = version_dir / "bin" / artifact.source
         if artifact.pack is None:
             digests[artifact.name] = recorded[artifact.source]
-            if _sha256_or_none(target) != digests[artifact.name]:
+            if not _same_file(target, source):
                 _place(target, source=source)
                 written.append(artifact.url_path)
             continue
-        data = artifact.pack(source.read_bytes())
-        digests[artifact.name] = hashlib.sha256(data).hexdigest()
-        if _sha256_or_none(target) != digests[artifact.name]:
+        before = packed_record.get(artifact.name, {})
+        if before.get("source_sha256") == recorded[artifact.source] and _sha256_or_none(target) == before.get("sha256"):
+            digests[artifact.name] = before["sha256"]
+        else:
+            data = artifact.pack(source.read_bytes())
+            digests[artifact.name] = hashlib.sha256(data).hexdigest()
             _place(target, data=data)
             written.append(artifact.url_path)
+        packed[artifact.name] = {"source_sha256": recorded[artifact.source], "sha256": digests[artifact.name]}
     row = json.dumps({VERSION: render_row(digests)}, indent=2, sort_keys=True) + "\n"
-    if written or not _same_text(row_file(version_dir), row):
+    if written or not _same_text(row_file(version_dir), row) or packed != packed_record:
+        _place(packed_file(version_dir), data=(json.dumps(packed, indent=2, sort_keys=True) + "\n").encode())
         _place(row_file(version_dir), data=row.encode())
         log(f"kubernetes: mirror: wrote {' '.join(written) or 'nothing new'} and the row {row_file(version_dir)}")
 
@@ -151,6 +165,21 @@ def _sha256_or_none(path: Path) -> str | None:
         return digest.hexdigest()
     except OSError:
         return None
+
+
+def _same_file(target: Path, source: Path) -> bool:
+    try:
+        return target.samefile(source)
+    except OSError:
+        return False
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def _same_text(path: Path, text: str) -> bool:
