@@ -84,10 +84,17 @@ class Lab:
 
     def playbook(self, name: str, verbose: str = "", extra: list[str] | None = None) -> tuple[int, str, float]:
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_STDOUT_CALLBACK="default")
-        argv = ["ansible-playbook", "-i", str(self.inventory), str(REPO / "playbooks" / name)] + ([verbose] if verbose else []) + (extra or [])
+        argv = ["ansible-playbook", "-i", str(self.inventory), str(REPO / name)] + ([verbose] if verbose else []) + (extra or [])
         started = time.monotonic()
         completed = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
         return completed.returncode, completed.stdout + completed.stderr, time.monotonic() - started
+
+    def node_stack(self) -> None:
+        """kubeadm, kubelet, kubectl and helm on every node, from the lab's mirror (what site.yml's node play does), so
+        that init.yml and join.yml can run alone on fresh nodes."""
+        rc, output, seconds = self.playbook("tests/lab/node-stack.yml")
+        if rc != 0:
+            raise SystemExit(f"the node stack on the lab failed ({seconds:.0f} s): {last_failure(output)}")
 
 
 def install_injector(lab: Lab, node: str, steps: list[dict]) -> None:
@@ -257,7 +264,7 @@ def join_steps(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict
     lab.down()
     lab.up(workers=0)
     install_injector(lab, "cp-0", all_steps)
-    rc, output, seconds = lab.playbook("site.yml")
+    rc, output, seconds = lab.playbook("playbooks/site.yml")
     if rc != 0:
         raise SystemExit(f"site.yml on a fresh lab failed ({seconds:.0f} s): {last_failure(output)}")
     for step in steps:
@@ -271,6 +278,7 @@ def init_steps(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict
     for step in steps:
         lab.down()
         lab.up(workers=0)
+        lab.node_stack()
         install_injector(lab, "cp-0", all_steps)
         run_step(lab, step, "init.yml", results)
 
@@ -281,6 +289,7 @@ def fresh_worker(lab: Lab) -> None:
     lab.ssh("cp-0", "test ! -e /etc/kubernetes/admin.conf || "
             "kubectl --kubeconfig /etc/kubernetes/admin.conf delete node worker-0 --ignore-not-found", check=False)
     lab.up(workers=1)
+    lab.node_stack()
 
 
 def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
@@ -288,9 +297,9 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
     scanner = Scanner({})
     arm(lab, step)
     restarts_before = service_restarts(lab, step["host"]) if step["where"] == "service" else 0
-    rc, crashed_output, seconds = lab.playbook(playbook)
+    rc, crashed_output, seconds = lab.playbook(f"playbooks/{playbook}")
     fired = disarm(lab, step, restarts_before)
-    rc_after, output, seconds_after = lab.playbook("site.yml")
+    rc_after, output, seconds_after = lab.playbook("playbooks/site.yml")
     outcome = outcome_of(rc_after, output)
     scanner.secrets = ClusterSecrets(lab).collect()
     scanner.stream(f"{step['name']}: {playbook} output", crashed_output.encode())
@@ -342,6 +351,7 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
     """Every playbook with -vvv on a fresh lab, then every output, journal, console log and non-0600 file."""
     lab.down()
     lab.up(workers=1)
+    lab.node_stack()
     for node in lab.hosts():
         install_injector(lab, node, all_steps)
     unlisted = sorted({p.name for p in (REPO / "playbooks").glob("*.yml")} - {name for name, _extra in HYGIENE_PLAYBOOKS}
@@ -352,7 +362,7 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
 
     def run(playbooks: list[tuple[str, list[str]]]) -> None:
         for playbook, extra in playbooks:
-            rc, output, seconds = lab.playbook(playbook, "-vvv", [arg.format(lab=lab.dir) for arg in extra])
+            rc, output, seconds = lab.playbook(f"playbooks/{playbook}", "-vvv", [arg.format(lab=lab.dir) for arg in extra])
             log(f"hygiene: {playbook} -vvv rc {rc} in {seconds:.0f} s ({len(output)} bytes of output)")
             if rc != 0:
                 results["hygiene_problems"].append(f"{playbook} failed: {last_failure(output)}")

@@ -18,17 +18,20 @@ from . import LabError
 from .host import run
 from .paths import LabPaths
 
-IMAGE_VERSION = "cklab-base-1"
+IMAGE_VERSION = "cklab-base-2"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 NODE_VENV = "/opt/confidential-kubernetes/venv"
 DOUBLES_MOUNT = "/opt/k8s-doubles"
 KUBERNETES_MOUNT = "/opt/kubernetes/bin"
-# /usr/local/bin links: the real binaries (bound from the host, paths.kubernetes_bin) and the kubelet stand-in.
-KUBERNETES_TOOLS = {name: name for name in (
-    "kubeadm", "kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "etcdctl")}
-KUBERNETES_TOOLS["helm"] = "helm-3.17.2"
-STANDIN_TOOLS = ("kubelet", "crictl")
+# The control-plane "images" the kubelet stand-in runs as processes: bound one by one from the host's build
+# (paths.kubernetes_bin) and linked into /usr/local/bin, where the stand-in looks for them. kubeadm, kubelet, kubectl
+# and helm are not here: the node role installs them from the lab's mirror.
+IMAGE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "etcdctl")
+# The stand-in's crictl answers kubeadm's CRI calls (the lab's row provides no crictl).
+STANDIN_TOOLS = ("crictl",)
+# The program the node role's kubelet unit runs in the lab (node_stack_kubelet_path).
+STANDIN_KUBELET = f"{DOUBLES_MOUNT}/bin/kubelet"
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
     "iproute2", "cryptsetup-bin", "tpm2-tools", "libtss2-esys-3.0.2-0", "libtss2-tctildr0",
@@ -63,40 +66,12 @@ ExecStart=/usr/bin/ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_k
 WantedBy=multi-user.target
 """
 
-# kubelet.service and kubeadm's drop-in as the kubernetes packages install them (kubelet in /usr/local/bin).
-KUBELET_UNIT = """\
-[Unit]
-Description=kubelet: The Kubernetes Node Agent
-Documentation=https://kubernetes.io/docs/home/
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-ExecStart=/usr/local/bin/kubelet
-Restart=always
-StartLimitInterval=0
-RestartSec=10
-
-[Install]
-WantedBy=multi-user.target
-"""
-KUBEADM_DROPIN = """\
-# Note: This dropin only works with kubeadm and kubelet v1.11+
-[Service]
-Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
-Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
-# This is a file that "kubeadm init" and "kubeadm join" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically
-EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
-# This is a file that the user can use for overrides of the kubelet args as a last resort. Preferably, the user should use
-# the .NodeRegistration.KubeletExtraArgs object in the configuration files instead. KUBELET_EXTRA_ARGS should be sourced from this file.
-EnvironmentFile=-/etc/default/kubelet
-ExecStart=
-ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
-"""
-# The stand-in runs static pods as its own child processes: a kubelet restart must leave them running.
+# Beside the node role's kubelet unit: the stand-in runs static pods as its own child processes, so a kubelet restart
+# must leave them running, and it finds the Kubernetes binaries in /usr/local/bin although it runs from DOUBLES_MOUNT.
 STANDIN_DROPIN = """\
 [Service]
 KillMode=process
+Environment=KUBELET_STANDIN_BIN_DIR=/usr/local/bin
 """
 
 # systemd-sysctl skips containers (read-only /proc/sys); /proc/sys/net is the node's own and writable.
@@ -224,19 +199,19 @@ def _configure(root: Path, key: str) -> None:
                       "etc/systemd/system/kubelet.service.d", "etc/kubernetes/manifests", "etc/sysctl.d"):
         (root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
     (root / "root/.ssh").chmod(0o700)
-    links = {**{tool: f"{KUBERNETES_MOUNT}/{name}" for tool, name in KUBERNETES_TOOLS.items()},
+    links = {**{name: f"{KUBERNETES_MOUNT}/{name}" for name in IMAGE_BINARIES},
              **{tool: f"{DOUBLES_MOUNT}/bin/{tool}" for tool in STANDIN_TOOLS}}
     for tool, target in links.items():
         link = root / "usr/local/bin" / tool
         link.unlink(missing_ok=True)
         link.symlink_to(target)
-    (root / "etc/systemd/system/kubelet.service").write_text(KUBELET_UNIT)
-    (root / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").write_text(KUBEADM_DROPIN)
+    for name in IMAGE_BINARIES:
+        (root / KUBERNETES_MOUNT.lstrip("/") / name).touch()  # mount points of the binds
     (root / "etc/systemd/system/kubelet.service.d/20-kubelet-standin.conf").write_text(STANDIN_DROPIN)
     (root / "etc/sysctl.d/90-kubernetes.conf").write_text(SYSCTL_CONF)
     (root / "etc/systemd/system/cklab-sysctl.service").write_text(SYSCTL_UNIT)
     run(["systemctl", f"--root={root}", "enable", "systemd-networkd.service", "ssh.service",
-         "cklab-ssh-hostkey.service", "kubelet.service", "cklab-sysctl.service"], what="systemctl enable in the base")
+         "cklab-ssh-hostkey.service", "cklab-sysctl.service"], what="systemctl enable in the base")
     run(["systemctl", f"--root={root}", "mask", *MASKED_UNITS], what="systemctl mask in the base")
 
 

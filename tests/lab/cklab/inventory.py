@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .base import STANDIN_KUBELET
 from .paths import KUBERNETES_VERSION
 from .plan import NodeSpec
 
@@ -30,8 +31,8 @@ def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
     ]
 
 
-def _scalar(value: object) -> str:
-    # A JSON string is a valid YAML double-quoted scalar.
+def _scalar(value) -> str:
+    # JSON is valid YAML: a string is a double-quoted scalar, a mapping a flow mapping.
     return json.dumps(value)
 
 
@@ -41,7 +42,8 @@ def _scalar(value: object) -> str:
 CONNECTION_REUSE = ["-o", "ControlMaster=auto", "-o", "ControlPersist=60s"]
 
 
-def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_hosts: Path) -> str:
+def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_hosts: Path, versions_row: dict,
+                     mirror_url: str) -> str:
     common_args = " ".join(ssh_options(known_hosts) + CONNECTION_REUSE)
     variables = {
         "ansible_user": "root",
@@ -59,6 +61,15 @@ def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_
         "confidential_tpm_event_log": NODE_EVENT_LOG,
         "kubernetes_version": KUBERNETES_VERSION,
         "init_ca_key_algorithm": "ecdsa-p256",
+        # The lab's row of the versions table (written with its build) and the mirror on the bridge serving it: the
+        # node role installs kubeadm, kubelet, kubectl and helm from there, verified, as on a real air-gapped site.
+        "kubernetes_versions_extra": versions_row,
+        "kubernetes_mirror_url": mirror_url,
+        # Lab-only: the unit runs the kubelet stand-in (the real kubelet the role installed cannot run in nspawn);
+        # modprobe and swapoff would act on the host's kernel, so the role leaves them to the host.
+        "node_stack_kubelet_path": STANDIN_KUBELET,
+        "node_stack_kernel_modules": False,
+        "node_stack_swap_off": False,
         "init_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
         "join_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
         "lab_dir": str(lab_dir),

@@ -4,6 +4,7 @@ Layout under CK_LAB_CACHE/kubernetes (the part other code relies on is v1.20.2/)
 
     v1.20.2/bin/{kube-apiserver,...,kubelet,etcd,etcdctl,helm-3.17.2,helm-4.1.4}
     v1.20.2/SHA256SUMS      `sha256sum -c` format (paths bin/NAME), written last: no file, no build
+    v1.20.2/mirror/, v1.20.2/versions-row.json   the lab's mirror tree and its row of the versions table (mirror.py)
     build/                  source tarball, extracted tree (its _output holds GOCACHE), wheels, logs
     lock                    flock held for a whole ensure
 
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import LabError
+from . import LabError, mirror
 from .paths import LabPaths
 
 Log = Callable[[str], None]
@@ -205,29 +206,38 @@ def ensure_kubernetes(paths: LabPaths, log: Log = print, release: Release = RELE
     started = time.monotonic()
     layout.root.mkdir(parents=True, exist_ok=True)
     with _locked(layout, fcntl.LOCK_EX, log):
-        try:
-            recorded = recorded_digests(layout)
-        except LabError as exc:
-            log(f"kubernetes: {exc}: building {release.version} again")
-            recorded = None
-        if recorded is None:
-            _build_all(layout, log)
-            log(f"kubernetes: {release.version} ready in {layout.bin_dir} after {time.monotonic() - started:.0f} s")
-            return layout.bin_dir
-        _remove_temporaries(layout.bin_dir)
-        problems = check_binaries(layout.bin_dir, recorded)
-        if not problems:
-            log(f"kubernetes: {release.version} verified: {len(recorded)} binaries match SHA256SUMS "
-                f"in {time.monotonic() - started:.1f} s")
-            return layout.bin_dir
-        for name, problem in problems.items():
-            action = "rebuilding" if name in release.go_binaries else "refetching"
-            log(f"kubernetes: {name} {problem}: {action}")
-        layout.bin_dir.mkdir(exist_ok=True)
-        _repair(layout, recorded, sorted(problems), log)
-        log(f"kubernetes: {release.version} repaired ({' '.join(sorted(problems))}) and matches SHA256SUMS "
-            f"after {time.monotonic() - started:.0f} s")
+        _ensure_binaries(layout, log, started)
+        recorded = recorded_digests(layout) or {}
+        # The lab's mirror and its row of the versions table, from the binaries just verified (or built).
+        if all(artifact.source in recorded for artifact in mirror.ARTIFACTS):
+            mirror.ensure_mirror(layout.version_dir, recorded, log)
     return layout.bin_dir
+
+
+def _ensure_binaries(layout: CacheLayout, log: Log, started: float) -> None:
+    release = layout.release
+    try:
+        recorded = recorded_digests(layout)
+    except LabError as exc:
+        log(f"kubernetes: {exc}: building {release.version} again")
+        recorded = None
+    if recorded is None:
+        _build_all(layout, log)
+        log(f"kubernetes: {release.version} ready in {layout.bin_dir} after {time.monotonic() - started:.0f} s")
+        return
+    _remove_temporaries(layout.bin_dir)
+    problems = check_binaries(layout.bin_dir, recorded)
+    if not problems:
+        log(f"kubernetes: {release.version} verified: {len(recorded)} binaries match SHA256SUMS "
+            f"in {time.monotonic() - started:.1f} s")
+        return
+    for name, problem in problems.items():
+        action = "rebuilding" if name in release.go_binaries else "refetching"
+        log(f"kubernetes: {name} {problem}: {action}")
+    layout.bin_dir.mkdir(exist_ok=True)
+    _repair(layout, recorded, sorted(problems), log)
+    log(f"kubernetes: {release.version} repaired ({' '.join(sorted(problems))}) and matches SHA256SUMS "
+        f"after {time.monotonic() - started:.0f} s")
 
 
 @contextmanager

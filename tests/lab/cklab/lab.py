@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import LabError, base as base_image, kubernetes, measure, network, nodes, tpm
+from . import LabError, base as base_image, kubernetes, measure, mirror, network, nodes, tpm
 from .host import check_host, ensure_inotify_instances, missing_packages, run
 from .inventory import render_inventory, ssh_options
 from .paths import LabPaths
@@ -52,7 +52,7 @@ def boot_timeout(node_count: int) -> float:
 def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) -> None:
     wanted = plan_nodes(control_planes, workers, set(tamper))
     check_host()
-    ensure_kubernetes_bin(paths)
+    bin_dir = kubernetes.ensure_kubernetes(paths, log=log)
     # The nodes mount the Kubernetes tool doubles from here; they may not be written yet.
     (paths.doubles_dir / "bin").mkdir(parents=True, exist_ok=True)
     with locked(paths):
@@ -61,32 +61,27 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
         started = time.monotonic()
         try:
             fresh = _converge(paths, wanted, base)
-            _write_outputs(paths, wanted, base)
+            # The nodes get kubeadm, kubelet, kubectl and helm through the node role, from this mirror.
+            network.ensure_bridge()
+            mirror_url = mirror.serve(paths, mirror.tree_dir(bin_dir.parent))
+            _write_outputs(paths, wanted, base, mirror.load_row(bin_dir.parent), mirror_url)
             _wait_for_ssh(paths, wanted, boot_timeout(len(fresh)))
         except LabError:
             log("tearing the lab down after the failure")
             _teardown(paths)
             raise
-    log(f"{len(wanted)} nodes up ({len(fresh)} started) in {time.monotonic() - started:.1f} s")
+    log(f"{len(wanted)} nodes up ({len(fresh)} started) in {time.monotonic() - started:.1f} s; "
+        f"Kubernetes mirror at {mirror_url}")
     print(paths.inventory)
 
 
-def ensure_kubernetes_bin(paths: LabPaths) -> None:
-    """The nodes run the real binaries bound from paths.kubernetes_bin: the cache's build, made and verified here,
-    or a directory given as CK_KUBERNETES_BIN, which must hold all of them."""
-    if os.environ.get("CK_KUBERNETES_BIN"):
-        check_kubernetes_bin(paths)
-    else:
-        kubernetes.ensure_kubernetes(paths, log=log)
-
-
 def check_kubernetes_bin(paths: LabPaths) -> None:
-    """Every binary the nodes run is in paths.kubernetes_bin (nothing is built or verified here)."""
-    missing = [name for name in sorted(set(base_image.KUBERNETES_TOOLS.values()))
-               if not os.access(paths.kubernetes_bin / name, os.X_OK)]
+    """Every binary the nodes run or get from the mirror is in paths.kubernetes_bin (nothing is built here)."""
+    needed = {*base_image.IMAGE_BINARIES, *(artifact.source for artifact in mirror.ARTIFACTS)}
+    missing = [name for name in sorted(needed) if not os.access(paths.kubernetes_bin / name, os.X_OK)]
     if missing:
         raise LabError(f"Kubernetes binaries missing from {paths.kubernetes_bin}: {' '.join(missing)} "
-                       "(build them there, or set CK_KUBERNETES_BIN to a directory that has them)")
+                       "(build them with tests/lab/lab kubernetes)")
 
 
 def cannot_boot(paths: LabPaths) -> str | None:
@@ -180,7 +175,8 @@ def _start_node(paths: LabPaths, node: NodeSpec, base: base_image.Base, setup_co
     return None
 
 
-def _write_outputs(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base) -> None:
+def _write_outputs(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base, versions_row: dict,
+                   mirror_url: str) -> None:
     tpm.export_ek_ca(paths)
     paths.measurement_policy.write_text(measure.golden_policy(base.image_id))
     known_hosts = []
@@ -188,7 +184,8 @@ def _write_outputs(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Bas
         key = nodes.host_public_key(paths, node.name).read_text().split()
         known_hosts.append(f"{node.address} {key[0]} {key[1]}\n")
     paths.known_hosts.write_text("".join(known_hosts))
-    paths.inventory.write_text(render_inventory(wanted, paths.lab_dir, paths.ssh_key, paths.known_hosts))
+    paths.inventory.write_text(render_inventory(wanted, paths.lab_dir, paths.ssh_key, paths.known_hosts,
+                                                versions_row, mirror_url))
 
 
 def _port_open(address: str) -> bool:
@@ -273,6 +270,7 @@ def _teardown(paths: LabPaths) -> None:
     orphans = orphaned_containers(paths)
     if orphans:
         nodes.stop_processes([], [], orphans)
+    mirror.stop(paths)
     _unmount_under(paths.lab_dir)
     network.remove_network()
     shutil.rmtree(paths.nodes_dir, ignore_errors=True)

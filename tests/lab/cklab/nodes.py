@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import LabError
-from .base import DOUBLES_MOUNT, KUBERNETES_MOUNT, Base, hosts_file
+from .base import DOUBLES_MOUNT, IMAGE_BINARIES, KUBERNETES_MOUNT, Base, hosts_file
 from .host import run
 from .plan import BRIDGE, MACHINE_PREFIX, NodeSpec, network_unit
 from .paths import LabPaths
@@ -82,7 +82,7 @@ def nspawn_command(paths: LabPaths, node: NodeSpec, base: Base) -> list[str]:
         f"--bind-ro={directory}/etc/80-container-host0.network:/etc/systemd/network/80-container-host0.network",
         f"--bind={directory}/tpm:/run/tpm",
         f"--bind-ro={paths.doubles_dir}:{DOUBLES_MOUNT}",
-        f"--bind-ro={paths.kubernetes_bin}:{KUBERNETES_MOUNT}",
+        *(f"--bind-ro={paths.kubernetes_bin / name}:{KUBERNETES_MOUNT}/{name}" for name in IMAGE_BINARIES),
         "--console=read-only", "--link-journal=no", "--resolv-conf=off", "--timezone=off",
     ]
 

@@ -10,12 +10,6 @@ DEFAULT_CACHE_DIR = "/var/cache/confidential-kubernetes-lab"
 KUBERNETES_VERSION = "v1.20.2"
 
 
-def kubernetes_bin_dir(cache_dir: Path) -> Path:
-    """The real Kubernetes binaries the nodes get: CK_KUBERNETES_BIN, else the lab cache's build of KUBERNETES_VERSION."""
-    configured = os.environ.get("CK_KUBERNETES_BIN")
-    return Path(configured).absolute() if configured else cache_dir / "kubernetes" / KUBERNETES_VERSION / "bin"
-
-
 @dataclass(frozen=True)
 class LabPaths:
     lab_dir: Path
@@ -76,7 +70,8 @@ class LabPaths:
 
     @property
     def kubernetes_bin(self) -> Path:
-        return kubernetes_bin_dir(self.cache_dir)
+        """The lab cache's build of KUBERNETES_VERSION (`lab kubernetes`): the nodes' binaries and the mirror's source."""
+        return self.cache_dir / "kubernetes" / KUBERNETES_VERSION / "bin"
 
     @property
     def doubles_dir(self) -> Path:

@@ -5,15 +5,18 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from cklab import LabError, __main__ as cli, base, host, lab as lab_commands, measure, plan, tpm
+from cklab import LabError, __main__ as cli, base, host, lab as lab_commands, measure, mirror, plan, tpm
 from cklab.inventory import render_inventory, ssh_options
-from cklab.paths import LabPaths, kubernetes_bin_dir
+from cklab.paths import LabPaths
 
 LAB = Path(__file__).resolve().parents[2] / "lab" / "lab"
 IMAGE_ID = "7897f4d0de52b9cf38ee49621214c44fb3c93c38d33edd2f8eb43f6c280e867f"
@@ -164,7 +167,9 @@ def test_pcrread_output_is_parsed_to_lowercase_hex():
 # ---- inventory --------------------------------------------------------------------------
 
 def _inventory(tmp_path: Path, nodes) -> dict:
-    text = render_inventory(nodes, tmp_path, tmp_path / "ssh/id_ed25519", tmp_path / "ssh/known_hosts")
+    text = render_inventory(nodes, tmp_path, tmp_path / "ssh/id_ed25519", tmp_path / "ssh/known_hosts",
+                            {"1.20.2": mirror.render_row({"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64,
+                                                          "helm": "d" * 64})}, "http://10.77.0.1:8780")
     return yaml.safe_load(text)
 
 
@@ -188,6 +193,18 @@ def test_inventory_vars_name_the_lab_files(tmp_path):
     assert variables["confidential_tpm_event_log"] == "/run/tpm/eventlog.json"
     assert variables["ansible_ssh_private_key_file"] == f"{tmp_path}/ssh/id_ed25519"
     assert variables["lab_dir"] == str(tmp_path)
+
+
+def test_inventory_gives_the_node_role_the_lab_row_and_mirror(tmp_path):
+    variables = _inventory(tmp_path, plan.plan_nodes(1, 0))["all"]["vars"]
+    assert variables["kubernetes_mirror_url"] == "http://10.77.0.1:8780"
+    row = variables["kubernetes_versions_extra"]["1.20.2"]
+    assert row["artifacts"]["kubeadm"] == {
+        "version": "1.20.2",
+        "amd64": {"url": "http://lab-mirror.invalid/release/v1.20.2/bin/linux/amd64/kubeadm", "sha256": "a" * 64}}
+    assert sorted(name for name, entry in row["artifacts"].items() if entry is None) == ["cni_plugins", "containerd", "crictl", "runc"]
+    assert variables["node_stack_kubelet_path"] == "/opt/k8s-doubles/bin/kubelet"
+    assert variables["node_stack_kernel_modules"] is False and variables["node_stack_swap_off"] is False
 
 
 def test_inventory_ssh_trusts_only_the_lab_known_hosts(tmp_path):
@@ -257,23 +274,21 @@ def test_base_cache_key_follows_requirements_and_build_script():
     assert key != base.cache_key("pyyaml>=6\n", "script v2")
 
 
-def test_kubernetes_binaries_come_from_ck_kubernetes_bin_else_the_cache(monkeypatch, tmp_path):
-    monkeypatch.delenv("CK_KUBERNETES_BIN", raising=False)
-    assert kubernetes_bin_dir(tmp_path) == tmp_path / "kubernetes/v1.20.2/bin"
-    monkeypatch.setenv("CK_KUBERNETES_BIN", str(tmp_path / "prebuilt"))
-    assert kubernetes_bin_dir(tmp_path / "cache") == tmp_path / "prebuilt"
+def test_kubernetes_binaries_come_from_the_cache(tmp_path):
+    assert LabPaths(tmp_path, tmp_path, tmp_path).kubernetes_bin == tmp_path / "kubernetes/v1.20.2/bin"
 
 
-def test_missing_kubernetes_binaries_are_named(monkeypatch, tmp_path):
-    monkeypatch.setenv("CK_KUBERNETES_BIN", str(tmp_path))
+def test_missing_kubernetes_binaries_are_named(tmp_path):
+    paths = LabPaths(tmp_path, tmp_path, tmp_path)
+    paths.kubernetes_bin.mkdir(parents=True)
     for name in ("kubeadm", "kubectl", "etcd"):
-        (tmp_path / name).write_text("#!/bin/sh\n")
-        (tmp_path / name).chmod(0o755)
+        (paths.kubernetes_bin / name).write_text("#!/bin/sh\n")
+        (paths.kubernetes_bin / name).chmod(0o755)
     with pytest.raises(LabError) as error:
-        lab_commands.ensure_kubernetes_bin(LabPaths(tmp_path, tmp_path, tmp_path))
+        lab_commands.check_kubernetes_bin(paths)
     assert str(error.value) == (
-        f"Kubernetes binaries missing from {tmp_path}: etcdctl helm-3.17.2 kube-apiserver kube-controller-manager "
-        "kube-scheduler (build them there, or set CK_KUBERNETES_BIN to a directory that has them)")
+        f"Kubernetes binaries missing from {paths.kubernetes_bin}: etcdctl helm-3.17.2 kube-apiserver "
+        "kube-controller-manager kube-scheduler kubelet (build them with tests/lab/lab kubernetes)")
 
 
 def test_hosts_file_names_localhost_and_the_node_itself():
@@ -302,7 +317,7 @@ def _leftovers(lab_dir: Path) -> list[str]:
                 line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if str(lab_dir) in line:
+            if str(lab_dir) in line or f"http.server --bind {plan.HOST_ADDRESS} " in line:
                 found.append(f"process {entry.name}: {line[:80]}")
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if str(lab_dir) in line.split()[4]]
@@ -326,6 +341,14 @@ def test_lab_up_ssh_tpm_and_down_leave_nothing_behind(tmp_path):
         assert started.stdout.strip() == str(lab_dir / "inventory.yml")
         inventory = yaml.safe_load((lab_dir / "inventory.yml").read_text())
         assert set(inventory["all"]["children"]["workers"]["hosts"]) == {"worker-0"}
+        # The mirror serves the row's artefacts on the bridge address, and only there.
+        mirror_url = inventory["all"]["vars"]["kubernetes_mirror_url"]
+        assert mirror_url == f"http://{plan.HOST_ADDRESS}:{mirror.PORT}"
+        kubeadm = inventory["all"]["vars"]["kubernetes_versions_extra"]["1.20.2"]["artifacts"]["kubeadm"]["amd64"]
+        with urllib.request.urlopen(mirror_url + urllib.parse.urlsplit(kubeadm["url"]).path, timeout=30) as response:
+            assert hashlib.sha256(response.read()).hexdigest() == kubeadm["sha256"]
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", mirror.PORT), timeout=5).close()
 
         hostname = lab("ssh", "worker-0", "hostname", timeout=60)
         assert hostname.returncode == 0, hostname.stderr

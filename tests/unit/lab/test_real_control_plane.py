@@ -26,6 +26,8 @@ from cklab import lab as lab_commands, plan
 from cklab.paths import LabPaths
 
 LAB = Path(__file__).resolve().parents[2] / "lab" / "lab"
+# kubeadm, kubelet and kubectl come through the node role from the lab's mirror.
+NODE_STACK = LAB.with_name("node-stack.yml")
 ENDPOINT = "unix:///run/kubelet-standin/runtime.sock"
 # kube-proxy, pause and coredns have no local binary, so the stand-in's crictl cannot pull them.
 IGNORED_PREFLIGHT_ERRORS = ["ImagePull"]
@@ -140,6 +142,9 @@ def cluster(tmp_path_factory):
     try:
         started = lab.lab("up", "--control-planes", "1", "--workers", "1")
         assert started.returncode == 0, started.stderr
+        stack = subprocess.run(["ansible-playbook", "-i", started.stdout.strip(), str(NODE_STACK)], env=lab.env,
+                               capture_output=True, text=True, timeout=1200, check=False)
+        assert stack.returncode == 0, stack.stdout[-3000:] + stack.stderr
         init = yaml.safe_dump_all([
             {"apiVersion": "kubeadm.k8s.io/v1beta2", "kind": "InitConfiguration",
              "localAPIEndpoint": {"advertiseAddress": CP.address, "bindPort": 6443},
