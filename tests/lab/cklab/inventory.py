@@ -30,12 +30,13 @@ def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
     ]
 
 
-def _scalar(value: str) -> str:
+def _scalar(value) -> str:
     # A JSON string is a valid YAML double-quoted scalar.
     return json.dumps(value)
 
 
-def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_hosts: Path) -> str:
+def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_hosts: Path, versions_row: dict | None = None,
+                     artifacts_dir: Path | None = None) -> str:
     common_args = " ".join(ssh_options(known_hosts))
     variables = {
         "ansible_user": "root",
@@ -53,6 +54,10 @@ def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_
         "join_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
         "lab_dir": str(lab_dir),
     }
+    if versions_row is not None:
+        # The lab's row of the versions table (cklab/cni.py) and the tree its URL paths are read from.
+        variables["kubernetes_versions_extra"] = {KUBERNETES_VERSION.lstrip("v"): versions_row}
+        variables["kubernetes_artifacts_dir"] = str(artifacts_dir)
     lines = ["# Written by tests/lab/lab up; rewritten on every up.", "all:", "  vars:"]
     lines += [f"    {key}: {_scalar(value)}" for key, value in variables.items()]
     lines.append("  children:")

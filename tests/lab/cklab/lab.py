@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import LabError, base as base_image, kubernetes, measure, network, nodes, tpm
+from . import LabError, base as base_image, cni, kubernetes, measure, network, nodes, tpm
 from .host import check_host, ensure_inotify_instances, missing_packages, run
 from .inventory import render_inventory, ssh_options
 from .paths import LabPaths
@@ -188,7 +188,8 @@ def _write_outputs(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Bas
         key = nodes.host_public_key(paths, node.name).read_text().split()
         known_hosts.append(f"{node.address} {key[0]} {key[1]}\n")
     paths.known_hosts.write_text("".join(known_hosts))
-    paths.inventory.write_text(render_inventory(wanted, paths.lab_dir, paths.ssh_key, paths.known_hosts))
+    paths.inventory.write_text(render_inventory(wanted, paths.lab_dir, paths.ssh_key, paths.known_hosts,
+                                                cni.lab_row(paths), cni.artifacts_dir(paths)))
 
 
 def _port_open(address: str) -> bool:

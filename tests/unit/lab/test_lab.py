@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cklab import LabError, __main__ as cli, base, host, lab as lab_commands, measure, plan, tpm
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
+from cklab import LabError, __main__ as cli, base, cni, host, lab as lab_commands, measure, plan, tpm
 from cklab.inventory import render_inventory, ssh_options
 from cklab.paths import LabPaths, kubernetes_bin_dir
 
@@ -188,6 +189,24 @@ def test_inventory_vars_name_the_lab_files(tmp_path):
     assert variables["confidential_tpm_event_log"] == "/run/tpm/eventlog.json"
     assert variables["ansible_ssh_private_key_file"] == f"{tmp_path}/ssh/id_ed25519"
     assert variables["lab_dir"] == str(tmp_path)
+
+
+def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha256(tmp_path):
+    paths = LabPaths(lab_dir=tmp_path, cache_dir=Path(os.environ.get("CK_LAB_CACHE") or "/var/cache/confidential-kubernetes-lab"),
+                     repo_root=Path(__file__).resolve().parents[3])
+    if not os.access(paths.kubernetes_bin / "helm-3.17.2", os.X_OK):
+        pytest.skip("the lab's helm is not built (tests/lab/lab kubernetes)")
+    row = cni.lab_row(paths)
+    chart = row["artifacts"]["cilium"]
+    archive = cni.artifacts_dir(paths) / "charts" / "cilium-1.18.0-standin.tgz"
+    assert chart == {"version": "1.18.0-standin", "url": f"http://{plan.HOST_ADDRESS}/charts/cilium-1.18.0-standin.tgz",
+                     "sha256": hashlib.sha256(archive.read_bytes()).hexdigest()}
+    assert cni.lab_row(paths) == row  # packaged once: a second up keeps the archive and its sha256
+    assert _artifacts.row_problems("1.20.2", row, shipped=False) == []
+    inventory = yaml.safe_load(render_inventory(plan.plan_nodes(1, 0), tmp_path, tmp_path / "k", tmp_path / "h", row,
+                                                cni.artifacts_dir(paths)))
+    assert inventory["all"]["vars"]["kubernetes_versions_extra"] == {"1.20.2": row}
+    assert inventory["all"]["vars"]["kubernetes_artifacts_dir"] == str(cni.artifacts_dir(paths))
 
 
 def test_inventory_ssh_trusts_only_the_lab_known_hosts(tmp_path):
