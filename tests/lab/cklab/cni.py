@@ -46,12 +46,13 @@ def chart_version(source: Path) -> str:
     return match.group(1)
 
 
-def ensure_chart(paths: LabPaths) -> dict:
-    """Package the stand-in with the lab's real helm when the archive is missing or older than a source file; return
-    its versions-table entry (version, url, sha256)."""
+def ensure_chart(paths: LabPaths, tree: Path, base_url: str = f"http://{HOST_ADDRESS}") -> dict:
+    """Package the stand-in into ``tree`` (an artefact tree: URL paths under one directory) with the lab's real helm
+    when the archive is missing or older than a source file; return its versions-table entry (version, url, sha256),
+    the url being the archive's path in the tree under ``base_url``."""
     source = chart_source(paths)
     version = chart_version(source)
-    archive = artifacts_dir(paths) / "charts" / f"cilium-{version}.tgz"
+    archive = tree / "charts" / f"cilium-{version}.tgz"
     newest = max(path.stat().st_mtime for path in source.rglob("*") if path.is_file())
     if not archive.exists() or archive.stat().st_mtime < newest:
         archive.parent.mkdir(parents=True, exist_ok=True)
@@ -62,9 +63,10 @@ def ensure_chart(paths: LabPaths) -> dict:
                 raise LabError(f"helm package {source} failed: {run.stderr.strip() or run.stdout.strip()}")
             (Path(staging) / archive.name).replace(archive)
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    return {"version": version, "url": f"http://{HOST_ADDRESS}/{archive.relative_to(artifacts_dir(paths))}", "sha256": digest}
+    return {"version": version, "url": f"{base_url}/{archive.relative_to(tree)}", "sha256": digest}
 
 
 def lab_row(paths: LabPaths) -> dict:
     """The lab's row of the versions table: the stand-in CNI chart, kubeadm's images, no node binaries (null)."""
-    return {"artifacts": {**dict.fromkeys(LAB_BINARIES), "cilium": ensure_chart(paths)}, "images": dict(LAB_IMAGES)}
+    return {"artifacts": {**dict.fromkeys(LAB_BINARIES), "cilium": ensure_chart(paths, artifacts_dir(paths))},
+            "images": dict(LAB_IMAGES)}
