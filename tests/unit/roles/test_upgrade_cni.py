@@ -49,7 +49,7 @@ def _play(tmp_path: Path, control_plane, tree: Path, sha256: str, **variables) -
         ansible_python_interpreter=sys.executable, inventory_dir=str(tmp_path),
         kubernetes_version="9.9.9", kubernetes_versions_extra={"9.9.9": _row(sha256)},
         kubernetes_artifacts_dir=str(tree), kubernetes_artifacts_cache=str(tmp_path / "cache"),
-        upgrade_cni_api_host="192.0.2.10", upgrade_kubeconfig=str(control_plane.admin_kubeconfig),
+        kubernetes_api_endpoint="192.0.2.10:7443", upgrade_kubeconfig=str(control_plane.admin_kubeconfig),
         upgrade_controller_kubeconfig=str(control_plane.admin_kubeconfig),
         upgrade_helm_binary=str(control_plane.bin / "helm-3.17.2"), **variables)
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
@@ -82,8 +82,9 @@ def test_installs_the_pinned_chart_with_the_values_and_overrides_and_a_rerun_cha
     assert first.returncode == 0, first.stdout + first.stderr
     assert _recap(first)["changed"] > 0
     config = json.loads(_get(kube_control_plane, namespace, "configmap", "cilium-config").stdout)["data"]
-    # The collection's values (API endpoint, WireGuard) with the inventory's override merged over them (ipam).
-    assert config == {"k8s-service-host": "192.0.2.10", "k8s-service-port": "6443", "ipam": "cluster-pool",
+    # The collection's values (the API endpoint kubernetes_api_endpoint, WireGuard) with the inventory's override
+    # merged over them (ipam).
+    assert config == {"k8s-service-host": "192.0.2.10", "k8s-service-port": "7443", "ipam": "cluster-pool",
                       "enable-wireguard": "true"}
     for kind in ("daemonset", "serviceaccount"):
         assert _get(kube_control_plane, namespace, kind, "cilium").returncode == 0
