@@ -41,10 +41,10 @@ def _row(sha256: str) -> dict:
                                                  "sha256": sha256}}, "images": IMAGES}
 
 
-def _play(tmp_path: Path, control_plane, tree: Path, sha256: str, **variables) -> subprocess.CompletedProcess:
+def _play(tmp_path: Path, control_plane, tree: Path, sha256: str, entry: str = "cni", **variables) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"ansible.builtin.include_role": {"name": "confidential.kubernetes.upgrade", "tasks_from": "cni"}}]}]))
+        {"ansible.builtin.include_role": {"name": "confidential.kubernetes.upgrade", "tasks_from": entry}}]}]))
     extra = dict(
         ansible_python_interpreter=sys.executable, inventory_dir=str(tmp_path),
         kubernetes_version="9.9.9", kubernetes_versions_extra={"9.9.9": _row(sha256)},
@@ -94,12 +94,13 @@ def test_installs_the_pinned_chart_with_the_values_and_overrides_and_a_rerun_cha
     assert _recap(again)["changed"] == 0, again.stdout
 
 
-def test_a_chart_whose_sha256_is_not_the_rows_is_refused_and_nothing_is_installed(tmp_path, kube_control_plane, chart):
-    namespace = _namespace(kube_control_plane, "cni-tampered")
+@pytest.mark.parametrize("entry", ["cni", "cni_chart"])
+def test_a_chart_whose_sha256_is_not_the_rows_is_refused_and_nothing_is_installed(tmp_path, kube_control_plane, chart, entry):
+    namespace = _namespace(kube_control_plane, f"cni-tampered-{entry.replace('_', '-')}")
     tree = tmp_path / "tree"
     (tree / "charts").mkdir(parents=True)
     (tree / URL_PATH).write_bytes(chart.read_bytes() + b"\0")
-    run = _play(tmp_path, kube_control_plane, tree, hashlib.sha256(chart.read_bytes()).hexdigest(),
+    run = _play(tmp_path, kube_control_plane, tree, hashlib.sha256(chart.read_bytes()).hexdigest(), entry,
                 upgrade_cni_namespace=namespace)
     assert run.returncode != 0
     assert "sha256 mismatch for cilium 1.18.0-standin (chart)" in run.stdout and URL_PATH in run.stdout
@@ -117,7 +118,26 @@ def test_confidential_cni_none_installs_nothing(tmp_path, kube_control_plane, ch
     assert not (tmp_path / "cache").exists()
 
 
-def test_an_unknown_cni_is_refused_naming_the_variable(tmp_path, kube_control_plane, chart):
-    run = _play(tmp_path, kube_control_plane, chart.parents[1], "0" * 64, confidential_cni="calico")
+@pytest.mark.parametrize("entry", ["cni", "cni_chart"])
+def test_an_unknown_cni_is_refused_naming_the_variable(tmp_path, kube_control_plane, chart, entry):
+    run = _play(tmp_path, kube_control_plane, chart.parents[1], "0" * 64, entry, confidential_cni="calico")
     assert run.returncode != 0
     assert "confidential_cni is calico; supported: cilium, none" in run.stdout
+
+
+def test_site_checks_the_chart_before_anything_changes_and_installs_the_cni_before_the_joins():
+    plays = yaml.safe_load((REPO / "playbooks" / "site.yml").read_text())
+
+    def position(predicate) -> int:
+        return next(index for index, play in enumerate(plays) if predicate(play))
+
+    def includes(entry: str):
+        return lambda play: any(task.get("ansible.builtin.include_role", {}).get("tasks_from") == entry
+                                for task in play.get("tasks", []))
+
+    def imports(name: str):
+        return lambda play: play.get("ansible.builtin.import_playbook") == name
+
+    chart = position(includes("cni_chart"))
+    nodes = position(lambda play: "confidential.kubernetes.node" in str(play.get("roles")))
+    assert chart < nodes < position(imports("init.yml")) < position(imports("cni.yml")) < position(imports("join.yml"))
