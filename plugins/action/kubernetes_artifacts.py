@@ -59,9 +59,14 @@ class ActionModule(ActionBase):
         host = task_vars.get("inventory_hostname", "controller")
         cache_dir = os.path.abspath(os.path.expanduser(params["cache_dir"]))
         if self._task.check_mode:
-            missing = [a.label for a in artifacts if not os.path.exists(_artifacts.cache_path(cache_dir, a))]
-            result.update(changed=bool(missing), fetched=missing, version=version, images=row["images"],
-                          msg="check mode: nothing fetched")
+            missing = [a for a in artifacts if not os.path.exists(_artifacts.cache_path(cache_dir, a))]
+            cached: dict = {}
+            for artifact in artifacts:
+                cached.setdefault(artifact.name, {})[artifact.arch] = _artifacts.cache_path(cache_dir, artifact)
+            result.update(changed=bool(missing), fetched=[a.label for a in missing], version=version, images=row["images"],
+                          cache_dir=cache_dir, msg="check mode: nothing fetched",
+                          artifacts={name: _entry(row["artifacts"][name], paths) for name, paths in cached.items()
+                                     if name not in {a.name for a in missing}})
             return result
         try:
             paths, fetched = _artifacts.fetch_all(

@@ -32,7 +32,8 @@ attributes:
   check_mode:
     support: full
     details:
-      - Fetches nothing; reports a change when an artefact is not cached yet.
+      - Fetches nothing; reports a change when an artefact is not cached yet. RV(artifacts) lists the artefacts
+        already in the cache (not hashed again).
   diff_mode:
     support: none
   idempotent:

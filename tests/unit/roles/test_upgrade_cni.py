@@ -41,7 +41,8 @@ def _row(sha256: str) -> dict:
                                                  "sha256": sha256}}, "images": IMAGES}
 
 
-def _play(tmp_path: Path, control_plane, tree: Path, sha256: str, entry: str = "cni", **variables) -> subprocess.CompletedProcess:
+def _play(tmp_path: Path, control_plane, tree: Path, sha256: str, entry: str = "cni", check: bool = False,
+          **variables) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [
         {"ansible.builtin.include_role": {"name": "confidential.kubernetes.upgrade", "tasks_from": entry}}]}]))
@@ -54,7 +55,8 @@ def _play(tmp_path: Path, control_plane, tree: Path, sha256: str, entry: str = "
         upgrade_helm_binary=str(control_plane.bin / "helm-3.17.2"), **variables)
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
                TMPDIR=str(tmp_path))
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)],
+    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)]
+                          + (["--check"] if check else []),
                           capture_output=True, text=True, env=env, timeout=600, check=False)
 
 
@@ -92,6 +94,11 @@ def test_installs_the_pinned_chart_with_the_values_and_overrides_and_a_rerun_cha
                   confidential_cni_values=overrides)
     assert again.returncode == 0, again.stdout + again.stderr
     assert _recap(again)["changed"] == 0, again.stdout
+    checked = _play(tmp_path, kube_control_plane, chart.parents[1], sha256, check=True, upgrade_cni_namespace=namespace,
+                    confidential_cni_values={"ipam": {"mode": "kubernetes"}})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "kube-system" not in checked.stdout and f"{namespace}/cilium: 1.18.0-standin -> 1.18.0-standin (upgrade" in checked.stdout
+    assert json.loads(_get(kube_control_plane, namespace, "configmap", "cilium-config").stdout)["data"]["ipam"] == "cluster-pool"
 
 
 @pytest.mark.parametrize("entry", ["cni", "cni_chart"])
