@@ -17,6 +17,7 @@ SHIPPED_TABLE = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "no
 ARGUMENT_SPEC = dict(
     kubernetes_version=dict(type="str", required=True),
     architectures=dict(type="list", elements="str", default=["x86_64"]),
+    artifacts=dict(type="list", elements="str", default=list(_artifacts.ARTIFACTS)),
     versions_file=dict(type="path", default=SHIPPED_TABLE),
     versions_extra=dict(type="dict", default={}),
     cache_dir=dict(type="path", default="~/.cache/confidential-kubernetes/artifacts"),
@@ -38,6 +39,12 @@ class ActionModule(ActionBase):
         if params["mirror_url"] and params["source_dir"]:
             result.update(failed=True, msg="mirror_url and source_dir are alternatives; set one of them")
             return result
+        names = _artifacts.ARTIFACTS + _artifacts.CHARTS
+        unknown = [name for name in params["artifacts"] if name not in names]
+        if unknown:
+            result.update(failed=True, msg=f"unknown artefacts {', '.join(unknown)}; the table has {', '.join(names)}")
+            return result
+        wanted = tuple(name for name in names if name in params["artifacts"])
         try:
             shipped = _artifacts.load_table(params["versions_file"])
             table = _artifacts.merged_table(shipped, params["versions_extra"])
@@ -45,16 +52,21 @@ class ActionModule(ActionBase):
             strict = frozenset(shipped) - frozenset(str(v) for v in params["versions_extra"])
             row = _artifacts.select_row(table, version, strict)
             arches = sorted({_artifacts.node_arch(machine) for machine in params["architectures"]})
-            artifacts = _artifacts.row_artifacts(version, row, arches)
+            artifacts = _artifacts.row_artifacts(version, row, arches, wanted)
         except _artifacts.VersionTableError as exc:
             result.update(failed=True, msg=str(exc))
             return result
         host = task_vars.get("inventory_hostname", "controller")
         cache_dir = os.path.abspath(os.path.expanduser(params["cache_dir"]))
         if self._task.check_mode:
-            missing = [a.label for a in artifacts if not os.path.exists(_artifacts.cache_path(cache_dir, a))]
-            result.update(changed=bool(missing), fetched=missing, version=version, images=row["images"],
-                          msg="check mode: nothing fetched")
+            missing = [a for a in artifacts if not os.path.exists(_artifacts.cache_path(cache_dir, a))]
+            cached: dict = {}
+            for artifact in artifacts:
+                cached.setdefault(artifact.name, {})[artifact.arch] = _artifacts.cache_path(cache_dir, artifact)
+            result.update(changed=bool(missing), fetched=[a.label for a in missing], version=version, images=row["images"],
+                          cache_dir=cache_dir, msg="check mode: nothing fetched",
+                          artifacts={name: _entry(row["artifacts"][name], paths) for name, paths in cached.items()
+                                     if name not in {a.name for a in missing}})
             return result
         try:
             paths, fetched = _artifacts.fetch_all(
@@ -69,12 +81,15 @@ class ActionModule(ActionBase):
             version=version,
             cache_dir=cache_dir,
             images=row["images"],
-            artifacts={
-                name: dict(version=str(row["artifacts"][name]["version"]),
-                           **{arch: dict(path=paths[name][arch], sha256=row["artifacts"][name][arch]["sha256"],
-                                         filename=os.path.basename(paths[name][arch]))
-                              for arch in arches})
-                for name in _artifacts.ARTIFACTS if row["artifacts"][name] is not None
-            },
+            artifacts={name: _entry(row["artifacts"][name], paths[name]) for name in wanted if row["artifacts"][name] is not None},
         )
         return result
+
+
+def _entry(table_entry: dict, paths: dict) -> dict:
+    """The result of one artefact: its version and, per architecture (or once, for a chart), path, sha256, filename."""
+    def item(path: str, sha256: str) -> dict:
+        return dict(path=path, sha256=sha256, filename=os.path.basename(path))
+    if None in paths:
+        return dict(version=str(table_entry["version"]), **item(paths[None], table_entry["sha256"]))
+    return dict(version=str(table_entry["version"]), **{arch: item(path, table_entry[arch]["sha256"]) for arch, path in paths.items()})

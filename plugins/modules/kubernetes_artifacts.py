@@ -10,9 +10,11 @@ short_description: Fetch and verify the binaries of one Kubernetes version into 
 version_added: 0.2.0
 description:
   - Runs on the controller. Selects the row of O(kubernetes_version) in the versions table (the collection's
-    C(roles/node/vars/kubernetes_versions.yml), with O(versions_extra) merged over it) and fetches every artefact of
-    that row for the given architectures - kubeadm, kubelet, kubectl, crictl, containerd, runc, the CNI plugins
-    and helm - into O(cache_dir).
+    C(roles/node/vars/kubernetes_versions.yml), with O(versions_extra) merged over it) and fetches the artefacts
+    O(artifacts) of that row for the given architectures - by default the node binaries kubeadm, kubelet, kubectl,
+    crictl, containerd, runc, the CNI plugins and helm - into O(cache_dir).
+  - A row also pins the CNI's Helm chart (C(cilium)), one file for every architecture, which the C(cni) entry point
+    of the role C(confidential.kubernetes.upgrade) fetches with O(artifacts=[cilium]).
   - Each artefact is hashed while it streams into a temporary file beside its cache entry and renamed into
     C(<cache_dir>/<sha256>/<file name>) only when its sha256 is the table's. A mismatch fails naming the artefact
     and the URL it came from, and caches nothing.
@@ -30,7 +32,8 @@ attributes:
   check_mode:
     support: full
     details:
-      - Fetches nothing; reports a change when an artefact is not cached yet.
+      - Fetches nothing; reports a change when an artefact is not cached yet. RV(artifacts) lists the artefacts
+        already in the cache (not hashed again).
   diff_mode:
     support: none
   idempotent:
@@ -47,6 +50,14 @@ options:
     type: list
     elements: str
     default: [x86_64]
+  artifacts:
+    description:
+      - The artefacts of the row to fetch - any of C(kubeadm), C(kubelet), C(kubectl), C(crictl), C(containerd),
+        C(runc), C(cni_plugins), C(helm) (one file per architecture) and C(cilium) (the CNI's Helm chart, one file).
+        An unknown name fails listing the known ones. The whole row is validated whatever is fetched.
+    type: list
+    elements: str
+    default: [kubeadm, kubelet, kubectl, crictl, containerd, runc, cni_plugins, helm]
   versions_file:
     description: The versions table; the collection's own by default.
     type: path
@@ -86,6 +97,13 @@ EXAMPLES = r"""
   run_once: true
   register: artifacts
 
+- name: The CNI's chart pinned by the same row
+  confidential.kubernetes.kubernetes_artifacts:
+    kubernetes_version: 1.34.4
+    artifacts: [cilium]
+  run_once: true
+  register: cni_chart
+
 - name: The same from a site mirror
   confidential.kubernetes.kubernetes_artifacts:
     kubernetes_version: 1.34.4
@@ -116,6 +134,7 @@ images:
 artifacts:
   description:
     - By artefact name, its C(version) and, for each architecture, the cached file's C(path), C(sha256) and C(filename).
+    - A chart (C(cilium)) has C(version), C(path), C(sha256) and C(filename) directly, with no architecture level.
     - An artefact an extra row sets to null is absent.
   returned: success
   type: dict

@@ -26,6 +26,8 @@ from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
 
 ARTIFACTS = ("kubeadm", "kubelet", "kubectl", "crictl", "containerd", "runc", "cni_plugins", "helm")
+# Artefacts that are the same file on every architecture (Helm charts): version, url and sha256 in the entry itself.
+CHARTS = ("cilium",)
 IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "coredns", "pause")
 ARCHITECTURES = ("amd64", "arm64")
 # Ansible's ansible_architecture (uname -m) to the architecture names release URLs use.
@@ -49,7 +51,7 @@ class ArtifactError(RuntimeError):
 class Artifact:
     name: str
     version: str
-    arch: str
+    arch: str | None  # None: the same file on every architecture (a chart)
     url: str
     sha256: str
 
@@ -59,7 +61,7 @@ class Artifact:
 
     @property
     def label(self) -> str:
-        return f"{self.name} {self.version} ({self.arch})"
+        return f"{self.name} {self.version} ({self.arch or 'chart'})"
 
 
 def load_table(path: str) -> dict:
@@ -93,7 +95,7 @@ def row_problems(version: str, row, shipped: bool = True) -> list[str]:
     artifacts = row.get("artifacts")
     if not isinstance(artifacts, dict):
         return [f"{version}: no 'artifacts' mapping"]
-    for name in ARTIFACTS:
+    for name in ARTIFACTS + CHARTS:
         entry = artifacts.get(name)
         if entry is None and name in artifacts and not shipped:
             continue
@@ -102,6 +104,12 @@ def row_problems(version: str, row, shipped: bool = True) -> list[str]:
             continue
         if not str(entry.get("version") or ""):
             problems.append(f"{version}: artefact {name} has no version")
+        if name in CHARTS:
+            unknown = sorted(str(key) for key in entry if key not in ("version", "url", "sha256"))
+            if unknown:
+                problems.append(f"{version}: artefact {name} is the same on every architecture; unknown keys {unknown}")
+            problems += _item_problems(version, name, entry, shipped)
+            continue
         arches = [arch for arch in entry if arch != "version"]
         if not arches:
             problems.append(f"{version}: artefact {name} has no architecture")
@@ -109,16 +117,7 @@ def row_problems(version: str, row, shipped: bool = True) -> list[str]:
             if arch not in ARCHITECTURES:
                 problems.append(f"{version}: artefact {name} has an unknown architecture {arch!r}")
                 continue
-            item = entry[arch]
-            if not isinstance(item, dict):
-                problems.append(f"{version}: {name} {arch} is not a mapping")
-                continue
-            url = str(item.get("url") or "")
-            scheme = urllib.parse.urlsplit(url).scheme
-            if scheme not in (("https",) if shipped else ("https", "http")) or not urllib.parse.urlsplit(url).path:
-                problems.append(f"{version}: {name} {arch} url {url!r} is not an {'https' if shipped else 'http(s)'} URL")
-            if not SHA256.match(str(item.get("sha256") or "")):
-                problems.append(f"{version}: {name} {arch} sha256 is not 64 lower-case hex digits")
+            problems += _item_problems(version, f"{name} {arch}", entry[arch], shipped)
     images = row.get("images")
     if not isinstance(images, dict):
         problems.append(f"{version}: no 'images' mapping")
@@ -126,6 +125,20 @@ def row_problems(version: str, row, shipped: bool = True) -> list[str]:
         for image in IMAGES:
             if not IMAGE_REF.match(str(images.get(image) or "")):
                 problems.append(f"{version}: image {image} is missing or has no tag ({images.get(image)!r})")
+    return problems
+
+
+def _item_problems(version: str, label: str, item, shipped: bool) -> list[str]:
+    """The problems of one file's url and sha256."""
+    if not isinstance(item, dict):
+        return [f"{version}: {label} is not a mapping"]
+    problems = []
+    url = str(item.get("url") or "")
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme not in (("https",) if shipped else ("https", "http")) or not urllib.parse.urlsplit(url).path:
+        problems.append(f"{version}: {label} url {url!r} is not an {'https' if shipped else 'http(s)'} URL")
+    if not SHA256.match(str(item.get("sha256") or "")):
+        problems.append(f"{version}: {label} sha256 is not 64 lower-case hex digits")
     return problems
 
 
@@ -141,11 +154,16 @@ def select_row(table: dict, version: str, shipped_versions: frozenset[str] = fro
     return table[version]
 
 
-def row_artifacts(version: str, row: dict, arches: list[str]) -> list[Artifact]:
-    """The artefacts of a row for the given arches, in table order; an arch the row lacks is an error."""
+def row_artifacts(version: str, row: dict, arches: list[str], names: tuple[str, ...] = ARTIFACTS) -> list[Artifact]:
+    """The artefacts ``names`` of a row (the node binaries by default) for the given arches, in table order; a chart
+    once, whatever the arches. An arch the row lacks is an error; an artefact the row sets to null is left out."""
     result = []
+    for name in (name for name in CHARTS if name in names):
+        entry = row["artifacts"][name]
+        if entry is not None:
+            result.append(Artifact(name, str(entry["version"]), None, entry["url"], entry["sha256"]))
     for arch in arches:
-        for name in ARTIFACTS:
+        for name in (name for name in ARTIFACTS if name in names):
             entry = row["artifacts"][name]
             if entry is None:
                 continue
@@ -262,7 +280,8 @@ def _remove_empty(directory: str) -> None:
 
 
 def fetch_all(artifacts: list[Artifact], cache_dir: str, **options) -> tuple[dict, list[str]]:
-    """Fetch every artefact; returns ({name: {arch: path}}, labels fetched). Stops at the first failure."""
+    """Fetch every artefact; returns ({name: {arch: path}}, labels fetched); a chart's arch is None. Stops at the
+    first failure."""
     paths: dict[str, dict[str, str]] = {}
     fetched: list[str] = []
     for artifact in artifacts:

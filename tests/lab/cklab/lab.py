@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import LabError, base as base_image, kubernetes, measure, mirror, network, nodes, tpm
+from . import LabError, base as base_image, cni, kubernetes, measure, mirror, network, nodes, tpm
 from .host import check_host, ensure_inotify_instances, missing_packages, run
 from .inventory import render_inventory, ssh_options
 from .paths import LabPaths
@@ -63,8 +63,9 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
             fresh = _converge(paths, wanted, base)
             # The nodes get kubeadm, kubelet, kubectl and helm through the node role, from this mirror.
             network.ensure_bridge()
-            mirror_url = mirror.serve(paths, mirror.tree_dir(bin_dir.parent))
-            _write_outputs(paths, wanted, base, mirror.load_row(bin_dir.parent), mirror_url)
+            tree = mirror.tree_dir(bin_dir.parent)
+            mirror_url = mirror.serve(paths, tree)
+            _write_outputs(paths, wanted, base, cni.with_chart(mirror.load_row(bin_dir.parent), paths, tree), mirror_url)
             _wait_for_ssh(paths, wanted, boot_timeout(len(fresh)))
         except LabError:
             log("tearing the lab down after the failure")

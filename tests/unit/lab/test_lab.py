@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cklab import LabError, __main__ as cli, base, host, lab as lab_commands, measure, mirror, plan, tpm
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
+from cklab import LabError, __main__ as cli, base, cni, host, lab as lab_commands, measure, mirror, plan, tpm
 from cklab.inventory import render_inventory, ssh_options
 from cklab.paths import LabPaths
 
@@ -205,6 +206,24 @@ def test_inventory_gives_the_node_role_the_lab_row_and_mirror(tmp_path):
     assert sorted(name for name, entry in row["artifacts"].items() if entry is None) == ["cni_plugins", "containerd", "crictl", "runc"]
     assert variables["node_stack_kubelet_path"] == "/opt/k8s-doubles/bin/kubelet"
     assert variables["node_stack_kernel_modules"] is False and variables["node_stack_swap_off"] is False
+
+
+def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha256(tmp_path):
+    paths = LabPaths(lab_dir=tmp_path, cache_dir=Path(os.environ.get("CK_LAB_CACHE") or "/var/cache/confidential-kubernetes-lab"),
+                     repo_root=Path(__file__).resolve().parents[3])
+    if not os.access(paths.kubernetes_bin / "helm-3.17.2", os.X_OK):
+        pytest.skip("the lab's helm is not built (tests/lab/lab kubernetes)")
+    lab_rows = {"1.20.2": mirror.render_row({artifact.name: "a" * 64 for artifact in mirror.ARTIFACTS})}
+    rows = cni.with_chart(lab_rows, paths, tmp_path / "tree")
+    row = rows["1.20.2"]
+    chart = row["artifacts"]["cilium"]
+    archive = tmp_path / "tree" / "charts" / "cilium-1.18.0-standin.tgz"
+    assert chart == {"version": "1.18.0-standin", "url": f"{mirror.ROW_BASE_URL}/charts/cilium-1.18.0-standin.tgz",
+                     "sha256": hashlib.sha256(archive.read_bytes()).hexdigest()}
+    assert {**row["artifacts"], "cilium": None} == {**lab_rows["1.20.2"]["artifacts"], "cilium": None}
+    # Packaged once: a second up keeps the archive and its sha256.
+    assert cni.with_chart(lab_rows, paths, tmp_path / "tree") == rows
+    assert _artifacts.row_problems("1.20.2", row, shipped=False) == []
 
 
 def test_inventory_ssh_trusts_only_the_lab_known_hosts(tmp_path):

@@ -29,14 +29,15 @@ def _lab_row(root: Path, base: str, tamper: str | None = None) -> dict:
     return row
 
 
-def _play(tmp_path: Path, **args) -> dict:
+def _play(tmp_path: Path, check_mode: bool = False, **args) -> dict:
     """Run the action once; return its registered result and the play's output."""
     out = tmp_path / "out.json"
     out.unlink(missing_ok=True)
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{
         "hosts": "localhost", "gather_facts": False,
-        "tasks": [{"confidential.kubernetes.kubernetes_artifacts": args, "register": "out", "ignore_errors": True},
+        "tasks": [{"confidential.kubernetes.kubernetes_artifacts": args, "register": "out", "ignore_errors": True,
+                   "check_mode": check_mode},
                   {"ansible.builtin.copy": {"content": "{{ out | to_json }}", "dest": str(out)}}],
     }]))
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
@@ -83,3 +84,23 @@ def test_unknown_version_refused_with_supported_list(tmp_path):
 def test_mirror_and_local_directory_are_exclusive(tmp_path):
     result = _play(tmp_path, kubernetes_version="1.34.4", mirror_url="http://127.0.0.1:1", source_dir=str(tmp_path))
     assert result["failed"] is True and "alternatives" in result["msg"]
+
+
+def test_the_chart_alone_is_fetched_when_named_and_an_unknown_name_is_refused(server, tmp_path):
+    base, root, requests = server
+    row = _lab_row(root, base)
+    (root / "lab" / "cilium.tgz").write_bytes(b"a chart")
+    row["artifacts"]["cilium"] = {"version": "1.18.0", "url": f"{base}/lab/cilium.tgz", "sha256": hashlib.sha256(b"a chart").hexdigest()}
+    common = dict(kubernetes_version="1.20.2", versions_extra={"1.20.2": row}, cache_dir=str(tmp_path / "cache"))
+    before = _play(tmp_path, check_mode=True, artifacts=["cilium"], **common)
+    assert before["changed"] is True and before["fetched"] == ["cilium 1.18.0 (chart)"] and before["artifacts"] == {}
+    assert not requests
+    result = _play(tmp_path, artifacts=["cilium"], **common)
+    assert not result.get("failed") and result["fetched"] == ["cilium 1.18.0 (chart)"] and len(requests) == 1
+    chart = result["artifacts"]["cilium"]
+    assert set(result["artifacts"]) == {"cilium"} and chart["version"] == "1.18.0" and chart["filename"] == "cilium.tgz"
+    assert Path(chart["path"]).read_bytes() == b"a chart" and chart["sha256"] == row["artifacts"]["cilium"]["sha256"]
+    after = _play(tmp_path, check_mode=True, artifacts=["cilium"], **common)
+    assert after["changed"] is False and after["artifacts"] == result["artifacts"] and len(requests) == 1
+    refused = _play(tmp_path, artifacts=["cilium", "calico"], **common)
+    assert refused["failed"] is True and refused["msg"].startswith("unknown artefacts calico; the table has kubeadm,")

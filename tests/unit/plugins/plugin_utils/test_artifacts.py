@@ -39,6 +39,9 @@ def test_every_row_is_complete_and_well_formed(table, version):
         for arch in _artifacts.ARCHITECTURES:
             assert f"{arch}" in entry[arch]["url"] and f"{entry['version']}" in entry[arch]["url"]
         assert entry["amd64"]["sha256"] != entry["arm64"]["sha256"]
+    cilium = row["artifacts"]["cilium"]
+    assert set(cilium) == {"version", "url", "sha256"}
+    assert cilium["url"] == f"https://helm.cilium.io/cilium-{cilium['version']}.tgz"
     for image in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"):
         assert row["images"][image] == f"registry.k8s.io/{image}:v{version}"
     assert row["images"]["pause"].startswith("registry.k8s.io/pause:3.")
@@ -63,6 +66,12 @@ def test_no_checksum_is_shared_by_two_different_files(table):
     (lambda row: row["images"].update(etcd="registry.k8s.io/etcd"), "image etcd"),
     (lambda row: row["images"].pop("pause"), "image pause"),
     (lambda row: row["artifacts"]["kubectl"].update(s390x={"url": "https://a/b", "sha256": "0" * 64}), "unknown architecture 's390x'"),
+    (lambda row: row["artifacts"].pop("cilium"), "artefact cilium is missing"),
+    (lambda row: row["artifacts"]["cilium"].update(sha256="0" * 63), "cilium sha256 is not 64"),
+    (lambda row: row["artifacts"]["cilium"].update(url="http://helm.cilium.io/cilium.tgz"), "cilium url"),
+    (lambda row: row["artifacts"]["cilium"].pop("version"), "artefact cilium has no version"),
+    (lambda row: row["artifacts"]["cilium"].update(amd64={"url": "https://a/b", "sha256": "0" * 64}),
+     "artefact cilium is the same on every architecture; unknown keys ['amd64']"),
 ])
 def test_a_malformed_row_is_named(table, mutate, expected):
     row = copy.deepcopy(table["1.34.4"])
@@ -102,6 +111,18 @@ def test_only_an_extra_row_may_say_explicitly_that_it_provides_no_artefact(table
     assert "1.34.4: artefact crictl is missing" in _artifacts.row_problems("1.34.4", lab, shipped=True)
     del lab["artifacts"]["crictl"]
     assert "1.20.2: artefact crictl is missing" in _artifacts.row_problems("1.20.2", lab, shipped=False)
+
+
+def test_a_chart_is_one_file_for_every_architecture_and_only_fetched_when_named(table):
+    row = table["1.34.4"]
+    assert "cilium" not in [a.name for a in _artifacts.row_artifacts("1.34.4", row, ["amd64", "arm64"])]
+    charts = _artifacts.row_artifacts("1.34.4", row, ["amd64", "arm64"], ("cilium",))
+    assert charts == [_artifacts.Artifact("cilium", "1.18.0", None, "https://helm.cilium.io/cilium-1.18.0.tgz",
+                                          row["artifacts"]["cilium"]["sha256"])]
+    assert charts[0].label == "cilium 1.18.0 (chart)" and charts[0].filename == "cilium-1.18.0.tgz"
+    lab = dict(row, artifacts=dict(row["artifacts"], cilium=None))
+    assert _artifacts.row_problems("1.20.2", lab, shipped=False) == []
+    assert _artifacts.row_artifacts("1.20.2", lab, ["amd64"], ("cilium",)) == []
 
 
 def test_node_architectures():
