@@ -112,6 +112,19 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     second = _play(tmp_path, row, destdir)
     assert second.returncode == 0, second.stdout + second.stderr
     assert _recap(second.stdout)["changed"] == 0, second.stdout
+    # The re-run decided from the stamp alone: the install tasks were skipped.
+    assert re.search(r"TASK \[confidential.kubernetes.node : Install the binaries\][^\n]*\n(skipping: [^\n]*\n)+\n", second.stdout), second.stdout
+
+    # A changed binary and a removed unit drop-in fail the stamp's check: the install runs again and restores both.
+    (bin_dir / "kubectl").write_bytes(b"tampered")
+    (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").unlink()
+    third = _play(tmp_path, row, destdir)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert _recap(third.stdout)["changed"] > 0
+    assert (bin_dir / "kubectl").read_bytes() == b"#!/bin/sh\necho kubectl\n"
+    assert (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text() == dropin
+    fourth = _play(tmp_path, row, destdir)
+    assert _recap(fourth.stdout)["changed"] == 0, fourth.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
