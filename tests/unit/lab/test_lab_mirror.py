@@ -184,7 +184,7 @@ def test_an_unknown_version_is_refused_with_the_supported_list(lab):
     before = lab.installed()
     run = lab.stack(kubernetes_version="1.19.0")
     assert run.returncode != 0
-    assert "Kubernetes 1.19.0 is not in the versions table; supported: 1.20.2, 1.32.10, 1.33.8, 1.34.4" in run.stdout
+    assert "Kubernetes 1.19.0 is not in the versions table; supported: 1.20.2, 1.31.9, 1.32.10, 1.33.8, 1.34.4" in run.stdout
     assert lab.installed() == before
 
 

@@ -89,7 +89,7 @@ def test_occupied_api_server_port_fails_init_before_the_lock(lab):
 def test_wrong_kubernetes_version_fails_init_before_the_lock(lab):
     # site.yml: the node role finds no such row, before anything is installed.
     output = _failure(lab.site("-e", "kubernetes_version=v1.20.3"))
-    assert "Kubernetes 1.20.3 is not in the versions table; supported: 1.20.2, 1.32.10, 1.33.8, 1.34.4" in output
+    assert "Kubernetes 1.20.3 is not in the versions table; supported: 1.20.2, 1.31.9, 1.32.10, 1.33.8, 1.34.4" in output
     assert lab.unlocked(CP)
     # init.yml alone over the installed 1.20.2 stack: init's preflight compares the installed binaries.
     output = _failure(lab.site("-e", "kubernetes_version=v1.20.3", playbook="confidential.kubernetes.init"))

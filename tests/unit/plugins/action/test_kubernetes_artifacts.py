@@ -77,7 +77,7 @@ def test_fetch_then_rerun_without_change_then_tampered_mirror_refused(server, tm
 def test_unknown_version_refused_with_supported_list(tmp_path):
     result = _play(tmp_path, kubernetes_version="1.29.0", cache_dir=str(tmp_path / "cache"))
     assert result["failed"] is True
-    assert result["msg"] == "Kubernetes 1.29.0 is not in the versions table; supported: 1.32.10, 1.33.8, 1.34.4"
+    assert result["msg"] == "Kubernetes 1.29.0 is not in the versions table; supported: 1.31.9, 1.32.10, 1.33.8, 1.34.4"
     assert not (tmp_path / "cache").exists()
 
 

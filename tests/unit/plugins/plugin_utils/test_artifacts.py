@@ -13,7 +13,7 @@ from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _ar
 
 REPO = Path(__file__).resolve().parents[4]
 TABLE = REPO / "roles" / "node" / "vars" / "kubernetes_versions.yml"
-SUPPORTED_MINORS = {"1.32", "1.33", "1.34"}
+SUPPORTED_MINORS = {"1.31", "1.32", "1.33", "1.34"}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def test_the_table_covers_the_supported_minors(table):
     assert {".".join(version.split(".")[:2]) for version in table} == SUPPORTED_MINORS
 
 
-@pytest.mark.parametrize("version", ["1.32.10", "1.33.8", "1.34.4"])
+@pytest.mark.parametrize("version", ["1.31.9", "1.32.10", "1.33.8", "1.34.4"])
 def test_every_row_is_complete_and_well_formed(table, version):
     row = table[version]
     assert _artifacts.row_problems(version, row) == []
@@ -88,7 +88,7 @@ def test_a_malformed_row_is_named(table, mutate, expected):
 def test_an_unknown_version_is_refused_with_the_supported_list(table):
     with pytest.raises(_artifacts.VersionTableError) as error:
         _artifacts.select_row(table, "1.30.0", frozenset(table))
-    assert "Kubernetes 1.30.0 is not in the versions table; supported: 1.32.10, 1.33.8, 1.34.4" == str(error.value)
+    assert "Kubernetes 1.30.0 is not in the versions table; supported: 1.31.9, 1.32.10, 1.33.8, 1.34.4" == str(error.value)
 
 
 def test_an_extra_row_is_merged_and_may_use_http(table):
@@ -99,7 +99,7 @@ def test_an_extra_row_is_merged_and_may_use_http(table):
     assert _artifacts.select_row(merged, "v1.20.2", frozenset(table)) is lab
     with pytest.raises(_artifacts.VersionTableError, match="is not an https URL"):
         _artifacts.select_row(merged, "1.20.2", frozenset(merged))
-    assert set(table) == {"1.32.10", "1.33.8", "1.34.4"}
+    assert set(table) == {"1.31.9", "1.32.10", "1.33.8", "1.34.4"}
 
 
 def test_only_an_extra_row_may_say_explicitly_that_it_provides_no_artefact(table):
