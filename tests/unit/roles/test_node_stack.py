@@ -59,7 +59,7 @@ def _offline_tree(root: Path) -> dict:
     return row
 
 
-def _play(tmp_path: Path, row: dict, destdir: Path) -> subprocess.CompletedProcess:
+def _play(tmp_path: Path, row: dict, destdir: Path, cache: str = "cache") -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{
         "hosts": "localhost", "gather_facts": False,
@@ -68,7 +68,7 @@ def _play(tmp_path: Path, row: dict, destdir: Path) -> subprocess.CompletedProce
     extra = dict(
         ansible_python_interpreter=sys.executable,
         kubernetes_version="9.9.9", kubernetes_versions_extra={"9.9.9": row},
-        kubernetes_artifacts_dir=str(tmp_path / "offline"), kubernetes_artifacts_cache=str(tmp_path / "cache"),
+        kubernetes_artifacts_dir=str(tmp_path / "offline"), kubernetes_artifacts_cache=str(tmp_path / cache),
         node_stack_destdir=str(destdir), node_stack_swap_off=False, node_stack_kernel_modules=False,
         node_stack_sysctl=False, node_stack_services=False,
     )
@@ -80,6 +80,10 @@ def _play(tmp_path: Path, row: dict, destdir: Path) -> subprocess.CompletedProce
 def _recap(stdout: str) -> dict:
     line = next(line for line in stdout.splitlines() if line.startswith("localhost") and "ok=" in line)
     return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def _install_skipped(stdout: str) -> bool:
+    return bool(re.search(r"TASK \[confidential.kubernetes.node : Install the binaries\][^\n]*\n(skipping: [^\n]*\n)+\n", stdout))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
@@ -113,7 +117,7 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert second.returncode == 0, second.stdout + second.stderr
     assert _recap(second.stdout)["changed"] == 0, second.stdout
     # The re-run decided from the stamp alone: the install tasks were skipped.
-    assert re.search(r"TASK \[confidential.kubernetes.node : Install the binaries\][^\n]*\n(skipping: [^\n]*\n)+\n", second.stdout), second.stdout
+    assert _install_skipped(second.stdout), second.stdout
 
     # A changed binary and a removed unit drop-in fail the stamp's check: the install runs again and restores both.
     (bin_dir / "kubectl").write_bytes(b"tampered")
@@ -124,7 +128,10 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert (bin_dir / "kubectl").read_bytes() == b"#!/bin/sh\necho kubectl\n"
     assert (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text() == dropin
     fourth = _play(tmp_path, row, destdir)
-    assert _recap(fourth.stdout)["changed"] == 0, fourth.stdout
+    assert _recap(fourth.stdout)["changed"] == 0 and _install_skipped(fourth.stdout), fourth.stdout
+    # Another controller (its own artefact cache) finds the same stamp.
+    other_controller = _play(tmp_path, row, destdir, cache="other-cache")
+    assert other_controller.returncode == 0 and _install_skipped(other_controller.stdout), other_controller.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
