@@ -52,6 +52,12 @@ def test_with_a_vip_the_manifest_is_a_pinned_static_pod_for_it(tmp_path):
     again = render(tmp_path, kubernetes_api_vip="192.0.2.100", kubernetes_api_endpoint="192.0.2.100:8443",
                    kube_vip_interface="eth1", kubernetes_version="v1.31.4", __join_kube_vip_init=True)
     assert "changed=0" in again.stdout
+    # After kubeadm init the init role renders it again for admin.conf, and a re-run keeps that.
+    for dummy in range(2):
+        after = render(tmp_path, kubernetes_api_vip="192.0.2.100", kubernetes_api_endpoint="192.0.2.100:8443",
+                       kube_vip_interface="eth1", kubernetes_version="v1.31.4", __join_kube_vip_init=False)
+        assert yaml.safe_load(manifest.read_text())["spec"]["volumes"][0]["hostPath"]["path"] == "/etc/kubernetes/admin.conf"
+    assert "changed=0" in after.stdout
 
 
 def test_joining_control_planes_and_older_versions_use_admin_conf_and_port_6443(tmp_path):
