@@ -24,6 +24,17 @@ keys reach cryptsetup on stdin or in 0600 files in a 0700 directory on tmpfs.
 
 from __future__ import annotations
 
+import os
+import shutil
+
+# Where system tools live when PATH (a systemd unit's, a minimal environment's) lacks them.
+SYSTEM_BIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin")
+
+
+def find_binary(name: str) -> str | None:
+    """The path of the tool ``name`` on PATH or in the system's bin directories; None when the host lacks it."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *SYSTEM_BIN_DIRS]))
+
 
 class StateDiskError(RuntimeError):
     """The state disk cannot be brought to the requested state; the message says what to do.

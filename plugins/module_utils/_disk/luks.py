@@ -8,12 +8,11 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import subprocess
 from dataclasses import asdict, dataclass
 
-from . import StateDiskError
+from . import StateDiskError, find_binary
 from .._files import write_private_file
 from .keys import DISK_KEY_LENGTH, private_key_file, read_private_file, wipe_file
 from .placement import CLUSTER_STATE_PATHS, place_cluster_state, unescape_mountinfo
@@ -38,7 +37,6 @@ _CRYPTSETUP_NO_KEY = 2
 _CRYPTSETUP_INACTIVE = 4
 # blkid(8): 2 = no signature found.
 _BLKID_NOTHING_FOUND = 2
-_SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 _PACKAGES = {"cryptsetup": "cryptsetup-bin (Debian, Ubuntu) or cryptsetup (Fedora, RHEL)", "blkid": "util-linux",
              "mount": "util-linux", "mkfs.ext4": "e2fsprogs", "mkfs.xfs": "xfsprogs", "mkfs.btrfs": "btrfs-progs"}
 _MAPPER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,126}$")
@@ -160,8 +158,7 @@ class StateDisk:
 
     @staticmethod
     def _binary(name: str) -> str:
-        search = os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])
-        found = shutil.which(name, path=search)
+        found = find_binary(name)
         if not found:
             raise StateDiskError(f"{name} was not found on this host: install {_PACKAGES.get(name, 'the package that provides it')}")
         return found

@@ -19,7 +19,7 @@ import re
 import shutil
 import subprocess
 
-from . import StateDiskError
+from . import StateDiskError, find_binary
 
 CLUSTER_STATE_PATHS = ("/etc/kubernetes", "/var/lib/etcd", "/var/lib/kubelet", "/var/lib/containerd")
 # The services that write them, stopped while a directory moves onto the disk.
@@ -27,7 +27,6 @@ CLUSTER_STATE_SERVICES = ("kubelet.service", "containerd.service")
 # The mode of a directory that does not exist yet (kubeadm wants etcd's data directory 0700).
 _NEW_MODE = {"/etc/kubernetes": 0o755, "/var/lib/containerd": 0o711}
 _DEFAULT_NEW_MODE = 0o700
-_SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 MOUNTINFO = "/proc/self/mountinfo"
 
@@ -57,8 +56,7 @@ def mount_points(mountinfo: str = MOUNTINFO) -> set[str]:
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
-    search = os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])
-    binary = shutil.which(argv[0], path=search)
+    binary = find_binary(argv[0])
     if not binary:
         raise StateDiskError(f"{argv[0]} was not found on this host")
     return subprocess.run([binary, *argv[1:]], stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
@@ -66,7 +64,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def _active_services(services: tuple[str, ...]) -> list[str]:
-    if not services or not shutil.which("systemctl", path=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])):
+    if not services or not find_binary("systemctl"):
         return []
     return [unit for unit in services if _run(["systemctl", "is-active", "--quiet", unit]).returncode == 0]
 
