@@ -6,13 +6,13 @@ like any artefact, by its URL path from the mirror, verifies the sha256, pushes 
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 from . import LabError, mirror
+from .host import file_sha256
 from .paths import LabPaths
 
 
@@ -43,7 +43,7 @@ def ensure_chart(paths: LabPaths, tree: Path, base_url: str) -> dict:
             if run.returncode != 0:
                 raise LabError(f"helm package {source} failed: {run.stderr.strip() or run.stdout.strip()}")
             (Path(staging) / archive.name).replace(archive)
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    digest = file_sha256(archive)
     return {"version": version, "url": f"{base_url}/{archive.relative_to(tree)}", "sha256": digest}
 
 

