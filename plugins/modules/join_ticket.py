@@ -45,9 +45,12 @@ options:
     elements: str
     required: true
   cluster_ca:
-    description: PEM of the cluster CA, which issued the join services' TLS certificates.
+    description:
+      - PEM of the cluster CA, which issued the join services' TLS certificates.
+      - Needed to join or rejoin; a member, a node waiting for C(kubeadm join), and check mode need none (the join role
+        asks where a node stands that way before it reads the CA).
     type: str
-    required: true
+    default: ""
   node_name:
     description:
       - The Kubernetes node name to ask for. The join service grants the name enrolled for this node's TPM (its EK) and
@@ -161,7 +164,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             endpoints=dict(type="list", elements="str", required=True),
-            cluster_ca=dict(type="str", required=True),
+            cluster_ca=dict(type="str", default=""),
             node_name=dict(type="str", default=""),
             control_plane=dict(type="bool", default=False),
             state_disk=dict(type="dict", options=STATE_DISK_OPTIONS),

@@ -161,14 +161,22 @@ class NodeJoin:
         except JoinError as exc:
             raise TicketError(f"no {flow} ticket: {exc}") from None
 
+    def _require_cluster_ca(self, flow: str) -> None:
+        """The join services' TLS is checked against the cluster CA: a join or rejoin without it changes nothing."""
+        if not self.settings.cluster_ca.strip():
+            raise TicketError(f"cluster_ca is empty: a {flow} needs the cluster CA (PEM) to check the join services' TLS certificates; "
+                              "nothing was changed")
+
     def join(self) -> dict:
         """A fresh node: ticket, node lock, state disk, files, token file. Returns the join record and the state disk result."""
+        self._require_cluster_ca("join")
         uuid = disk_uuid(self.settings.state_disk, False)[0]
         private_key_pem, csr_pem = kubelet_csr(self.settings.node_name)
         return self._apply_join_ticket(self._request("join", uuid, csr_pem), private_key_pem)
 
     def rejoin(self) -> dict:
         """A rebooted member: rejoin ticket, PCR 15 marked again, the state disk checked (or opened) with its key."""
+        self._require_cluster_ca("rejoin")
         record = self.record()
         payload = self._request("rejoin", luks_uuid(self.settings.state_disk))
         cluster_id = cluster_id_of(payload)

@@ -170,6 +170,24 @@ def test_tampered_node_gets_no_ticket_and_nothing_changes(node, join_lab):
     assert node.pcr15() == "00" * 32 and not (node.root / "etc/kubernetes/kubelet.conf").exists()
 
 
+def test_join_and_rejoin_without_the_cluster_ca_are_refused_and_nothing_changes(node, start_swtpm):
+    """The join role asks a node where it stands without the CA; a join or rejoin must not start without it."""
+    node.settings.cluster_ca = " \n"
+    assert node.joining().state() == FRESH
+    with pytest.raises(TicketError, match="cluster_ca is empty: a join needs the cluster CA"):
+        node.joining().join()
+    assert node.service.minter.tokens == [] and not os.path.exists(node.settings.lock_record)
+    assert not node.key_opens(b"") and subprocess.run(["cryptsetup", "isLuks", str(node.device)], check=False).returncode != 0
+    node.settings.cluster_ca = node.lab.ca_pem.decode()
+    node.run()
+    node.reboot(start_swtpm)
+    node.settings.cluster_ca = ""
+    assert node.joining().state() == REBOOTED
+    with pytest.raises(TicketError, match="cluster_ca is empty: a rejoin needs the cluster CA"):
+        node.joining().rejoin()
+    assert node.pcr15() == "00" * 32 and len(node.service.minter.tokens) == 1
+
+
 def test_ticket_applied_but_kubeadm_join_pending_is_resumed_without_a_new_ticket(node):
     node.joining().join()
     assert node.joining().state() == PENDING
