@@ -35,6 +35,10 @@ _JSON_WHITESPACE = " \t\n\r"
 # node, every node of one image). Only values of the bank's size go in; a full cache is emptied.
 _DECODED_PCRS: dict[str, dict[str, bytes]] = {bank: {} for bank in _BANKS}
 _DECODED_PCRS_LIMIT = 1024
+# Per bank, the bank decoded last and the exact text it came from: a node attesting again, and the next node of the
+# same image, send the same bank, and comparing it whole costs less than hashing each value to look it up above.
+_LAST_BANK: dict[str, tuple[dict, dict[int, bytes]]] = {}
+_NO_BANK: tuple[dict, dict[int, bytes]] = ({}, {})  # before the first: an empty bank's text and what it decodes to
 
 
 class EvidenceError(ValueError):
@@ -108,11 +112,18 @@ def _parse_pcrs(value: object) -> dict[str, dict[int, bytes]]:
             raise EvidenceError(f"evidence PCR bank {bank!r} is not one of {', '.join(_BANKS)}")
         if not isinstance(entries, dict):
             raise EvidenceError(f"evidence PCR bank {bank!r} must be an object of index -> value")
+        last_text, last_decoded = _LAST_BANK.get(bank, _NO_BANK)
+        if entries == last_text:
+            banks[bank] = dict(last_decoded)
+            continue
         known = _DECODED_PCRS[bank]
         try:
-            banks[bank] = {_PCR_INDEX_NAMES[index]: known[pcr_value] for index, pcr_value in entries.items()}
+            decoded = {_PCR_INDEX_NAMES[index]: known[pcr_value] for index, pcr_value in entries.items()}
         except (KeyError, TypeError):  # an index that is not 0..23, a value not seen yet or not text
-            banks[bank] = _parse_bank(bank, entries, known)
+            decoded = _parse_bank(bank, entries, known)
+        # Copies, as the caller may change its document, and the evidence it gets back, after this.
+        _LAST_BANK[bank] = (dict(entries), decoded)
+        banks[bank] = dict(decoded)
     return banks
 
 

@@ -206,6 +206,14 @@ def parse_public(data: bytes) -> Public:
     return Public(data, key_type, name_alg, attributes, auth_policy, symmetric, scheme, curve, key_bits, exponent, unique)
 
 
+class PcrSelection(NamedTuple):
+    """One TPMS_PCR_SELECTION: a bank, its PCR indices in the order TPM2_Quote digests them, and the same as a bitmask."""
+
+    alg: int
+    indices: tuple[int, ...]
+    mask: int
+
+
 class Attest(NamedTuple):
     """A parsed TPMS_ATTEST of a quote."""
 
@@ -218,14 +226,15 @@ class Attest(NamedTuple):
     restart_count: int
     safe: int
     firmware_version: int
-    pcr_selection: tuple[tuple[int, tuple[int, ...]], ...]
+    pcr_selection: tuple[PcrSelection, ...]
     pcr_digest: bytes
 
 
 @lru_cache(maxsize=64)
-def _pcr_indices(bitmap: bytes) -> tuple[int, ...]:
-    """PCR indices set in a selection bitmap; a quote's bitmap is the same from call to call."""
-    return tuple(i * 8 + bit for i, byte in enumerate(bitmap) for bit in range(8) if byte >> bit & 1)
+def _pcr_selection(alg: int, bitmap: bytes) -> PcrSelection:
+    """A selection made once per bank and bitmap: a quote's selection is the same from call to call."""
+    mask = int.from_bytes(bitmap, "little")
+    return PcrSelection(alg, tuple(i for i in range(len(bitmap) * 8) if mask >> i & 1), mask)
 
 
 def _check_end(what: str, data: bytes, pos: int) -> None:
@@ -259,7 +268,7 @@ def parse_attest(data: bytes) -> Attest:
         for _bank in range(count):
             alg, size = _SELECTION_HEAD.unpack_from(data, pos)
             pos += _SELECTION_HEAD.size + size
-            banks.append((alg, _pcr_indices(data[pos - size:pos])))
+            banks.append(_pcr_selection(alg, data[pos - size:pos]))
         (size,) = _U16.unpack_from(data, pos)
         digest = data[pos + 2:pos + 2 + size]
         pos += 2 + size

@@ -36,6 +36,7 @@ AK_REQUIRED_ATTRIBUTES = {
 }
 _AK_REQUIRED_MASK = sum(AK_REQUIRED_ATTRIBUTES.values())
 EK_REQUIRED_ATTRIBUTES = {"restricted": tpm2.ATTR_RESTRICTED, "decrypt": tpm2.ATTR_DECRYPT, "fixedTPM": tpm2.ATTR_FIXED_TPM}
+_NO_VALUES: dict[int, bytes] = {}  # a bank the evidence lacks; only read
 _SCHEMES_FOR_KEY = {tpm2.ALG_ECC: (tpm2.ALG_ECDSA,), tpm2.ALG_RSA: (tpm2.ALG_RSASSA, tpm2.ALG_RSAPSS)}
 
 
@@ -117,6 +118,7 @@ class Verifier:
         self._ak_trust_level = policy.ak_trust_level
         self._bank_id = tpm2.HASH_IDS[policy.hash_algorithm]
         self._policy_pcrs = frozenset(policy.rules)
+        self._policy_mask = sum(1 << index for index in policy.rules)
         self._rules = tuple((index, rule.allowed, rule.warn_only) for index, rule in sorted(policy.rules.items()))
 
     def verify(self, document: object, nonce: bytes) -> VerificationResult:
@@ -171,26 +173,27 @@ class Verifier:
 
     def _check_pcr_selection_and_digest(self, evidence: Evidence, attest: tpm2.Attest, digest_alg: int) -> dict[int, bytes]:
         policy_bank: tuple[int, ...] = ()
-        values: list[bytes] = []
+        covered = 0
+        quoted: tuple[bytes, ...] = ()
         absent: list[int] = []
-        for alg, indices in attest.pcr_selection:
+        for alg, indices, mask in attest.pcr_selection:
             if alg == self._bank_id:
-                policy_bank = indices
-            bank = evidence.pcrs.get(tpm2.HASHES.get(alg, ""), {})
+                policy_bank, covered = indices, mask
+            bank = evidence.pcrs.get(tpm2.HASHES.get(alg), _NO_VALUES)
             try:
-                values += map(bank.__getitem__, indices)
+                quoted += tuple(map(bank.__getitem__, indices))
             except KeyError:
                 absent += (i for i in indices if i not in bank)
-        if not self._policy_pcrs.issubset(policy_bank):
+        if self._policy_mask & ~covered:
             missing = sorted(self._policy_pcrs.difference(policy_bank))
             raise VerificationError("pcr-selection", f"quote does not cover policy PCR(s) {', '.join(map(str, missing))} in bank {self.policy.hash_algorithm}")
         if absent:
             raise VerificationError("pcr-digest", f"evidence lacks values for quoted PCR(s) {', '.join(map(str, absent))}")
         # TPM2_Quote digests the selected PCRs with the signing scheme's hash.
-        if not hmac.compare_digest(tpm2.pcr_digest(digest_alg, tuple(values)), attest.pcr_digest):
+        if not hmac.compare_digest(tpm2.pcr_digest(digest_alg, quoted), attest.pcr_digest):
             raise VerificationError("pcr-digest", "PCR values in the evidence do not match the digest the TPM quoted")
         # Only quoted values: a value the evidence carries beyond the selection is not covered by the signature.
-        bank = evidence.pcrs.get(self.policy.hash_algorithm, {})
+        bank = evidence.pcrs.get(self.policy.hash_algorithm, _NO_VALUES)
         if len(bank) == len(policy_bank):
             return dict(bank)  # each quoted index was found in this bank above: it holds exactly the quoted values
         return dict(zip(policy_bank, map(bank.__getitem__, policy_bank)))

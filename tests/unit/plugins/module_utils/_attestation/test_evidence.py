@@ -287,6 +287,24 @@ def test_a_pcr_value_known_in_one_bank_is_still_checked_in_another(golden):
     assert parse_evidence(_with_pcr(golden.document(), "sha1", "0", value)).pcrs["sha1"] == {0: b"\x07" * 20}
 
 
+def test_the_bank_decoded_last_serves_only_the_same_text(golden):
+    """The last bank decoded is reused for a bank of the same text only: one value changed is decoded (or refused) anew."""
+    assert parse_evidence(golden.document()).pcrs["sha256"] == golden.evidence.pcrs["sha256"]
+    assert parse_evidence(_with_pcr(golden.document(), "sha256", "3", _b64(b"\x05" * 32))).pcrs["sha256"][3] == b"\x05" * 32
+    parse_evidence(golden.document())
+    _assert_refused(golden, _with_pcr(golden.document(), "sha256", "3", _b64(b"\x05" * 31)), "PCR sha256:3 has 31 bytes, expected 32")
+
+
+def test_changing_a_document_or_its_evidence_after_parsing_changes_no_later_parse(golden):
+    document = golden.document()
+    parse_evidence(_with_pcr(golden.document(), "sha256", "3", _b64(b"\x05" * 32)))
+    for dummy in range(2):  # the bank decoded anew, then the same bank again
+        parse_evidence(document).pcrs["sha256"][4] = b"\x06" * 32
+        assert parse_evidence(document).pcrs["sha256"] == golden.evidence.pcrs["sha256"]
+    document["pcrs"]["sha256"]["3"] = _b64(b"\x06" * 32)  # the caller's object, changed in place
+    assert parse_evidence(document).pcrs["sha256"][3] == b"\x06" * 32
+
+
 @pytest.mark.parametrize("index", ["\u00b2", "9" * 5000], ids=["superscript two", "5000 digits"])
 def test_pcr_index_that_int_cannot_read_is_refused(golden, index):
     doc = _with_pcr(golden.document(), "sha256", index, golden.document()["pcrs"]["sha256"]["2"])
