@@ -89,23 +89,25 @@ class WorkerPool:
             theirs.close()
         worker = _Worker(self, process)
         await asyncio.get_running_loop().connect_accepted_socket(lambda: worker, ours)
-        self._workers.append(worker)
+        if not worker.lost:
+            self._workers.append(worker)
 
     def _lost(self, worker: "_Worker") -> None:
+        if self._closing:
+            return
         if worker in self._workers:
             self._workers.remove(worker)
         if worker.process.is_alive():
             worker.process.kill()
-        if not self._closing:
-            self._log.error("workers", result="restarted", pid=worker.process.pid, jobs_failed=worker.failed,
-                            msg="a worker process died; the next job starts another")
+        self._log.error("workers", result="restarted", pid=worker.process.pid, jobs_failed=worker.failed,
+                        msg="a worker process died; the next job starts another")
 
     def pids(self) -> list[int]:
         """The worker processes running now (the benchmark adds up their CPU time)."""
         return [worker.process.pid for worker in self._workers]
 
     async def close(self) -> None:
-        """No new jobs; each worker's socket is closed, so it exits once its job is done."""
+        """No new jobs; each worker's socket is closed, so it exits once its job is done (``join`` waits for that)."""
         self._closing = True
         for worker in list(self._workers):
             worker.close()
@@ -126,6 +128,7 @@ class _Worker(asyncio.Protocol):
         self.process = process
         self.jobs: dict[int, asyncio.Future] = {}
         self.failed = 0
+        self.lost = False
         self._pool = pool
         self._transport: asyncio.Transport | None = None
         self._received = bytearray()
@@ -134,9 +137,10 @@ class _Worker(asyncio.Protocol):
         self._transport = transport
 
     def submit(self, job: int, step: str, request: object) -> asyncio.Future:
+        frame = _frame((job, step, request))
         future = asyncio.get_running_loop().create_future()
         self.jobs[job] = future
-        self._transport.write(_frame((job, step, request)))
+        self._transport.write(frame)
         return future
 
     def data_received(self, data: bytes) -> None:
@@ -158,6 +162,7 @@ class _Worker(asyncio.Protocol):
                     future.set_exception(value)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         for future in self.jobs.values():
             if not future.done():
                 self.failed += 1
