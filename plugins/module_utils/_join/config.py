@@ -31,7 +31,7 @@ DEFAULT_ENROLMENT_FILE = "/etc/confidential-kubernetes/node-enrolment.json"
 DEFAULT_BINDINGS_FILE = "/etc/confidential-kubernetes/disk-bindings.json"
 _FLOATS = ("nonce_ttl", "grace_period", "policy_check_interval", "nonce_rate", "nonce_burst", "ticket_rate", "ticket_burst",
            "registration_check_interval", "registry_sync_interval", "connection_idle_timeout")
-_COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections", "worker_processes")
+_COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections")
 _POOL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,39}[a-z0-9])?")
 MAX_CONFIG_BYTES = 64 * 1024
 POLICY_CHECK_INTERVAL = 1.0
@@ -75,8 +75,9 @@ class ServiceConfig:
     max_concurrent_rpcs: int = 256
     max_connections: int = 1024
     connection_idle_timeout: float = 120.0
-    # Processes for the CPU-bound steps of a join (verify, sign, seal): one per core.
-    worker_processes: int = os.cpu_count() or 1
+    # Processes for the CPU-bound steps of a join (verify, sign, seal): one per core beside the event loop's (which is busy
+    # with gRPC and TLS when joins arrive faster than one core verifies them); 0 runs the steps in the event loop's thread.
+    worker_processes: int = max(1, (os.cpu_count() or 1) - 1)
     # Single-use tokens: how often the API is asked whether a node with a live token has registered.
     registration_check_interval: float = 5.0
     registry_sync_interval: float = 60.0
@@ -98,6 +99,8 @@ class ServiceConfig:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
             elif name in _COUNTS:
                 ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            elif name == "worker_processes":
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
             elif name == "pool_workers":
                 ok = isinstance(value, bool)
             elif name == "pool_name_prefix":

@@ -1,14 +1,13 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The CPU-bound steps of a join, without state: they run in the join service's worker processes, one per core.
+"""The CPU-bound steps of a join, without state: the join service runs them in its worker processes (``workers.py``).
 
 ``JoinCrypto.check`` is step 1's work (verify the evidence against the policy it is handed, check the request and that
 the quote covers it, make the credential); ``JoinCrypto.seal_ticket`` is step 2's (sign the kubelet certificate, seal
 the ticket). Neither touches a nonce, the registry, the control-plane slot or a token: those decisions stay in the
 service's one process, around these calls, so each stays exactly-once. A worker holds the cluster CA (it signs) and
-the EK CAs; never the root secrets or the nonce key. A ticket's plaintext passes through it to be sealed.
-
-The worker entry points (``start_worker``, ``check``, ``seal_ticket``) take and return picklable values only.
+the EK CAs; never the root secrets or the nonce key. A ticket's plaintext passes through it to be sealed. Requests and
+answers are picklable values only.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
 from dataclasses import dataclass, field
 
 try:
@@ -26,10 +24,10 @@ except ImportError:  # reported by the service at start
 
 from .._attestation import tpm2
 from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_mark
-from .._attestation.verifier import EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier, load_ca_certificates
+from .._attestation.verifier import EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier
 from .._crypto import seal
 from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
-from .request import BindingError, digest_matches, ek_identity, public_key_digest, request_digest, split_user_data
+from .request import BindingError, digest_matches, identity_of, public_key_digest, request_digest, split_user_data
 
 CREDENTIAL_SECRET_BYTES = 32
 STATUS_FOR_REASON = {
@@ -163,7 +161,7 @@ class JoinCrypto:
         ek = self._ek(verified)
         secret, credential = self._credential(verified, ek)
         evidence = verified.evidence
-        return Checked(verified.ak_trust_level, verified.warnings, ephemeral_key, ek_identity(evidence.ek_public), evidence.ek_certificate,
+        return Checked(verified.ak_trust_level, verified.warnings, ephemeral_key, identity_of(ek), evidence.ek_certificate,
                        kubelet_key, secret, credential)
 
     @staticmethod
@@ -217,30 +215,3 @@ class JoinCrypto:
                              self._verifier_id)
         except seal.SealError as exc:
             raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None
-
-
-# --- worker processes ---------------------------------------------------------------------------------------------
-
-_WORKER: JoinCrypto | None = None
-
-
-def start_worker(pki_dir: str, ek_ca_pem: bytes, cluster_id: bytes, verifier_id: str) -> None:
-    """A worker's initializer: it reads the cluster CA itself (the key is in no message); the service drains on SIGTERM
-    and SIGINT, and stops its workers when it is done, so they ignore both."""
-    global _WORKER  # pylint: disable=global-statement
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER = JoinCrypto(ClusterPki.load(pki_dir), load_ca_certificates(ek_ca_pem) if ek_ca_pem else [], cluster_id, verifier_id)
-
-
-def check(request: CheckRequest) -> Checked:
-    return _WORKER.check(request)
-
-
-def seal_ticket(request: SealRequest) -> bytes:
-    return _WORKER.seal_ticket(request)
-
-
-def ready() -> int:
-    """Nothing: the service calls it once per worker at start, so the workers are up before the first join."""
-    return os.getpid()

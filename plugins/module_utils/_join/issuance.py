@@ -21,6 +21,7 @@ import base64
 import datetime
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -166,10 +167,11 @@ class TicketIssuer:
         self._clock = clock
         self._measurement_secret = secrets.measurement_secret()
         self.cluster_id = secrets.cluster_id()
-        # The CPU-bound steps, for the calls that run a whole step here; the service's workers hold their own.
+        # The CPU-bound steps, for the calls that run a whole step here and a service without worker processes; workers hold their own.
         self.crypto = JoinCrypto(pki, ek_cas, self.cluster_id, verifier_id)
         self._control_plane = threading.Lock()
-        self._pending: dict[bytes, Pending] = {}
+        # Oldest first: every challenge lives one nonce lifetime, so the expired ones are at the front.
+        self._pending: OrderedDict[bytes, Pending] = OrderedDict()
         self._pending_lock = threading.Lock()
         # Tokens registered and not yet retired, by token ID (the service retires them once their node registered).
         self.live_tokens: dict[str, LiveToken] = {}
@@ -230,8 +232,8 @@ class TicketIssuer:
     def _remember(self, pending: Pending) -> None:
         with self._pending_lock:
             now = self._clock()
-            for nonce in [n for n, p in self._pending.items() if p.expires < now]:
-                del self._pending[nonce]
+            while self._pending and next(iter(self._pending.values())).expires < now:
+                self._pending.popitem(last=False)
             if len(self._pending) >= MAX_PENDING:
                 raise Refusal.of("busy", f"{len(self._pending)} challenges wait for their activation; retry in a few seconds")
             self._pending[pending.nonce] = pending

@@ -310,13 +310,20 @@ class BindingMirror:
             bindings = parse_bindings(text, f"disk bindings {path}") if text is not None else []
         except RegistryError as exc:
             raise ConfigError(str(exc)) from None
-        self._by_disk = {binding.disk_uuid: binding for binding in bindings}
+        self._index({binding.disk_uuid: binding for binding in bindings})
+
+    def _index(self, by_disk: dict[str, Binding]) -> None:
+        # By EK as well: a join asks for an EK's bindings, which must not cost a scan of the whole cluster's.
+        by_ek: dict[str, list[Binding]] = {}
+        for binding in by_disk.values():
+            by_ek.setdefault(binding.ek, []).append(binding)
+        self._by_disk, self._by_ek = by_disk, by_ek
 
     def get(self, disk_uuid: str) -> Binding | None:
         return self._by_disk.get(disk_uuid)
 
     def of_ek(self, ek: str) -> list[Binding]:
-        return [binding for binding in self._by_disk.values() if binding.ek == ek]
+        return list(self._by_ek.get(ek, ()))
 
     def all(self) -> list[Binding]:
         return list(self._by_disk.values())
@@ -340,7 +347,7 @@ class BindingMirror:
     def _write(self, by_disk: dict[str, Binding]) -> None:
         document = {"version": BINDINGS_VERSION, "bindings": [by_disk[disk].to_document() for disk in sorted(by_disk)]}
         write_file_atomically(self.path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), 0o600)
-        self._by_disk = by_disk
+        self._index(by_disk)
 
 
 def chains_to(certificate_der: bytes, cas: list, now: datetime.datetime) -> bool:

@@ -78,7 +78,12 @@ def digest_matches(user_data_digest: bytes, expected: bytes) -> bool:
 
 def ek_identity(ek_public: bytes) -> str:
     """The node identity of an EK given as TPMT_PUBLIC (raises tpm2.StructureError for one that names no usable key)."""
-    return public_key_digest(tpm2.parse_public(ek_public).public_key()).hex()
+    return identity_of(tpm2.parse_public(ek_public))
+
+
+def identity_of(ek: tpm2.Public) -> str:
+    """The node identity of a parsed EK."""
+    return public_key_digest(ek.public_key()).hex()
 
 
 def pool_node_name(prefix: str, identity: str) -> str:

@@ -11,12 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import multiprocessing
 import signal
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
 from . import joinservice_pb2 as pb2
 from . import joinservice_pb2_grpc as pb2_grpc
@@ -35,7 +32,6 @@ from .._attestation.verifier import VerificationError, load_ca_certificates
 from .._crypto import seal
 from .._kubeadm import scrub
 from .bindings import BindingConflict, KubectlDiskBindings
-from . import crypto
 from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load_root_secrets, read_private_file
 from .issuance import Challenge, JoinRequest, Refusal, RejoinRequest, TicketIssuer
 from .limits import PeerLimiter
@@ -44,6 +40,7 @@ from .nonces import MacNonces
 from .pki import ClusterPki, PkiError
 from .registry import BindingMirror, EnrolmentWatcher, NodeRegistry
 from .tokens import TOKEN_TTL, KubectlTokenMinter, TokenMinter, TokenMintError
+from .workers import WorkerPool
 
 SERVING = "SERVING"
 NOT_SERVING = "NOT_SERVING"
@@ -105,13 +102,13 @@ class JoinServicer:
     outcome logged.
 
     They run on the service's event loop, which only dispatches: the CPU-bound part of a request (verify, make the
-    credential, sign, seal) runs in the worker processes, one per core, and kubectl (token registration, disk bindings)
-    is an awaited subprocess, so neither a slow kubectl nor a burst of heavy requests stalls the loop that answers
-    everyone else. All state (used nonces, pending challenges, the control-plane slot, live tokens) stays in this one
-    process: the workers compute, the loop decides.
+    credential, sign, seal) runs in the worker processes (``workers.py``; in the loop's own thread with
+    ``worker_processes: 0``), and kubectl (token registration, disk bindings) is an awaited subprocess, so neither a slow
+    kubectl nor a burst of heavy requests stalls the loop that answers everyone else. All state (used nonces, pending
+    challenges, the control-plane slot, live tokens) stays in this one process: the workers compute, the loop decides.
     """
 
-    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event, workers: "WorkerPool",
+    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event, workers: WorkerPool,
                  nonce_limiter: PeerLimiter, ticket_limiter: PeerLimiter, policy: PolicyWatcher):
         self._issuer = issuer
         self._log = log
@@ -122,84 +119,74 @@ class JoinServicer:
         self._policy = policy
         self._flood_logged = 0.0
 
-    async def _refuse_while_draining(self, context) -> None:
-        if self._draining.is_set():
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the join service is shutting down; try another endpoint")
-
-    async def _refuse_undecodable(self, context, request, event: str) -> None:
+    async def _admit(self, context, request, event: str, limiter: PeerLimiter, while_draining: bool = False) -> str:
+        """The caller's address, once its request decoded, the service is not draining (unless ``while_draining``) and the
+        address is within its rate. RESOURCE_EXHAUSTED for a flood is logged once per FLOOD_LOG_INTERVAL, not once per request."""
+        peer = context.peer()
         if isinstance(request, Undecodable):
             message = bounded(str(request))
-            self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=context.peer())
+            self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=peer)
             context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
-
-    async def _limit(self, context, limiter: PeerLimiter, event: str) -> None:
-        """RESOURCE_EXHAUSTED for a peer over its rate; logged once per FLOOD_LOG_INTERVAL, not once per request."""
-        if limiter.allow(context.peer()):
-            return
+        if self._draining.is_set() and not while_draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the join service is shutting down; try another endpoint")
+        if limiter.allow(peer):
+            return peer
         now = time.monotonic()
         if now - self._flood_logged >= FLOOD_LOG_INTERVAL:
             self._flood_logged = now
-            self._log.warning(event, result="refused", reason="rate-limit", peer=context.peer(), refused_total=limiter.refused,
+            self._log.warning(event, result="refused", reason="rate-limit", peer=peer, refused_total=limiter.refused,
                               rate=limiter.rate, burst=limiter.burst)
         context.set_trailing_metadata(((REASON_METADATA, "rate-limit"),))
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"rate-limit: more than {limiter.rate:g} requests per second from "
                                                                 f"this address; retry later")
+        return peer
 
     async def GetNonce(self, request, context):  # noqa: N802 - gRPC method name
-        await self._refuse_undecodable(context, request, "nonce")
-        await self._refuse_while_draining(context)
-        await self._limit(context, self._nonce_limiter, "nonce")
+        await self._admit(context, request, "nonce", self._nonce_limiter)
         return pb2.GetNonceResponse(nonce=self._issuer.issue_nonce(), verifier_id=self._issuer.verifier_id)
 
     async def IssueJoinTicket(self, request, context):  # noqa: N802 - gRPC method name
-        await self._refuse_undecodable(context, request, "join")
-        await self._refuse_while_draining(context)
-        await self._limit(context, self._ticket_limiter, "join")
+        peer = await self._admit(context, request, "join", self._ticket_limiter)
         join = JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane, request.kubelet_csr, request.disk_uuid)
-        challenge = await self._outcome(context, "join", request.node_name, self._begin(self._issuer.join_check, join),
+        challenge = await self._outcome(context, peer, "join", request.node_name, self._begin(self._issuer.join_check, join),
                                         "challenged", control_plane=request.control_plane)
         return _challenge_message(challenge)
 
     async def IssueRejoinTicket(self, request, context):  # noqa: N802 - gRPC method name
-        await self._refuse_undecodable(context, request, "rejoin")
-        await self._refuse_while_draining(context)
-        await self._limit(context, self._ticket_limiter, "rejoin")
+        peer = await self._admit(context, request, "rejoin", self._ticket_limiter)
         rejoin = RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
-        challenge = await self._outcome(context, "rejoin", request.node_name, self._begin(self._issuer.rejoin_check, rejoin),
+        challenge = await self._outcome(context, peer, "rejoin", request.node_name, self._begin(self._issuer.rejoin_check, rejoin),
                                         "challenged")
         return _challenge_message(challenge)
 
     async def ActivateTicket(self, request, context):  # noqa: N802 - gRPC method name
-        await self._refuse_undecodable(context, request, "activate")
-        await self._refuse_while_draining(context)
-        await self._limit(context, self._ticket_limiter, "activate")
+        peer = await self._admit(context, request, "activate", self._ticket_limiter)
         try:
             pending = self._issuer.take(request.nonce, request.activation_proof)
         except Refusal as refusal:
-            await self._refuse(context, "activate", refusal, {"peer": context.peer()}, time.monotonic())
+            await self._refuse(context, "activate", refusal, {"peer": peer}, time.monotonic())
             raise
         grant = pending.grant
 
         async def issue() -> bytes:
             if pending.flow == "rejoin":
-                return await self._workers.run(crypto.seal_ticket, self._issuer.rejoin_seal(pending))
+                return await self._workers.seal_ticket(self._issuer.rejoin_seal(pending))
             await self._issuer.claim_disk(pending)
             reserved = self._issuer.reserve_join(pending)
             # The control-plane slot stays taken until the response is sent (or the RPC fails or is cancelled).
             context.add_done_callback(lambda unused_context: reserved.release())
-            prepared = reserved.sealed(await self._workers.run(crypto.seal_ticket, reserved.seal))
+            prepared = reserved.sealed(await self._workers.seal_ticket(reserved.seal))
             await self._issuer.register_token(prepared)
             return prepared.envelope
 
-        sealed = await self._outcome(context, pending.flow, grant.node_name, issue(), "issued", control_plane=grant.control_plane,
+        sealed = await self._outcome(context, peer, pending.flow, grant.node_name, issue(), "issued", control_plane=grant.control_plane,
                                      disk_uuid=grant.disk_uuid, source=grant.source, ak_trust_level=pending.ak_trust_level,
                                      warnings=pending.warnings)
         return pb2.ActivateTicketResponse(sealed_ticket=sealed)
 
     async def Health(self, request, context):  # noqa: N802 - gRPC method name
-        await self._refuse_undecodable(context, request, "health")
-        await self._limit(context, self._nonce_limiter, "health")
+        await self._admit(context, request, "health", self._nonce_limiter, while_draining=True)
         # A push is noticed at once: the watchers re-read a changed file (at most once per policy_check_interval).
         policy, enrolment = self._policy, self._issuer.registry.enrolment
         policy.current()
@@ -212,11 +199,11 @@ class JoinServicer:
     async def _begin(self, make_check, request) -> Challenge:
         """Step 1: the nonce checked here, the evidence and request in a worker, the nonce used and the grant made here."""
         check = make_check(request)
-        return self._issuer.accept(check, await self._workers.run(crypto.check, check))
+        return self._issuer.accept(check, await self._workers.check(check))
 
-    async def _outcome(self, context, event: str, node_name: str, work, result: str, **fields: object):
+    async def _outcome(self, context, peer: str, event: str, node_name: str, work, result: str, **fields: object):
         started = time.monotonic()
-        fields.update(node_name=node_name[:253], peer=context.peer())
+        fields.update(node_name=node_name[:253], peer=peer)
         try:
             outcome = await work
         except Refusal as refusal:
@@ -261,50 +248,6 @@ def _elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
-class WorkerPool:
-    """Worker processes for the CPU-bound steps (``crypto.check``, ``crypto.seal_ticket``), one per core by default.
-
-    Processes, not threads: the steps are Python around OpenSSL and hold the interpreter lock most of the time, so
-    threads shared one core. They are spawned (no fork of a process running gRPC) and each loads the cluster CA itself
-    from ``pki_dir`` in its initializer, so the key is in no message, argument or log line. A worker that dies breaks the
-    pool: the request fails (INTERNAL) and the next one gets a fresh pool.
-    """
-
-    def __init__(self, processes: int, issuer: TicketIssuer, log: StructuredLog):
-        self.processes = processes
-        self._log = log
-        ek_ca_pem = b"".join(certificate.public_bytes(serialization.Encoding.PEM) for certificate in issuer.ek_cas)
-        self._initargs = (issuer.pki_dir, ek_ca_pem, issuer.cluster_id, issuer.verifier_id)
-        self._executor = self._new()
-
-    def _new(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.processes, multiprocessing.get_context("spawn"), initializer=crypto.start_worker,
-                                   initargs=self._initargs)
-
-    def warm(self) -> None:
-        """Start every worker now rather than at the first joins."""
-        for dummy in range(self.processes):
-            self._executor.submit(crypto.ready)
-
-    async def run(self, function, argument):
-        executor = self._executor
-        try:
-            return await asyncio.get_running_loop().run_in_executor(executor, function, argument)
-        except BrokenProcessPool:
-            if executor is self._executor:
-                self._log.error("workers", result="restarted", msg="a worker process died; the pool is started again")
-                self._executor = self._new()
-                executor.shutdown(wait=False)
-            raise
-
-    def pids(self) -> list[int]:
-        """The worker processes running now (the benchmark adds up their CPU time)."""
-        return list(getattr(self._executor, "_processes", None) or ())
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=True)
-
-
 class JoinService:
     """The gRPC server (grpc.aio on an event loop thread of its own) around a TicketIssuer, with a draining shutdown and
     the background tasks that retire used tokens and mirror the cluster's disk bindings.
@@ -324,7 +267,9 @@ class JoinService:
         self._drain_delay = drain_delay
         self._policy = policy
         self._disk_bindings = disk_bindings
-        self.workers = WorkerPool(self.config.worker_processes, issuer, log)
+        ek_ca_pem = b"".join(certificate.public_bytes(serialization.Encoding.PEM) for certificate in issuer.ek_cas)
+        self.workers = WorkerPool(self.config.worker_processes, issuer.crypto,
+                                  (issuer.pki_dir, ek_ca_pem, issuer.cluster_id, issuer.verifier_id), log)
         self.nonce_limiter = PeerLimiter(self.config.nonce_rate, self.config.nonce_burst)
         self.ticket_limiter = PeerLimiter(self.config.ticket_rate, self.config.ticket_burst)
         self._loop = asyncio.new_event_loop()
@@ -366,15 +311,16 @@ class JoinService:
         pb2_grpc.add_JoinServiceServicer_to_server(servicer, _TolerantRegistration(self._server))
         return self._server.add_secure_port(self.listen, credentials)
 
-    def _on_loop(self, coroutine):
+    def on_loop(self, coroutine):
+        """Run ``coroutine`` on the service's event loop (from another thread) and return its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def start(self) -> "JoinService":
-        self.workers.warm()
         self._thread = threading.Thread(target=self._loop.run_forever, name="joinservice-loop", daemon=True)
         self._thread.start()
-        self._on_loop(self._server.start())
-        self._on_loop(self._start_background())
+        self.on_loop(self.workers.start())
+        self.on_loop(self._server.start())
+        self.on_loop(self._start_background())
         self._log.info("start", result="serving", listen=self.listen, port=self.port, verifier_id=self.issuer.verifier_id,
                        cluster_id=self.issuer.cluster_id.hex(), enrolled=len(self.issuer.registry.enrolment.value.by_ek),
                        pool_workers=self.config.pool_workers, worker_processes=self.workers.processes)
@@ -449,12 +395,13 @@ class JoinService:
             return
         self._stopped = True
         if self._thread is not None:
-            self._on_loop(self._server.stop(grace))
-            self._on_loop(_cancel_remaining_tasks())
+            self.on_loop(self._server.stop(grace))
+            self.on_loop(_cancel_remaining_tasks())
+            self.on_loop(self.workers.close())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
         self._loop.close()
-        self.workers.shutdown()
+        self.workers.join()
 
 
 async def _cancel_remaining_tasks() -> None:

@@ -56,13 +56,18 @@ class LiveToken:
     issued: datetime.datetime
 
 
+# Random bytes -> token characters: byte b is TOKEN_ALPHABET[b % 36]; bytes >= 252 are dropped, so each character is uniform.
+_TOKEN_LIMIT = 256 - 256 % len(TOKEN_ALPHABET)
+_TOKEN_CHARACTERS = bytes(ord(TOKEN_ALPHABET[b % len(TOKEN_ALPHABET)]) for b in range(256))
+_TOKEN_DROPPED = bytes(range(_TOKEN_LIMIT, 256))
+
+
 def generate_token() -> str:
     """A kubeadm bootstrap token ``[a-z0-9]{6}.[a-z0-9]{16}`` from the system CSPRNG (uniform: bytes >= 252 are dropped)."""
-    limit = 256 - 256 % len(TOKEN_ALPHABET)
-    chars: list[str] = []
+    chars = b""
     while len(chars) < 22:
-        chars.extend(TOKEN_ALPHABET[b % len(TOKEN_ALPHABET)] for b in secrets.token_bytes(32) if b < limit)
-    return "".join(chars[:6]) + "." + "".join(chars[6:22])
+        chars += secrets.token_bytes(32).translate(_TOKEN_CHARACTERS, _TOKEN_DROPPED)
+    return f"{chars[:6].decode()}.{chars[6:22].decode()}"
 
 
 def token_description(node_name: str) -> str:

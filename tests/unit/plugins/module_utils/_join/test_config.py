@@ -38,6 +38,11 @@ def test_empty_ek_ca_file_and_kubernetes_version_mean_none(tmp_path):
     assert (config.ek_ca_file, config.kubernetes_version) == (None, "")
 
 
+def test_worker_processes_default_to_one_per_core_beside_the_event_loop_and_0_is_the_loop_thread(tmp_path):
+    assert load_config(_config_file(tmp_path, REQUIRED)).worker_processes == max(1, (os.cpu_count() or 1) - 1)
+    assert load_config(_config_file(tmp_path, dict(REQUIRED, worker_processes=0))).worker_processes == 0
+
+
 def test_yaml_is_read(tmp_path):
     path = tmp_path / "joinservice.yml"
     path.write_text("".join(f"{k}: {v}\n" for k, v in REQUIRED.items()) + "nonce_ttl: 30\nlisten: '[::]:9290'\n")
@@ -59,6 +64,8 @@ def test_yaml_is_read(tmp_path):
     ({"pool_name_prefix": "p" * 42}, "pool_name_prefix"),
     ({"nonce_rate": -1}, "nonce_rate"),
     ({"max_connections": 0}, "max_connections"),
+    ({"worker_processes": -1}, "worker_processes"),
+    ({"worker_processes": True}, "worker_processes"),
 ])
 def test_bad_settings_are_named(tmp_path, change, message):
     settings = dict(REQUIRED, **{k: v for k, v in change.items() if v is not None})

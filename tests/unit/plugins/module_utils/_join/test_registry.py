@@ -241,6 +241,18 @@ def test_binding_mirror_survives_a_restart_and_is_written_0600(tmp_path):
     assert not mirror.replace([])
 
 
+def test_binding_mirror_finds_an_eks_bindings_after_each_change(tmp_path):
+    mirror = BindingMirror(str(tmp_path / "disk-bindings.json"))
+    first, second, other = (Binding(DISK_A, "a" * 64, "worker-1"), Binding(DISK_B, "a" * 64, "worker-1"), Binding(DISK_C, "b" * 64, "worker-2"))
+    mirror.record(first)
+    mirror.record(other)
+    assert (mirror.of_ek("a" * 64), mirror.of_ek("b" * 64), mirror.of_ek("c" * 64)) == ([first], [other], [])
+    mirror.record(second)
+    assert sorted(mirror.of_ek("a" * 64), key=lambda b: b.disk_uuid) == sorted([first, second], key=lambda b: b.disk_uuid)
+    assert mirror.replace([other]) and (mirror.of_ek("a" * 64), mirror.of_ek("b" * 64)) == ([], [other])
+    assert BindingMirror(mirror.path).of_ek("b" * 64) == [other]
+
+
 def test_unreadable_binding_mirror_stops_the_service_at_start(tmp_path):
     path = tmp_path / "disk-bindings.json"
     path.write_text('{"version": 1, "bindings": [{"disk_uuid": "x"}]}')

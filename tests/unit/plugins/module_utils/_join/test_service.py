@@ -655,7 +655,7 @@ def test_health_check_fails_with_the_services_load_error_and_passes_once_it_load
     assert health.main(argv) == 0
 
 
-def test_joins_are_verified_signed_and_sealed_in_worker_processes_that_get_no_key_in_their_command_line(join_lab):
+def test_joins_are_verified_signed_and_sealed_in_worker_processes_that_get_no_key_in_their_command_line_and_stop_with_it(join_lab):
     service = join_lab.start("pcrs-only", worker_processes=2)
     payload = join_with_client(join_lab, service, "worker-1")
     pids = service.workers.pids()
@@ -669,6 +669,23 @@ def test_joins_are_verified_signed_and_sealed_in_worker_processes_that_get_no_ke
             command_line = handle.read()
         assert b"multiprocessing" in command_line
         assert not any(line in command_line for line in key_lines) and b"ca.key" not in command_line
+    service.stop_now()
+    assert all(_gone(pid) for pid in pids), "a worker outlived the service"
+
+
+def test_without_worker_processes_the_event_loop_verifies_signs_seals_and_refuses(join_lab):
+    service = join_lab.start("pcrs-only", worker_processes=0)
+    payload = join_with_client(join_lab, service, "worker-1")
+    assert service.workers.pids() == []
+    assert [e["worker_processes"] for e in join_lab.logs() if e["event"] == "start"] == [0]
+    x509.load_pem_x509_certificate(payload["kubelet_client_crt"].encode()).verify_directly_issued_by(
+        x509.load_pem_x509_certificate((join_lab.pki_dir / "ca.crt").read_bytes()))
+    stub, channel = join_lab.stub(service)
+    with channel:
+        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
+        request = join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes(), csr=make_csr("worker-2"))
+        assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "csr-subject")
+    assert [t for n, t in service.minter.tokens] == [payload["bootstrap_token"]]
 
 
 def _gone(pid: int) -> bool:

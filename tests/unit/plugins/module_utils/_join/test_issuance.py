@@ -1,0 +1,66 @@
+"""TicketIssuer without gRPC: the challenges that wait for their activation proof."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import tpm2
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join import issuance
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import PolicyWatcher, load_root_secrets
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.crypto import Checked, CheckRequest, Refusal
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import TicketIssuer
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import BindingMirror, EnrolmentWatcher, NodeRegistry
+
+from join_harness import API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeApi
+
+TTL = 60.0
+
+
+@pytest.fixture
+def waiting(join_lab, monkeypatch):
+    """An issuer whose clocks the test moves, at most 2 challenges waiting, and a way to pass step 1 for the lab's TPM."""
+    monkeypatch.setattr(issuance, "MAX_PENDING", 2)
+    join_lab.write_policy("pcrs-only")
+    identity = join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
+    monotonic, wall = Clock(), Clock()
+    api = FakeApi()
+    policy = PolicyWatcher(str(join_lab.policy_file), join_lab.log, interval=0)
+    registry = NodeRegistry(EnrolmentWatcher(str(join_lab.enrolment_file), join_lab.log, interval=0),
+                            BindingMirror(str(join_lab.dir / "disk-bindings.json")), [], None)
+    nonces = MacNonces(ttl=TTL, clock=wall)
+    issuer = TicketIssuer(load_root_secrets(str(join_lab.secrets_file)), ClusterPki.load(str(join_lab.pki_dir)), policy.current, [],
+                          api.minter(), nonces, registry, api.bindings(), API_SERVER, K8S_VERSION, "verifier", clock=monotonic)
+
+    def challenge() -> bytes:
+        nonce = issuer.issue_nonce()
+        check = CheckRequest(policy.current(), "join", b"", nonce, "", False, DISK_UUID, b"")
+        issuer.accept(check, Checked(1, [], b"", identity, None, b"", os.urandom(32), tpm2.Credential(b"blob", b"seed")))
+        return nonce
+
+    def advance(seconds: float) -> None:
+        monotonic.now += seconds
+        wall.now += seconds
+
+    return issuer, challenge, advance
+
+
+def test_challenges_waiting_are_capped_and_expired_ones_make_room(waiting):
+    issuer, challenge, advance = waiting
+    first = challenge()
+    advance(TTL / 2)
+    second = challenge()
+    with pytest.raises(Refusal) as refused:
+        challenge()
+    assert (refused.value.code, refused.value.reason, issuer.pending()) == ("RESOURCE_EXHAUSTED", "busy", 2)
+    advance(TTL / 2 + 1)
+    third = challenge()
+    assert issuer.pending() == 2
+    for nonce, reason in ((first, "activation-unknown"), (second, "credential-activation"), (third, "credential-activation")):
+        with pytest.raises(Refusal) as refused:
+            issuer.take(nonce, b"not the proof")
+        assert refused.value.reason == reason
+    assert issuer.pending() == 0
