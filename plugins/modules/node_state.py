@@ -188,7 +188,7 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._node import NodeStateError
-from ansible_collections.confidential.kubernetes.plugins.module_utils._node.state import HostPreparation, NodeState
+from ansible_collections.confidential.kubernetes.plugins.module_utils._node.state import HostPreparation, NodeState, Outcome
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -228,12 +228,13 @@ def main() -> None:
         result["venv"] = node.venv(params["venv"], params["venv_imports"])
     if params["archive"]:
         result["archive"] = node.archive(params["archive"], params["archive_dest"], params["archive_sha256"])
+    outcome = Outcome()
     try:
-        outcome = node.prepare(preparation)
+        node.prepare(preparation, outcome)
     except NodeStateError as exc:
-        module.fail_json(msg=str(exc), **result)
+        module.fail_json(msg=str(exc), changed=bool(outcome.changes), changes=outcome.changes, **result)
     except OSError as exc:
-        module.fail_json(msg=f"preparing the host: {exc}", **result)
+        module.fail_json(msg=f"preparing the host: {exc}", changed=bool(outcome.changes), changes=outcome.changes, **result)
     if module._diff:
         result["diff"] = outcome.diff
     module.exit_json(changed=bool(outcome.changes), changes=outcome.changes, **result)

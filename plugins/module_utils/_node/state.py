@@ -218,19 +218,18 @@ class NodeState:
         except FileNotFoundError:
             return None
 
-    def prepare(self, preparation: HostPreparation) -> Outcome:
-        """Bring the host to ``preparation``: swap, then kernel modules (the bridge sysctls need br_netfilter), then sysctls."""
+    def prepare(self, preparation: HostPreparation, outcome: Outcome) -> None:
+        """Bring the host to ``preparation``: swap, then kernel modules (the bridge sysctls need br_netfilter), then
+        sysctls. ``outcome`` collects each change as it is made, so that a failure still says what changed before it."""
         problems = preparation.problems()
         if problems:
             raise NodeStateError("; ".join(problems))
-        outcome = Outcome()
         if preparation.swap_off:
             self._swap_off(preparation.fstab, outcome)
         if preparation.kernel_modules:
             self._kernel_modules(preparation, outcome)
         if preparation.sysctls:
             self._sysctls(preparation, outcome)
-        return outcome
 
     def _swap_off(self, fstab: str, outcome: Outcome) -> None:
         active = self.active_swap()

@@ -323,3 +323,22 @@ def test_a_sysctl_the_host_lacks_fails_naming_it(node):
                         AnsibleFailJson)
     assert failed["msg"] == ("sysctl net.netfilter.nf_conntrack_max: this host has no such key "
                              "(is the kernel module that provides it loaded?)")
+
+
+def test_a_failing_modprobe_still_reports_what_changed_before_it(node, monkeypatch):
+    played = node.run
+
+    def modprobe_fails(argv):
+        if argv[0] == "modprobe":
+            node.commands.append(argv)
+            return 1, "", "modprobe: FATAL: Module br_netfilter not found in directory /lib/modules/6.1.0"
+        return played(argv)
+
+    monkeypatch.setattr(node, "run", modprobe_fails)
+    failed = run_module(node.args(), AnsibleFailJson)
+    assert failed["msg"] == ("modprobe br_netfilter failed (exit 1): "
+                             "modprobe: FATAL: Module br_netfilter not found in directory /lib/modules/6.1.0")
+    assert failed["changed"] is True
+    assert failed["changes"] == ["swapoff --all (active: /swapfile)", f"comment out 1 swap line(s) in {node.root}/etc/fstab",
+                                 f"write {node.root}/etc/modules-load.d/kubernetes.conf", "modprobe br_netfilter"]
+    assert node.sysctl("net.ipv4.ip_forward") == "0"
