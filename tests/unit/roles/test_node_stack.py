@@ -59,7 +59,7 @@ def _offline_tree(root: Path) -> dict:
     return row
 
 
-def _play(tmp_path: Path, row: dict, destdir: Path, cache: str = "cache") -> subprocess.CompletedProcess:
+def _play(tmp_path: Path, row: dict, destdir: Path, cache: str = "cache", *options: str) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{
         "hosts": "localhost", "gather_facts": False,
@@ -73,7 +73,7 @@ def _play(tmp_path: Path, row: dict, destdir: Path, cache: str = "cache") -> sub
         node_stack_sysctl=False, node_stack_services=False,
     )
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)],
+    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), *options, str(playbook)],
                           capture_output=True, text=True, env=env, timeout=600, check=False)
 
 
@@ -83,7 +83,10 @@ def _recap(stdout: str) -> dict:
 
 
 def _install_skipped(stdout: str) -> bool:
-    return bool(re.search(r"TASK \[confidential.kubernetes.node : Install the binaries\][^\n]*\n(skipping: [^\n]*\n)+\n", stdout))
+    """The re-run decided from the probe alone: the install was not even included."""
+    included = re.search(r"TASK \[confidential.kubernetes.node : Install the stack's binaries, configuration and units\]"
+                         r"[^\n]*\n(skipping: [^\n]*\n)+\n", stdout)
+    return bool(included) and "TASK [confidential.kubernetes.node : Install the binaries]" not in stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
@@ -119,19 +122,38 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     # The re-run decided from the stamp alone: the install tasks were skipped.
     assert _install_skipped(second.stdout), second.stdout
 
-    # A changed binary and a removed unit drop-in fail the stamp's check: the install runs again and restores both.
+    # A changed binary, a changed CNI plugin and a removed unit drop-in fail the stamp's check: check mode says so
+    # and changes nothing; a real run installs again and restores all three.
     (bin_dir / "kubectl").write_bytes(b"tampered")
+    (destdir / "opt/cni/bin/bridge").write_bytes(b"tampered")
     (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").unlink()
+    checked = _play(tmp_path, row, destdir, "cache", "--check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert _recap(checked.stdout)["changed"] > 0 and not _install_skipped(checked.stdout)
+    assert (bin_dir / "kubectl").read_bytes() == b"tampered"
     third = _play(tmp_path, row, destdir)
     assert third.returncode == 0, third.stdout + third.stderr
     assert _recap(third.stdout)["changed"] > 0
     assert (bin_dir / "kubectl").read_bytes() == b"#!/bin/sh\necho kubectl\n"
+    assert (destdir / "opt/cni/bin/bridge").read_bytes() == b"bridge"
     assert (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text() == dropin
     fourth = _play(tmp_path, row, destdir)
     assert _recap(fourth.stdout)["changed"] == 0 and _install_skipped(fourth.stdout), fourth.stdout
+
     # Another controller (its own artefact cache) finds the same stamp.
     other_controller = _play(tmp_path, row, destdir, cache="other-cache")
     assert other_controller.returncode == 0 and _install_skipped(other_controller.stdout), other_controller.stdout
+
+    # A changed input (another unit path for the kubelet) names another stamp: the install runs and keeps only the
+    # new stamp, so the next probe verifies one.
+    staging = destdir / "var/cache/confidential-kubernetes/artifacts"
+    before = {p.name for p in staging.glob("installed-*.sha256")}
+    assert len(before) == 1
+    moved = _play(tmp_path, row, destdir, "cache", "-e", "node_stack_kubelet_path=/usr/local/bin/kubelet-other")
+    assert moved.returncode == 0 and _recap(moved.stdout)["changed"] > 0, moved.stdout
+    after = {p.name for p in staging.glob("installed-*.sha256")}
+    assert len(after) == 1 and after != before
+    assert "/usr/local/bin/kubelet-other" in (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")

@@ -1,0 +1,288 @@
+# Copyright (c) confidential.kubernetes contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Read a node's state in one pass, and bring its host preparation to what kubeadm's preflight expects."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import platform
+import re
+import stat
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+
+from . import NodeStateError
+from .._disk import find_binary
+from .._files import write_file_atomically
+
+# An fstab line that mounts swap and is not commented out: device, mount point, type swap, options.
+FSTAB_SWAP = re.compile(r"^[^#\s]\S*\s+\S+\s+swap(\s|$)")
+# One line of a stamp, in sha256sum's format (text or binary marker).
+STAMP_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
+MODULE_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+SYSCTL_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
+IMPORT_PROGRAM = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class HostPreparation:
+    """The host preparation kubeadm's preflight expects; an empty field asks for nothing."""
+
+    swap_off: bool = False
+    fstab: str = "/etc/fstab"
+    kernel_modules: tuple[str, ...] = ()
+    modules_load_file: str = "/etc/modules-load.d/kubernetes.conf"
+    # (key, value) in the order they are written.
+    sysctls: tuple[tuple[str, str], ...] = ()
+    sysctl_file: str = "/etc/sysctl.d/99-kubernetes.conf"
+
+    def problems(self) -> list[str]:
+        """Every malformed name or value, so that bad input fails before anything changes."""
+        found = [f"kernel module name {name!r} is not a module name" for name in self.kernel_modules
+                 if not MODULE_NAME.match(name)]
+        found += [f"sysctl key {key!r} is not a sysctl name" for key, dummy in self.sysctls if not SYSCTL_KEY.match(key)]
+        found += [f"sysctl {key} has no value" for key, value in self.sysctls if not value.strip() or "\n" in value]
+        return found
+
+
+@dataclass
+class Outcome:
+    """What the host preparation changed (or, in check mode, would change), and the files' diffs."""
+
+    changes: list[str] = field(default_factory=list)
+    diff: list[dict] = field(default_factory=list)
+
+
+def file_sha256(path: str) -> str | None:
+    """The sha256 of a regular file's content; None when there is no such file."""
+    try:
+        with open(path, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            digest = hashlib.sha256()
+            for chunk in iter(lambda: handle.read(_CHUNK), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def stamp_verifies(path: str) -> bool:
+    """Whether every file a stamp lists has the sha256 it records (sha256sum --check --strict); stops at the first miss."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    entries = [STAMP_LINE.match(line) for line in lines]
+    if not entries or None in entries:
+        return False
+    return all(file_sha256(entry.group(2)) == entry.group(1) for entry in entries)
+
+
+def unpacked(archive_path: str, dest: str) -> bool:
+    """Whether ``dest`` holds every directory and regular file of the tar archive, with the same content and mode."""
+    if not os.path.isdir(dest):
+        return False
+    try:
+        with tarfile.open(archive_path) as archive:
+            for member in archive:
+                if os.path.isabs(member.name) or ".." in member.name.split("/"):
+                    return False
+                target = os.path.join(dest, member.name)
+                if member.isdir() and not os.path.isdir(target):
+                    return False
+                if member.isfile() and not _same_file(archive, member, target):
+                    return False
+    except (OSError, tarfile.TarError):
+        return False
+    return True
+
+
+def _same_file(archive: tarfile.TarFile, member: tarfile.TarInfo, target: str) -> bool:
+    try:
+        found = os.lstat(target)
+    except OSError:
+        return False
+    if not stat.S_ISREG(found.st_mode) or found.st_size != member.size or stat.S_IMODE(found.st_mode) != member.mode & 0o7777:
+        return False
+    source = archive.extractfile(member)
+    with source, open(target, "rb") as installed:
+        for chunk in iter(lambda: source.read(_CHUNK), b""):
+            if installed.read(len(chunk)) != chunk:
+                return False
+    return True
+
+
+def _read(path: str) -> tuple[str | None, int | None]:
+    """A file's text (bytes kept as they are) and mode; (None, None) when it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("utf-8", "surrogateescape"), stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+    except FileNotFoundError:
+        return None, None
+
+
+def _shown(text: str | None) -> str:
+    return (text or "").encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+class NodeState:
+    """One node's state; ``prepare`` changes the host preparation, everything else only reads."""
+
+    def __init__(self, check_mode: bool = False, proc: str = "/proc"):
+        self.check_mode = check_mode
+        self.proc = proc
+
+    def _run_command(self, argv: list[str]) -> tuple[int, str, str]:
+        """The one place a command runs (argument lists only): return code, stdout, stderr; 127 when it is missing."""
+        binary = argv[0] if os.path.isabs(argv[0]) else find_binary(argv[0])
+        if binary is None or not os.access(binary, os.X_OK):
+            return 127, "", f"{argv[0]}: not found"
+        completed = subprocess.run([binary, *argv[1:]], capture_output=True, check=False, timeout=600)
+        return completed.returncode, completed.stdout.decode(errors="replace"), completed.stderr.decode(errors="replace")
+
+    def _must_run(self, argv: list[str]) -> None:
+        code, dummy, err = self._run_command(argv)
+        if code != 0:
+            raise NodeStateError(f"{' '.join(argv)} failed (exit {code}): {err.strip()}")
+
+    @staticmethod
+    def architecture() -> str:
+        """The machine as Ansible's facts name it (x86_64, aarch64)."""
+        return platform.machine()
+
+    def venv(self, path: str, imports: list[str]) -> dict:
+        """Whether the virtualenv's python imports every module of ``imports``; the last error line when it does not."""
+        code, dummy, err = self._run_command([os.path.join(path, "bin", "python"), "-c", IMPORT_PROGRAM, *imports])
+        lines = err.strip().splitlines()
+        return {"path": path, "complete": code == 0, "error": None if code == 0 else (lines[-1] if lines else f"exit {code}")}
+
+    @staticmethod
+    def tools(names: list[str]) -> dict[str, str | None]:
+        """Each tool's path, None for a missing one."""
+        return {name: find_binary(name) for name in names}
+
+    @staticmethod
+    def stamps(pattern: str) -> dict[str, bool]:
+        """Every stamp matching the glob ``pattern``, and whether it verifies."""
+        return {path: stamp_verifies(path) for path in sorted(glob.glob(pattern))}
+
+    def services(self, names: list[str]) -> dict[str, dict[str, bool]]:
+        """Each systemd unit's state: active (running) and enabled; both false where systemd cannot say."""
+        states = {name: {"active": False, "enabled": False} for name in names}
+        if not names:
+            return states
+        code, out, dummy = self._run_command(["systemctl", "show", "--property=Id,ActiveState,UnitFileState", "--", *names])
+        blocks = [dict(line.split("=", 1) for line in block.splitlines() if "=" in line) for block in out.strip().split("\n\n")]
+        if code != 0 or len(blocks) != len(names):
+            return states
+        return {name: {"active": block.get("ActiveState") == "active", "enabled": block.get("UnitFileState") == "enabled"}
+                for name, block in zip(names, blocks)}
+
+    @staticmethod
+    def archive(path: str, dest: str, expected_sha256: str) -> dict:
+        """The archive's sha256 on the node, whether it is the expected one, and whether ``dest`` holds its content."""
+        digest = file_sha256(path)
+        return {"sha256": digest, "current": digest == expected_sha256, "unpacked": digest is not None and unpacked(path, dest)}
+
+    def _proc_lines(self, name: str, what: str) -> list[str]:
+        try:
+            with open(os.path.join(self.proc, name), encoding="utf-8") as handle:
+                return [line for line in handle.read().splitlines() if line.strip()]
+        except FileNotFoundError:
+            raise NodeStateError(f"this host has no {os.path.join(self.proc, name)} (a container?), so {what} cannot "
+                                 "be checked; switch that step off for it") from None
+
+    def active_swap(self) -> list[str]:
+        """The swap devices and files in use (/proc/swaps after its header)."""
+        return [line.split()[0] for line in self._proc_lines("swaps", "swap")[1:]]
+
+    def loaded_modules(self) -> set[str]:
+        """The names of the loaded kernel modules."""
+        return {line.split(" ", 1)[0] for line in self._proc_lines("modules", "the kernel modules")}
+
+    def _sysctl_path(self, key: str) -> str:
+        # sysctl's rule: a key with a slash uses slashes as separators and keeps its dots (interface names).
+        return os.path.join(self.proc, "sys", *(key.split("/") if "/" in key else key.split(".")))
+
+    def sysctl(self, key: str) -> str | None:
+        """A sysctl's current value, whitespace as /proc shows it; None when the host has no such key (yet)."""
+        try:
+            with open(self._sysctl_path(key), encoding="utf-8") as handle:
+                return handle.read().strip()
+        except FileNotFoundError:
+            return None
+
+    def prepare(self, preparation: HostPreparation, outcome: Outcome) -> None:
+        """Bring the host to ``preparation``: swap, then kernel modules (the bridge sysctls need br_netfilter), then
+        sysctls. ``outcome`` collects each change as it is made, so that a failure still says what changed before it."""
+        problems = preparation.problems()
+        if problems:
+            raise NodeStateError("; ".join(problems))
+        if preparation.swap_off:
+            self._swap_off(preparation.fstab, outcome)
+        if preparation.kernel_modules:
+            self._kernel_modules(preparation, outcome)
+        if preparation.sysctls:
+            self._sysctls(preparation, outcome)
+
+    def _swap_off(self, fstab: str, outcome: Outcome) -> None:
+        active = self.active_swap()
+        if active:
+            outcome.changes.append(f"swapoff --all (active: {', '.join(active)})")
+            if not self.check_mode:
+                self._must_run(["swapoff", "--all"])
+        before, mode = _read(fstab)
+        if before is None:
+            return
+        lines = before.splitlines(keepends=True)
+        after = "".join("# " + line if FSTAB_SWAP.match(line) else line for line in lines)
+        if after != before:
+            count = sum(1 for line in lines if FSTAB_SWAP.match(line))
+            self._write(fstab, before, after, mode, outcome, f"comment out {count} swap line(s) in {fstab}")
+
+    def _kernel_modules(self, preparation: HostPreparation, outcome: Outcome) -> None:
+        self._ensure_file(preparation.modules_load_file, "".join(f"{name}\n" for name in preparation.kernel_modules), outcome)
+        loaded = self.loaded_modules()
+        for name in preparation.kernel_modules:
+            # /proc/modules names a module with underscores whichever way it was asked for.
+            if name.replace("-", "_") not in loaded:
+                outcome.changes.append(f"modprobe {name}")
+                if not self.check_mode:
+                    self._must_run(["modprobe", name])
+
+    def _sysctls(self, preparation: HostPreparation, outcome: Outcome) -> None:
+        self._ensure_file(preparation.sysctl_file, "".join(f"{key} = {value}\n" for key, value in preparation.sysctls), outcome)
+        for key, value in preparation.sysctls:
+            current = self.sysctl(key)
+            if current is not None and current.split() == value.split():
+                continue
+            outcome.changes.append(f"sysctl {key} = {value} (was {current if current is not None else 'unset'})")
+            if self.check_mode:
+                continue
+            try:
+                with open(self._sysctl_path(key), "w", encoding="utf-8") as handle:
+                    handle.write(value)
+            except FileNotFoundError:
+                raise NodeStateError(f"sysctl {key}: this host has no such key (is the kernel module that provides it loaded?)") from None
+            except OSError as exc:
+                raise NodeStateError(f"sysctl {key} = {value}: {exc.strerror}") from None
+
+    def _ensure_file(self, path: str, content: str, outcome: Outcome) -> None:
+        """A configuration file with exactly ``content``, mode 0644."""
+        before, mode = _read(path)
+        if before != content or mode != 0o644:
+            self._write(path, before, content, 0o644, outcome, f"write {path}")
+
+    def _write(self, path: str, before: str | None, after: str, mode: int, outcome: Outcome, change: str) -> None:
+        outcome.changes.append(change)
+        outcome.diff.append({"before_header": path, "after_header": path, "before": _shown(before), "after": _shown(after)})
+        if self.check_mode:
+            return
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        write_file_atomically(path, after.encode("utf-8", "surrogateescape"), mode)

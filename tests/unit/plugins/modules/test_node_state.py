@@ -1,0 +1,344 @@
+"""node_state's main(): the probe and the host preparation on real files in a temporary tree.
+
+The node's /proc is a directory of the test (swaps, modules, sys/...), and the one command seam
+(NodeState._run_command) plays swapoff, modprobe and systemctl on it; everything else is real: the
+fstab, modules-load.d and sysctl.d files, stamps and the files they list, tar archives, a virtualenv's python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.confidential.kubernetes.plugins.module_utils._node.state import NodeState
+from ansible_collections.confidential.kubernetes.plugins.modules import node_state
+
+SYSCTLS = {"net.bridge.bridge-nf-call-iptables": 1, "net.ipv4.ip_forward": 1}
+SWAPS_HEADER = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+FSTAB = "# /etc/fstab\nUUID=1234 / ext4 errors=remount-ro 0 1\n/swapfile none swap sw 0 0\n#/old none swap sw 0 0\n"
+
+
+class AnsibleExitJson(Exception):
+    pass
+
+
+class AnsibleFailJson(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def module_exits(monkeypatch):
+    def exit_json(module, **kwargs):
+        raise AnsibleExitJson(kwargs)
+
+    def fail_json(module, msg, **kwargs):
+        raise AnsibleFailJson({"msg": msg, **kwargs})
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+
+class Node:
+    """A node's /proc in a directory, and the commands the module runs, recorded and played on it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.proc = root / "proc"
+        self.commands: list[list[str]] = []
+        self.systemctl = (0, "Id=containerd.service\nActiveState=active\nUnitFileState=enabled\n\n"
+                             "Id=kubelet.service\nActiveState=inactive\nUnitFileState=enabled\n")
+        (self.proc / "sys/net/bridge").mkdir(parents=True)
+        (self.proc / "sys/net/ipv4").mkdir(parents=True)
+        self.set_swap(["/swapfile"])
+        (self.proc / "modules").write_text("overlay 155648 0 - Live 0x0000000000000000\n")
+        self.set_sysctl("net.bridge.bridge-nf-call-iptables", "0")
+        self.set_sysctl("net.ipv4.ip_forward", "0")
+        (root / "etc").mkdir()
+        (root / "etc/fstab").write_text(FSTAB)
+
+    def set_swap(self, active: list[str]) -> None:
+        (self.proc / "swaps").write_text(SWAPS_HEADER + "".join(f"{name}\tfile\t1024\t0\t-2\n" for name in active))
+
+    def set_sysctl(self, key: str, value: str) -> None:
+        (self.proc / "sys" / key.replace(".", "/")).write_text(value + "\n")
+
+    def sysctl(self, key: str) -> str:
+        return (self.proc / "sys" / key.replace(".", "/")).read_text().strip()
+
+    def loaded(self) -> list[str]:
+        return [line.split()[0] for line in (self.proc / "modules").read_text().splitlines()]
+
+    def unload(self, name: str) -> None:
+        (self.proc / "modules").write_text("".join(f"{line}\n" for line in (self.proc / "modules").read_text().splitlines()
+                                                   if line.split()[0] != name))
+
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
+        self.commands.append(argv)
+        if argv == ["swapoff", "--all"]:
+            self.set_swap([])
+            return 0, "", ""
+        if argv[0] == "modprobe":
+            with open(self.proc / "modules", "a", encoding="utf-8") as handle:
+                handle.write(f"{argv[1]} 36864 0 - Live 0x0000000000000000\n")
+            return 0, "", ""
+        if argv[0] == "systemctl":
+            return self.systemctl[0], self.systemctl[1], ""
+        return NodeState._run_command(None, argv)
+
+    def args(self, **extra) -> dict:
+        return {"swap_off": True, "fstab": str(self.root / "etc/fstab"),
+                "kernel_modules": ["overlay", "br_netfilter"],
+                "modules_load_file": str(self.root / "etc/modules-load.d/kubernetes.conf"),
+                "sysctls": SYSCTLS, "sysctl_file": str(self.root / "etc/sysctl.d/99-kubernetes.conf"), **extra}
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch) -> Node:
+    fake = Node(tmp_path)
+
+    class OnTheFakeNode(NodeState):
+        def __init__(self, check_mode: bool = False):
+            super().__init__(check_mode=check_mode, proc=str(fake.proc))
+
+        def _run_command(self, argv):
+            return fake.run(argv)
+
+    monkeypatch.setattr(node_state, "NodeState", OnTheFakeNode)
+    return fake
+
+
+def run_module(args: dict, outcome=AnsibleExitJson) -> dict:
+    with patch_module_args(args), pytest.raises(outcome) as raised:
+        node_state.main()
+    return raised.value.args[0]
+
+
+def test_check_mode_reports_every_step_and_changes_nothing(node):
+    result = run_module({**node.args(), "_ansible_check_mode": True, "_ansible_diff": True})
+    assert result["changed"] is True
+    assert result["changes"] == [
+        "swapoff --all (active: /swapfile)",
+        f"comment out 1 swap line(s) in {node.root}/etc/fstab",
+        f"write {node.root}/etc/modules-load.d/kubernetes.conf",
+        "modprobe br_netfilter",
+        f"write {node.root}/etc/sysctl.d/99-kubernetes.conf",
+        "sysctl net.bridge.bridge-nf-call-iptables = 1 (was 0)",
+        "sysctl net.ipv4.ip_forward = 1 (was 0)",
+    ]
+    fstab_diff = next(d for d in result["diff"] if d["after_header"].endswith("fstab"))
+    assert fstab_diff["before"] == FSTAB and "\n# /swapfile none swap sw 0 0\n#/old none swap" in fstab_diff["after"]
+    assert node.commands == [] and (node.root / "etc/fstab").read_text() == FSTAB
+    assert not (node.root / "etc/modules-load.d").exists() and not (node.root / "etc/sysctl.d").exists()
+    assert node.sysctl("net.ipv4.ip_forward") == "0"
+
+
+def test_prepare_then_nothing_to_do(node):
+    result = run_module(node.args())
+    assert result["changed"] is True and len(result["changes"]) == 7 and "diff" not in result
+    assert node.commands == [["swapoff", "--all"], ["modprobe", "br_netfilter"]]
+    assert (node.root / "etc/fstab").read_text() == FSTAB.replace("\n/swapfile", "\n# /swapfile")
+    modules_load = node.root / "etc/modules-load.d/kubernetes.conf"
+    assert modules_load.read_text() == "overlay\nbr_netfilter\n" and modules_load.stat().st_mode & 0o7777 == 0o644
+    sysctl_file = node.root / "etc/sysctl.d/99-kubernetes.conf"
+    assert sysctl_file.read_text() == "net.bridge.bridge-nf-call-iptables = 1\nnet.ipv4.ip_forward = 1\n"
+    assert sysctl_file.stat().st_mode & 0o7777 == 0o644
+    assert node.sysctl("net.ipv4.ip_forward") == "1" and node.sysctl("net.bridge.bridge-nf-call-iptables") == "1"
+
+    node.commands.clear()
+    again = run_module(node.args())
+    assert again["changed"] is False and again["changes"] == [] and node.commands == []
+
+
+@pytest.mark.parametrize("drift,expected", [
+    ("swap turned back on", ["swapoff --all (active: /dev/vda2)"]),
+    ("fstab swap line back", ["comment out 1 swap line(s) in {root}/etc/fstab"]),
+    ("module unloaded", ["modprobe br_netfilter"]),
+    ("sysctl reset", ["sysctl net.ipv4.ip_forward = 1 (was 0)"]),
+    ("sysctl file edited", ["write {root}/etc/sysctl.d/99-kubernetes.conf"]),
+    ("modules file mode", ["write {root}/etc/modules-load.d/kubernetes.conf"]),
+])
+def test_each_drift_is_found_and_fixed_alone(node, drift, expected):
+    run_module(node.args())
+    if drift == "swap turned back on":
+        node.set_swap(["/dev/vda2"])
+    elif drift == "fstab swap line back":
+        with open(node.root / "etc/fstab", "a", encoding="utf-8") as handle:
+            handle.write("UUID=abcd none swap sw\n")
+    elif drift == "module unloaded":
+        node.unload("br_netfilter")
+    elif drift == "sysctl reset":
+        node.set_sysctl("net.ipv4.ip_forward", "0")
+    elif drift == "sysctl file edited":
+        (node.root / "etc/sysctl.d/99-kubernetes.conf").write_text("net.ipv4.ip_forward = 0\n")
+    else:
+        (node.root / "etc/modules-load.d/kubernetes.conf").chmod(0o600)
+    expected = [change.format(root=node.root) for change in expected]
+
+    checked = run_module({**node.args(), "_ansible_check_mode": True})
+    assert checked["changed"] is True and checked["changes"] == expected
+    fixed = run_module(node.args())
+    assert fixed["changed"] is True and fixed["changes"] == expected
+    assert run_module(node.args())["changed"] is False
+    assert "br_netfilter" in node.loaded() and node.sysctl("net.ipv4.ip_forward") == "1"
+
+
+def test_sysctl_values_compare_with_whitespace_collapsed(node):
+    node.set_sysctl("net.ipv4.ip_local_port_range", "32768\t60999")
+    args = node.args(sysctls={"net.ipv4.ip_local_port_range": "32768 60999"}, swap_off=False, kernel_modules=[])
+    (node.root / "etc/sysctl.d").mkdir(parents=True)
+    (node.root / "etc/sysctl.d/99-kubernetes.conf").write_text("net.ipv4.ip_local_port_range = 32768 60999\n")
+    (node.root / "etc/sysctl.d/99-kubernetes.conf").chmod(0o644)
+    assert run_module(args)["changes"] == []
+
+
+def test_nothing_asked_changes_nothing_and_still_reports(node):
+    result = run_module({"services": ["containerd", "kubelet"], "tools": ["sh", "no-such-tool-anywhere"]})
+    assert result["changed"] is False and result["changes"] == [] and result["architecture"] == os.uname().machine
+    assert result["services"] == {"containerd": {"active": True, "enabled": True}, "kubelet": {"active": False, "enabled": True}}
+    assert result["tools"]["sh"].endswith("/sh") and result["tools"]["no-such-tool-anywhere"] is None
+    assert node.commands == [["systemctl", "show", "--property=Id,ActiveState,UnitFileState", "--", "containerd", "kubelet"]]
+    assert (node.root / "etc/fstab").read_text() == FSTAB and node.sysctl("net.ipv4.ip_forward") == "0"
+
+
+def test_services_are_unknown_where_systemd_cannot_say(node):
+    node.systemctl = (1, "", "System has not been booted with systemd")
+    result = run_module({"services": ["containerd"]})
+    assert result["services"] == {"containerd": {"active": False, "enabled": False}}
+
+
+def _stamp(tmp_path: Path, name: str, files: dict[str, bytes]) -> Path:
+    lines = []
+    for file_name, content in files.items():
+        path = tmp_path / file_name
+        path.write_bytes(content)
+        lines.append(f"{hashlib.sha256(content).hexdigest()}  {path}\n")
+    stamp = tmp_path / f"installed-{name}.sha256"
+    stamp.write_text("".join(lines))
+    return stamp
+
+
+def test_stamps_verify_until_a_listed_file_changes_or_goes(node, tmp_path):
+    good = _stamp(tmp_path, "a", {"kubeadm": b"kubeadm", "kubelet": b"kubelet"})
+    other = _stamp(tmp_path, "b", {"helm": b"helm"})
+    pattern = str(tmp_path / "installed-*.sha256")
+    assert run_module({"stamps": pattern})["stamps"] == {str(good): True, str(other): True}
+
+    (tmp_path / "kubelet").write_bytes(b"tampered")
+    (tmp_path / "helm").unlink()
+    assert run_module({"stamps": pattern})["stamps"] == {str(good): False, str(other): False}
+
+    (tmp_path / "kubelet").write_bytes(b"kubelet")
+    good.write_text(good.read_text() + "not a checksum line\n")
+    assert run_module({"stamps": pattern})["stamps"][str(good)] is False
+    good.write_text("")
+    assert run_module({"stamps": pattern})["stamps"][str(good)] is False
+    assert run_module({"stamps": str(tmp_path / "none-*.sha256")})["stamps"] == {}
+
+
+def _archive(path: Path, members: dict[str, tuple[bytes, int]]) -> str:
+    with tarfile.open(path, "w") as archive:
+        for name, (content, mode) in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(content), mode
+            archive.addfile(info, io.BytesIO(content))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_archive_is_current_and_unpacked_until_its_tree_or_copy_changes(node, tmp_path):
+    archive, dest = tmp_path / "lib.tar", tmp_path / "lib"
+    digest = _archive(archive, {"pkg/__init__.py": (b"", 0o644), "pkg/run.py": (b"print('run')\n", 0o755)})
+    args = {"archive": str(archive), "archive_dest": str(dest), "archive_sha256": digest}
+    assert run_module(args)["archive"] == {"sha256": digest, "current": True, "unpacked": False}
+
+    with tarfile.open(archive) as unpack:
+        unpack.extractall(dest)
+    assert run_module(args)["archive"] == {"sha256": digest, "current": True, "unpacked": True}
+    assert run_module({**args, "archive_sha256": "0" * 64})["archive"]["current"] is False
+
+    (dest / "pkg/run.py").write_bytes(b"print('RUN')\n")
+    assert run_module(args)["archive"]["unpacked"] is False
+    (dest / "pkg/run.py").write_bytes(b"print('run')\n")
+    (dest / "pkg/run.py").chmod(0o644)
+    assert run_module(args)["archive"]["unpacked"] is False
+    (dest / "pkg/run.py").chmod(0o755)
+    (dest / "pkg/__init__.py").unlink()
+    assert run_module(args)["archive"]["unpacked"] is False
+    archive.unlink()
+    assert run_module(args)["archive"] == {"sha256": None, "current": False, "unpacked": False}
+
+
+def test_venv_is_complete_when_its_python_imports_everything(node, tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").symlink_to(sys.executable)
+    complete = run_module({"venv": str(venv), "venv_imports": ["json", "email.mime.text"]})
+    assert complete["venv"] == {"path": str(venv), "complete": True, "error": None}
+
+    incomplete = run_module({"venv": str(venv), "venv_imports": ["json", "no_such_module_here"]})
+    assert incomplete["venv"]["complete"] is False
+    assert incomplete["venv"]["error"] == "ModuleNotFoundError: No module named 'no_such_module_here'"
+
+    missing = run_module({"venv": str(tmp_path / "absent"), "venv_imports": ["json"]})
+    assert missing["venv"]["complete"] is False and missing["venv"]["error"].endswith("/absent/bin/python: not found")
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("module name", "kernel module name 'br netfilter' is not a module name"),
+    ("sysctl key", "sysctl key 'net.ipv4.ip_forward=1' is not a sysctl name"),
+    ("sysctl value", "sysctl net.ipv4.ip_forward has no value"),
+    ("archive digest", "archive_sha256 must be 64 lower-case hexadecimal digits, not 'ABC'"),
+    ("archive alone", "parameters are required together: archive, archive_dest, archive_sha256"),
+])
+def test_bad_input_is_a_clear_error_and_changes_nothing(node, tmp_path, case, expected):
+    args = {
+        "module name": node.args(kernel_modules=["br netfilter"]),
+        "sysctl key": node.args(sysctls={"net.ipv4.ip_forward=1": 1}),
+        "sysctl value": node.args(sysctls={"net.ipv4.ip_forward": " "}),
+        "archive digest": {**node.args(), "archive": str(tmp_path / "a.tar"), "archive_dest": str(tmp_path), "archive_sha256": "ABC"},
+        "archive alone": {**node.args(), "archive": str(tmp_path / "a.tar")},
+    }[case]
+    failed = run_module(args, AnsibleFailJson)
+    assert expected in failed["msg"]
+    assert node.commands == [] and (node.root / "etc/fstab").read_text() == FSTAB and node.sysctl("net.ipv4.ip_forward") == "0"
+    assert not (node.root / "etc/modules-load.d").exists() and not (node.root / "etc/sysctl.d").exists()
+
+
+def test_a_host_without_proc_modules_fails_naming_the_switch(node):
+    (node.proc / "modules").unlink()
+    failed = run_module(node.args(swap_off=False), AnsibleFailJson)
+    assert failed["msg"] == (f"this host has no {node.proc}/modules (a container?), so the kernel modules cannot be "
+                             "checked; switch that step off for it")
+
+
+def test_a_sysctl_the_host_lacks_fails_naming_it(node):
+    failed = run_module(node.args(swap_off=False, kernel_modules=[], sysctls={"net.netfilter.nf_conntrack_max": 131072}),
+                        AnsibleFailJson)
+    assert failed["msg"] == ("sysctl net.netfilter.nf_conntrack_max: this host has no such key "
+                             "(is the kernel module that provides it loaded?)")
+
+
+def test_a_failing_modprobe_still_reports_what_changed_before_it(node, monkeypatch):
+    played = node.run
+
+    def modprobe_fails(argv):
+        if argv[0] == "modprobe":
+            node.commands.append(argv)
+            return 1, "", "modprobe: FATAL: Module br_netfilter not found in directory /lib/modules/6.1.0"
+        return played(argv)
+
+    monkeypatch.setattr(node, "run", modprobe_fails)
+    failed = run_module(node.args(), AnsibleFailJson)
+    assert failed["msg"] == ("modprobe br_netfilter failed (exit 1): "
+                             "modprobe: FATAL: Module br_netfilter not found in directory /lib/modules/6.1.0")
+    assert failed["changed"] is True
+    assert failed["changes"] == ["swapoff --all (active: /swapfile)", f"comment out 1 swap line(s) in {node.root}/etc/fstab",
+                                 f"write {node.root}/etc/modules-load.d/kubernetes.conf", "modprobe br_netfilter"]
+    assert node.sysctl("net.ipv4.ip_forward") == "0"
