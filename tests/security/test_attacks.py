@@ -384,7 +384,7 @@ def test_used_token_is_deleted_once_its_node_registered(join_lab, attack):
 
 
 def test_unloadable_policy_push_fails_the_check_naming_the_error(join_lab, capsys, attack):
-    """The joinservice role's check (health --policy-file): a push the service refuses is reported, not silently kept."""
+    """The load check the join_service module runs (health, here its CLI): a push the service refuses is reported, not silently kept."""
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join import health
     service = join_lab.start("pcrs-only")
     (join_lab.dir / "ca.pem").write_bytes(join_lab.ca_pem)

@@ -26,7 +26,16 @@ except ImportError:  # pb2.IMPORT_ERROR reports it
 
 
 class LoadRefused(RuntimeError):
-    """The service refused to load a file that was pushed to it; the message is its load error."""
+    """The service refused to load a file that was pushed to it; the message is its load error, ``what`` the file
+    (``policy`` or ``enrolment``)."""
+
+    def __init__(self, what: str, message: str):
+        super().__init__(message)
+        self.what = what
+
+
+class NotServing(RuntimeError):
+    """The service did not serve with the expected files loaded in time; the message is the last state seen."""
 
 
 def health(endpoint: str, ca_pem: bytes, server_name: str | None, timeout: float):
@@ -53,10 +62,29 @@ def loaded(answer, expected: dict[str, str]) -> str | None:
         if getattr(answer, f"{what}_digest") == digest:
             continue
         if getattr(answer, f"{what}_rejected_digest") == digest:
-            raise LoadRefused(f"the join service refused the {what} file that was pushed and keeps the previous one: "
-                              f"{getattr(answer, f'{what}_error')}")
+            raise LoadRefused(what, f"the join service refused the {what} file that was pushed and keeps the previous one: "
+                                    f"{getattr(answer, f'{what}_error')}")
         return f"the {what} it enforces has digest {getattr(answer, f'{what}_digest') or 'none'}, not {digest}"
     return None
+
+
+def wait_until_loaded(endpoint: str, ca_pem: bytes, expected: dict[str, str], timeout: float, server_name: str | None = None) -> None:
+    """Return once the service at ``endpoint`` serves with the ``expected`` digests loaded (see ``loaded``).
+
+    Raises LoadRefused at once when it refused one of them, NotServing when ``timeout`` seconds pass first.
+    """
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            waiting = loaded(health(endpoint, ca_pem, server_name, timeout=min(5.0, max(0.5, deadline - time.monotonic()))), expected)
+        except grpc.RpcError as exc:
+            waiting = f"{exc.code().name if exc.code() else 'UNKNOWN'}: {exc.details()}"
+        if waiting is None:
+            return
+        last = waiting
+        time.sleep(0.5)
+    raise NotServing(f"join service {endpoint} is not serving as expected after {timeout:g} s: {last}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,24 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.ca, "rb") as handle:
         ca_pem = handle.read()
     expected = {what: file_digest(path) for what, path in (("policy", args.policy_file), ("enrolment", args.enrolment_file)) if path}
-    deadline = time.monotonic() + args.timeout
-    last = "no answer"
-    while time.monotonic() < deadline:
-        try:
-            waiting = loaded(health(args.endpoint, ca_pem, args.server_name, timeout=min(5.0, max(0.5, deadline - time.monotonic()))),
-                             expected)
-        except grpc.RpcError as exc:
-            waiting = f"{exc.code().name if exc.code() else 'UNKNOWN'}: {exc.details()}"
-        except LoadRefused as exc:
-            sys.stderr.write(f"join service {args.endpoint}: {exc}\n")
-            return 1
-        if waiting is None:
-            sys.stdout.write(f"join service {args.endpoint} is serving" + (" with the pushed files loaded\n" if expected else "\n"))
-            return 0
-        last = waiting
-        time.sleep(0.5)
-    sys.stderr.write(f"join service {args.endpoint} is not serving as expected after {args.timeout:g} s: {last}\n")
-    return 1
+    try:
+        wait_until_loaded(args.endpoint, ca_pem, expected, args.timeout, args.server_name)
+    except LoadRefused as exc:
+        sys.stderr.write(f"join service {args.endpoint}: {exc}\n")
+        return 1
+    except NotServing as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 1
+    sys.stdout.write(f"join service {args.endpoint} is serving" + (" with the pushed files loaded\n" if expected else "\n"))
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,17 +2,15 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The join service's TLS certificate, issued from the cluster CA for this control plane's addresses.
 
-``python -m ...servercert --pki-dir D --cert C --key K --san IP...`` issues it when it is missing, about to
-expire, not issued by the current CA, or lacks a wanted address; prints ``changed`` or ``unchanged``.
+``issue`` issues it when it is missing, about to expire, not issued by the current CA, or lacks a wanted address (the
+``join_service`` module runs it on the control plane).
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import ipaddress
 import os
-import sys
 
 from .._files import write_file_atomically, write_private_file
 
@@ -21,8 +19,10 @@ try:
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-except ImportError:  # reported at use
-    pass
+except ImportError as exc:  # reported by the join_service module through missing_required_lib()
+    CRYPTOGRAPHY_IMPORT_ERROR: ImportError | None = exc
+else:
+    CRYPTOGRAPHY_IMPORT_ERROR = None
 
 VALIDITY = datetime.timedelta(days=365)
 RENEW_BEFORE = datetime.timedelta(days=30)
@@ -51,13 +51,15 @@ def needs_issue(cert_path: str, ca: x509.Certificate, names: list[str], now: dat
     return not wanted <= set(present) or current.not_valid_after_utc - now < RENEW_BEFORE
 
 
-def issue(pki_dir: str, cert_path: str, key_path: str, names: list[str]) -> bool:
-    """Issue the certificate when needed; returns whether it did. The key is written 0600."""
+def issue(pki_dir: str, cert_path: str, key_path: str, names: list[str], check_mode: bool = False) -> bool:
+    """Issue the certificate when needed; returns whether it did (would, in check mode). The key is written 0600."""
     now = datetime.datetime.now(datetime.timezone.utc)
     with open(os.path.join(pki_dir, "ca.crt"), "rb") as handle:
         ca = x509.load_pem_x509_certificate(handle.read())
     if not needs_issue(cert_path, ca, names, now):
         return False
+    if check_mode:
+        return True
     with open(os.path.join(pki_dir, "ca.key"), "rb") as handle:
         ca_key = serialization.load_pem_private_key(handle.read(), password=None)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -78,23 +80,3 @@ def issue(pki_dir: str, cert_path: str, key_path: str, names: list[str]) -> bool
     write_private_file(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     write_file_atomically(cert_path, certificate.public_bytes(serialization.Encoding.PEM), 0o644)
     return True
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Issue the join service's TLS certificate from the cluster CA when needed.")
-    parser.add_argument("--pki-dir", default="/etc/kubernetes/pki")
-    parser.add_argument("--cert", required=True)
-    parser.add_argument("--key", required=True)
-    parser.add_argument("--san", action="append", required=True, help="an IP address or DNS name (repeatable)")
-    args = parser.parse_args(argv)
-    try:
-        changed = issue(args.pki_dir, args.cert, args.key, args.san)
-    except (OSError, ValueError) as exc:
-        sys.stderr.write(f"cannot issue the join service certificate: {exc}\n")
-        return 1
-    sys.stdout.write("changed\n" if changed else "unchanged\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
