@@ -12,8 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible.parsing.dataloader import DataLoader
 
 from ansible_collections.confidential.kubernetes.plugins.action.init_state import ActionModule
@@ -23,29 +21,11 @@ from ansible_collections.confidential.kubernetes.plugins.modules import init_sta
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils" / "_ticket"))
 
 from init_harness import ADMIN_KUBECONFIG, SECRETS, InitialisedNode  # noqa: E402
-
-
-class Outcome(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def outcome(monkeypatch):
-    """exit_json/fail_json raise the result instead of printing it and exiting."""
-    def exit_json(module, **kwargs):
-        raise Outcome(dict(kwargs, failed=False))
-
-    def fail_json(module, msg, **kwargs):
-        raise Outcome(dict(kwargs, msg=msg, failed=True))
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+from module_runner import module_outcome, run_main  # noqa: E402,F401  # pylint: disable=unused-import
 
 
 def run_module(args: dict) -> dict:
-    with patch_module_args(args), pytest.raises(Outcome) as raised:
-        init_state_module.main()
-    return raised.value.args[0]
+    return run_main(init_state_module.main, args)
 
 
 class Controller:

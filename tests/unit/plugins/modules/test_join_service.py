@@ -16,8 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import dump_policy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import health
@@ -28,25 +26,9 @@ from ansible_collections.confidential.kubernetes.plugins.modules import join_ser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils" / "_join"))
 
 from join_harness import join_lab, policy_from_swtpm  # noqa: E402,F401  # pylint: disable=unused-import
+from module_runner import module_outcome, run_main  # noqa: E402,F401  # pylint: disable=unused-import
 
 BAD_POLICY = '{"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only", "pcrs": {"4": {"allowed": ["zz"]}}}\n'
-
-
-class Outcome(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def outcome(monkeypatch):
-    """exit_json/fail_json raise the result instead of printing it and exiting."""
-    def exit_json(module, **kwargs):
-        raise Outcome(dict(kwargs, failed=False))
-
-    def fail_json(module, msg, **kwargs):
-        raise Outcome(dict(kwargs, msg=msg, failed=True))
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
 
 def _free_port() -> int:
@@ -129,9 +111,7 @@ class ControlPlane:
     def run(self, check_mode: bool = False, diff: bool = False, **changes) -> dict:
         args = dict(self.args, **changes, _ansible_check_mode=check_mode, _ansible_diff=diff)
         self.systemd.calls.clear()
-        with patch_module_args(args), pytest.raises(Outcome) as raised:
-            join_service.main()
-        return raised.value.args[0]
+        return run_main(join_service.main, args)
 
     def file(self, name: str) -> Path:
         return self.config_dir / name
