@@ -6,12 +6,11 @@ admin kubeconfig of an initialised node on the controller, fetched only when the
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._files import write_private_file
+from ansible_collections.confidential.kubernetes.plugins.module_utils._files import file_sha256, write_private_file
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import ADMIN_CONF
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
 
@@ -29,8 +28,7 @@ def _stored_digest(path: str) -> str | None:
     try:
         if os.stat(path).st_mode & 0o077:
             return None
-        with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
+        return file_sha256(path)
     except FileNotFoundError:
         return None
 

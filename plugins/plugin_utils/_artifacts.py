@@ -25,6 +25,8 @@ import yaml
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils._files import file_sha256
+
 ARTIFACTS = ("kubeadm", "kubelet", "kubectl", "crictl", "containerd", "runc", "cni_plugins", "helm")
 # Artefacts that are the same file on every architecture (Helm charts): version, url and sha256 in the entry itself.
 CHARTS = ("cilium",)
@@ -190,14 +192,6 @@ def source_url(artifact: Artifact, mirror_url: str | None) -> str:
 def cache_path(cache_dir: str, artifact: Artifact) -> str:
     # Content-addressed: two rows sharing an artefact share one file, and a changed checksum never hits a stale file.
     return os.path.join(cache_dir, artifact.sha256, artifact.filename)
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 Progress = Callable[[str], None]

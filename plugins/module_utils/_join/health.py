@@ -12,10 +12,10 @@ one of them (the message is the service's load error) or when the time is up (pr
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 
+from .._files import file_sha256
 from . import joinservice_pb2 as pb2
 from . import joinservice_pb2_grpc as pb2_grpc
 
@@ -43,11 +43,6 @@ def health(endpoint: str, ca_pem: bytes, server_name: str | None, timeout: float
     options = [("grpc.use_local_subchannel_pool", 1)] + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
     with grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=ca_pem), options=options) as channel:
         return pb2_grpc.JoinServiceStub(channel).Health(pb2.HealthRequest(), timeout=timeout)
-
-
-def file_digest(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def loaded(answer, expected: dict[str, str]) -> str | None:
@@ -102,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with open(args.ca, "rb") as handle:
         ca_pem = handle.read()
-    expected = {what: file_digest(path) for what, path in (("policy", args.policy_file), ("enrolment", args.enrolment_file)) if path}
+    expected = {what: file_sha256(path) for what, path in (("policy", args.policy_file), ("enrolment", args.enrolment_file)) if path}
     try:
         wait_until_loaded(args.endpoint, ca_pem, expected, args.timeout, args.server_name)
     except LoadRefused as exc:

@@ -18,12 +18,12 @@ Anything less - a fresh node, one locked but not initialised, an interrupted ``k
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 
 from .._crypto.root_secrets import RootSecrets, RootSecretsError
+from .._files import file_sha256
 from .._kubeadm import ADMIN_CONF, CA_CERT, Kubeadm, ca_cert_hash
 from .._nodelock import NodeLock, NodeLockError
 
@@ -61,11 +61,6 @@ def _kept_cluster_id(secrets_file: str) -> tuple[str | None, str]:
         return RootSecrets.from_document(document, secrets_file).cluster_id().hex(), ""
     except RootSecretsError as exc:
         return None, str(exc)
-
-
-def _digest(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def init_state(cluster_id: str | None, lock: NodeLock, kubeadm: Kubeadm, secrets_file: str) -> InitState:
@@ -106,4 +101,4 @@ def init_state(cluster_id: str | None, lock: NodeLock, kubeadm: Kubeadm, secrets
         return not_initialised(why)
     if kept != cluster_id:
         return not_initialised(f"the root secrets the node keeps are those of cluster {kept}")
-    return InitState(True, "", node_lock, exists, _digest(admin_conf))
+    return InitState(True, "", node_lock, exists, file_sha256(admin_conf))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import dump_policy
+from ansible_collections.confidential.kubernetes.plugins.module_utils._files import file_sha256
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import health
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.daemon import Systemd
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import dump_enrolment
@@ -162,7 +163,7 @@ def test_a_new_policy_is_pushed_with_a_backup_and_loaded_without_a_restart(node)
     backup = result["files"]["policy"]["backup_file"]
     assert backup and Path(backup).read_text() == previous and os.stat(backup).st_mode & 0o777 == 0o600
     assert node.systemd.service is service and node.systemd.calls == []
-    assert node.loaded().policy_digest == health.file_digest(str(node.file("measurement-policy.yml")))
+    assert node.loaded().policy_digest == file_sha256(str(node.file("measurement-policy.yml")))
 
 
 def test_a_new_enrolment_is_pushed_with_a_backup_and_loaded_without_a_restart(node, other_swtpm):
@@ -173,7 +174,7 @@ def test_a_new_enrolment_is_pushed_with_a_backup_and_loaded_without_a_restart(no
     assert not result["failed"], result.get("msg")
     assert _changed(result) == {"enrolment"} and result["files"]["enrolment"]["backup_file"] and result["service_actions"] == []
     assert node.systemd.service is service
-    assert node.loaded().enrolment_digest == health.file_digest(str(node.file("node-enrolment.json")))
+    assert node.loaded().enrolment_digest == file_sha256(str(node.file("node-enrolment.json")))
 
 
 @pytest.mark.parametrize("change", [
@@ -213,7 +214,7 @@ def test_a_policy_the_service_refuses_fails_with_its_words_and_the_previous_file
     assert result["failed"] and "refused the policy file" in result["msg"] and "'zz' is not a 32-byte hex digest" in result["msg"]
     assert "was put back from" in result["msg"]
     assert node.file("measurement-policy.yml").read_text() == previous and node.mode("measurement-policy.yml") == 0o600
-    assert node.loaded().policy_digest == health.file_digest(str(node.file("measurement-policy.yml")))
+    assert node.loaded().policy_digest == file_sha256(str(node.file("measurement-policy.yml")))
 
 
 def test_without_the_cluster_secrets_nothing_is_changed(node):
