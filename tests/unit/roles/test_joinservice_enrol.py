@@ -24,7 +24,12 @@ def _identity(tcti: str) -> str:
     return ek_identity(ek_public)
 
 
-def _playbook(tmp_path, swtpm, other_swtpm) -> subprocess.CompletedProcess:
+def _enrol_play(entry: str = "enrol") -> dict:
+    return {"name": f"Enrol ({entry})", "hosts": "cluster", "gather_facts": False,
+            "tasks": [{"name": "Enrol the node", "ansible.builtin.include_role": {"name": "confidential.kubernetes.joinservice", "tasks_from": entry}}]}
+
+
+def _playbook(tmp_path, swtpm, other_swtpm, plays: list | None = None) -> subprocess.CompletedProcess:
     disk = tmp_path / "state-disk.img"
     with open(disk, "wb") as handle:
         handle.truncate(32 * 1024 * 1024)
@@ -38,10 +43,7 @@ def _playbook(tmp_path, swtpm, other_swtpm) -> subprocess.CompletedProcess:
     }}}}}
     (tmp_path / "blank.img").write_bytes(bytes(1024 * 1024))
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    (tmp_path / "enrol.yml").write_text(yaml.safe_dump([{
-        "name": "Enrol", "hosts": "cluster", "gather_facts": False,
-        "tasks": [{"name": "Enrol the node", "ansible.builtin.include_role": {"name": "confidential.kubernetes.joinservice", "tasks_from": "enrol"}}],
-    }]))
+    (tmp_path / "enrol.yml").write_text(yaml.safe_dump(plays or [_enrol_play()]))
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=":".join(p for p in sys.path if p.endswith("collections")), ANSIBLE_FORCE_COLOR="0")
     return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"),
                            str(tmp_path / "enrol.yml"), "-e", f"joinservice_enrolment_file={tmp_path}/secrets/node-enrolment.json"],
@@ -65,3 +67,17 @@ def test_enrol_records_each_hosts_ek_name_role_and_disk(tmp_path, swtpm, other_s
     after = parse_enrolment(enrolment_file.read_bytes(), "test").by_name
     assert after["cp-0"] == control_plane and after["worker-0"].enrolment_id != worker.enrolment_id
     assert json.loads(enrolment_file.read_text())["version"] == 1
+
+
+
+def test_a_host_read_earlier_in_the_run_is_not_read_again(tmp_path, swtpm, other_swtpm):
+    """site.yml's order: the init play records the first control plane (main entry point) and the enrol play later
+    reuses that record instead of reading the TPM again; the enrolment is the one a single read gives."""
+    result = _playbook(tmp_path, swtpm, other_swtpm, [_enrol_play("enrol_record"), _enrol_play(), _enrol_play("enrol_record")])
+    assert result.returncode == 0, result.stdout + result.stderr
+    reads = [block for block in result.stdout.split("TASK [")[1:] if block.startswith("confidential.kubernetes.joinservice : Read the TPM's identity")]
+    assert [("ok: [cp-0]" in block, "skipping: [cp-0]" in block, "skipping: [worker-0]" in block) for block in reads] == [
+        (True, False, False), (False, True, True), (False, True, True)], result.stdout
+    enrolled = parse_enrolment((tmp_path / "secrets" / "node-enrolment.json").read_bytes(), "test").by_name
+    assert (enrolled["cp-0"].ek, enrolled["cp-0"].disk_uuid) == (_identity(swtpm.tcti), DISK)
+    assert (enrolled["worker-0"].ek, enrolled["worker-0"].disk_uuid) == (_identity(other_swtpm.tcti), None)
