@@ -57,6 +57,20 @@ def test_an_inventory_with_the_collection_groups_is_left_alone(tmp_path):
     assert "GROUPS cp-0 w-0 cp-0,w-0" in run.stdout
 
 
+def test_imported_again_in_the_same_run_the_group_and_address_plays_match_no_host(tmp_path):
+    """site.yml imports groups.yml and addresses.yml once per playbook it imports: only the first import does work."""
+    plays = [{"import_playbook": "confidential.kubernetes.groups"}, {"import_playbook": "confidential.kubernetes.addresses"},
+             {"import_playbook": "confidential.kubernetes.groups"}, {"import_playbook": "confidential.kubernetes.addresses"}, REPORT]
+    run = _run(tmp_path, KUBESPRAY, plays)
+    assert run.returncode == 0, run.stdout + run.stderr
+    sections = run.stdout.split("PLAY [")[1:]
+    assert [section.split("]")[0] for section in sections][:4] == [
+        "Accept kubespray's group names", "Check the control planes' addresses"] * 2
+    assert ["skipping: no hosts matched" in section for section in sections[:4]] == [False, False, True, True], run.stdout
+    assert "ok: [cp-b]" in sections[1] and "ok: [cp-a]" in sections[1]
+    assert "GROUPS cp-b,cp-a w-1 cp-b,cp-a,w-1" in run.stdout
+
+
 @pytest.mark.parametrize("playbook", PLAYBOOKS, ids=lambda p: p.name)
 def test_every_playbook_accepts_kubespray_group_names_first(playbook):
     plays = yaml.safe_load(playbook.read_text())
