@@ -70,14 +70,33 @@ def test_enrol_records_each_hosts_ek_name_role_and_disk(tmp_path, swtpm, other_s
 
 
 
-def test_a_host_read_earlier_in_the_run_is_not_read_again(tmp_path, swtpm, other_swtpm):
-    """site.yml's order: the init play records the first control plane (main entry point) and the enrol play later
-    reuses that record instead of reading the TPM again; the enrolment is the one a single read gives."""
+
+def test_a_host_read_earlier_in_the_run_with_its_luks_disk_is_not_read_again(tmp_path, swtpm, other_swtpm):
+    """site.yml's order: the init play records the first control plane (main entry point, its disk LUKS by then) and
+    the enrol play reuses that record instead of reading the TPM again. A host read without a LUKS disk is read every
+    time: a control plane that joined in between has one now, and a record without it would enrol it afresh."""
     result = _playbook(tmp_path, swtpm, other_swtpm, [_enrol_play("enrol_record"), _enrol_play(), _enrol_play("enrol_record")])
     assert result.returncode == 0, result.stdout + result.stderr
     reads = [block for block in result.stdout.split("TASK [")[1:] if block.startswith("confidential.kubernetes.joinservice : Read the TPM's identity")]
-    assert [("ok: [cp-0]" in block, "skipping: [cp-0]" in block, "skipping: [worker-0]" in block) for block in reads] == [
-        (True, False, False), (False, True, True), (False, True, True)], result.stdout
+    assert [("ok: [cp-0]" in block, "skipping: [cp-0]" in block, "ok: [worker-0]" in block) for block in reads] == [
+        (True, False, True), (False, True, True), (False, True, True)], result.stdout
     enrolled = parse_enrolment((tmp_path / "secrets" / "node-enrolment.json").read_bytes(), "test").by_name
     assert (enrolled["cp-0"].ek, enrolled["cp-0"].disk_uuid) == (_identity(swtpm.tcti), DISK)
     assert (enrolled["worker-0"].ek, enrolled["worker-0"].disk_uuid) == (_identity(other_swtpm.tcti), None)
+
+
+def test_a_node_that_joined_since_its_read_keeps_its_enrolment(tmp_path, swtpm, other_swtpm):
+    """The enrol play reads a fresh control plane without a disk; it joins (its disk becomes LUKS, bound by the join
+    service under its enrolment ID); the main entry point then reads it again and the enrolment keeps that ID. Reusing
+    the record read before the join would enrol it afresh and orphan the disk binding."""
+    blank = tmp_path / "blank.img"
+    joined = {"name": "The worker's disk becomes LUKS, as in its join", "hosts": "worker-0", "gather_facts": False, "tasks": [{
+        "name": "Format", "ansible.builtin.command": {"argv": [
+            "cryptsetup", "luksFormat", "--batch-mode", "--type", "luks2", "--pbkdf-memory", "32768", "--pbkdf-force-iterations", "4",
+            "--key-file=-", str(blank)], "stdin": "k" * 32}}]}
+    result = _playbook(tmp_path, swtpm, other_swtpm, [_enrol_play(), joined, _enrol_play("enrol_record")])
+    assert result.returncode == 0, result.stdout + result.stderr
+    enrolment = tmp_path / "secrets" / "node-enrolment.json"
+    last_merge = result.stdout.split("Enrol the hosts of this batch in the controller's enrolment file")[-1]
+    assert "ok: [cp-0]" in last_merge.split("TASK [")[0], last_merge  # the merge changed nothing: same enrolment ID
+    assert parse_enrolment(enrolment.read_bytes(), "test").by_name["worker-0"].disk_uuid is None
