@@ -171,14 +171,20 @@ def real_answers(stub, join: tuple[bytes, bytes, bytes, str]) -> tuple:
     return challenge, stub.ActivateTicket(pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof))
 
 
-class FixedAnswers(pb2_grpc.JoinServiceServicer):
+class FixedAnswers:
     """The transport floor's handlers: one real join's answers, returned as they are, nothing checked, nothing kept."""
 
     def __init__(self, challenge, activated):
         self._challenge = challenge
         self._activated = activated
 
+    async def GetNonce(self, request, context):  # noqa: N802 - gRPC method name
+        return pb2.GetNonceResponse(nonce=bytes(32))
+
     async def IssueJoinTicket(self, request, context):  # noqa: N802 - gRPC method name
+        return self._challenge
+
+    async def IssueRejoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         return self._challenge
 
     async def ActivateTicket(self, request, context):  # noqa: N802 - gRPC method name
