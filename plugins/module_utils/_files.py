@@ -42,12 +42,8 @@ def write_private_file(path: str, data: bytes) -> None:
 
 
 def file_sha256(path: str) -> str:
-    """The hex SHA-256 of a file's content (OSError when it cannot be read)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """The hex SHA-256 of a regular file's content (OSError when it is none, or cannot be read)."""
+    return file_digest(path).sha256
 
 
 @dataclass(frozen=True)
