@@ -77,4 +77,3 @@ def text(paths: list[str], settle: bool = True) -> str:
             lines.append(f"#stat {digest.mode:04o} {digest.fingerprint} {path}\n")
         lines.append(f"{digest.sha256}  {path}\n")
     return "".join(lines)
-

@@ -325,7 +325,7 @@ def _replace_keeping_size_and_mtime(path: str, content: bytes) -> None:
     lambda path: _keep_size_and_mtime(path, b"KUBEADM binary"),
     lambda path: _replace_keeping_size_and_mtime(path, b"KUBEADM binary"),
     lambda path: os.truncate(path, 3),
-    lambda path: os.unlink(path),
+    os.unlink,
     lambda path: (os.unlink(path), os.mkfifo(path)),
 ], ids=["content changed keeping size and mtime", "replaced keeping size and mtime", "truncated", "removed",
         "a FIFO in its place"])
