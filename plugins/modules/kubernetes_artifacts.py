@@ -18,7 +18,16 @@ description:
   - Each artefact is hashed while it streams into a temporary file beside its cache entry and renamed into
     C(<cache_dir>/<sha256>/<file name>) only when its sha256 is the table's. A mismatch fails naming the artefact
     and the URL it came from, and caches nothing.
-  - A cached file is hashed again before it is used; a verified cache hit touches no network and reports no change.
+  - A cached file is hashed again before it is used, unless it still has the stat fingerprint (inode, size, mtime and
+    ctime in nanoseconds) recorded in C(<file name>.verified) beside it when it was last hashed and found to be the
+    table's - any write, truncate, chmod or replacement since changes that fingerprint, and the file is hashed again.
+    A file that no longer hashes to the table's sha256 is removed and fetched again. A verified cache hit touches no
+    network and reports no change.
+  - The records are written whole (a temporary file renamed over the old one), so concurrent runs sharing the cache
+    read one record or the other, each naming a verified file; a cache the controller cannot write to is hashed on
+    every run. The fast path trusts the kernel's ctime, which cannot be set back from user space; a change that
+    bypasses the filesystem (media corruption) is found only by hashing - delete the C(.verified) records to have
+    the next run hash every cached file.
   - Sources, one of - upstream's URL from the table; O(mirror_url), the same URL path under another base URL; or
     O(source_dir), a directory holding a mirror's tree (C(<source_dir>/<URL path>)) for air-gapped sites.
   - Prints one line per artefact fetched and a progress line every few seconds while a download runs.

@@ -14,8 +14,9 @@ description:
     of the installed node stack still verify, the state of systemd services, and whether an archive is unpacked where it
     belongs. Each part is asked for by its options and left out otherwise.
   - Prepares the host as kubeadm's preflight expects, where asked - swap turned off and its C(/etc/fstab) lines commented
-    out, kernel modules loaded and listed in O(modules_load_file), sysctls set and written to O(sysctl_file). This is the
-    only thing the module changes, and RV(changes) says what it changed.
+    out, kernel modules loaded and listed in O(modules_load_file), sysctls set and written to O(sysctl_file) - and
+    writes the stamp of an installed stack, where asked (O(stamp_dest)). These are the only things the module changes,
+    and RV(changes) says what it changed.
   - Run it in check mode first to learn, before anything changes, what the host preparation would change; run it
     again for real only when RV(changes) is not empty.
   - Needs only the Python standard library, so it runs on the node's system Python before the virtualenv exists.
@@ -28,7 +29,8 @@ attributes:
   check_mode:
     support: full
     details:
-      - Reads everything and changes nothing; RV(changes) and the diff say what the host preparation would change.
+      - Reads everything and changes nothing; RV(changes) and the diff say what the host preparation would change, and
+        RV(changes) whether the stamp O(stamp_dest) would be written (always, when one of O(stamp_files) is missing).
   diff_mode:
     support: full
     details:
@@ -82,9 +84,30 @@ options:
     default: /etc/sysctl.d/99-kubernetes.conf
   stamps:
     description:
-      - A glob of stamps, files in C(sha256sum)'s format that list the sha256 of installed files. Each match is
-        reported in RV(stamps) with whether every file it lists still has that sha256 (C(sha256sum --check --strict)).
+      - A glob of stamps, files in C(sha256sum)'s format that list the sha256 of installed files (O(stamp_dest) writes
+        them). Each match is reported in RV(stamps) with whether every file it lists still has that sha256, as
+        C(sha256sum --check --strict) would find, and the mode its C(#stat) line records.
+      - Fast path - a C(#stat) line also records the file's fingerprint when it was hashed (inode, size, mtime and
+        ctime in nanoseconds). A file that still has that fingerprint is taken as verified without reading it, since any
+        write, truncate, chmod or chown moves a file's ctime, which cannot be set back from user space, and a file put
+        in its place is another inode. Every other file is hashed, and so is every file of a stamp without C(#stat)
+        lines (written by an older version of this collection, which still verifies).
+      - What the fast path trusts - the kernel's ctime and the stamp itself (root's, mode 0644). A change that bypasses
+        the filesystem (writing to the block device, media corruption) or a clock set back to the second a file was
+        written is found only by hashing; remove the stamps to have the next run install and hash everything.
     type: str
+  stamp_dest:
+    description:
+      - Write the stamp of O(stamp_files) here (mode 0644), when it differs - each file's sha256 in C(sha256sum)'s
+        format after a C(#stat) line with its mode and fingerprint. First waits, at most a second, until the newest file
+        changed long enough ago that a later change in the same timestamp tick cannot keep its ctime (a file that is
+        still too new, or changes while it is read, gets no C(#stat) line and is hashed on every check).
+      - A file that cannot be read, or whose name holds a newline or backslash, fails naming it.
+    type: path
+  stamp_files:
+    description: The installed files O(stamp_dest) lists, in order; at least one. Needs O(stamp_dest).
+    type: list
+    elements: path
   services:
     description: systemd units whose state is reported in RV(services).
     type: list
@@ -125,6 +148,11 @@ EXAMPLES = r"""
   changed_when: false
   register: node_state
 
+- name: Stamp what was installed (the next probe verifies it)
+  confidential.kubernetes.node_state:
+    stamp_dest: /var/cache/confidential-kubernetes/artifacts/installed-5d1c0b.sha256
+    stamp_files: [/usr/local/bin/kubeadm, /usr/local/bin/kubelet, /etc/systemd/system/kubelet.service]
+
 - name: Prepare the host when the probe found something to do
   confidential.kubernetes.node_state:
     swap_off: true
@@ -144,11 +172,12 @@ EXAMPLES = r"""
 
 RETURN = r"""
 changes:
-  description: What the host preparation changed, or in check mode would change, one entry a step; empty when nothing.
+  description: What the host preparation and the stamp changed, or in check mode would change, one entry a step; empty when nothing.
   returned: always
   type: list
   elements: str
-  sample: ["swapoff --all (active: /swapfile)", "write /etc/sysctl.d/99-kubernetes.conf", "sysctl net.ipv4.ip_forward = 1 (was 0)"]
+  sample: ["swapoff --all (active: /swapfile)", "write /etc/sysctl.d/99-kubernetes.conf", "sysctl net.ipv4.ip_forward = 1 (was 0)",
+           "write /var/cache/confidential-kubernetes/artifacts/installed-5d1c0b.sha256"]
 architecture:
   description: The node's machine as Ansible's facts name it (C(ansible_architecture)).
   returned: always
@@ -210,8 +239,10 @@ def main() -> None:
             archive=dict(type="path"),
             archive_dest=dict(type="path"),
             archive_sha256=dict(type="str"),
+            stamp_dest=dict(type="path"),
+            stamp_files=dict(type="list", elements="path"),
         ),
-        required_together=[("archive", "archive_dest", "archive_sha256")],
+        required_together=[("archive", "archive_dest", "archive_sha256"), ("stamp_dest", "stamp_files")],
         supports_check_mode=True,
     )
     params = module.params
@@ -231,6 +262,8 @@ def main() -> None:
     outcome = Outcome()
     try:
         node.prepare(preparation, outcome)
+        if params["stamp_dest"]:
+            node.write_stamp(params["stamp_dest"], params["stamp_files"], outcome)
     except NodeStateError as exc:
         module.fail_json(msg=str(exc), changed=bool(outcome.changes), changes=outcome.changes, **result)
     except OSError as exc:

@@ -5,11 +5,14 @@
 One row of the table pins every binary a node runs (Constellation: the Kubernetes version sent at init controls
 every download). Each artefact is fetched once, from upstream, a mirror (same paths under another base URL) or a
 local directory (air-gapped), hashed while it streams into a temporary file, and renamed into the cache only when
-its sha256 is the table's. A cached file is re-hashed before it is used, so a cache hit is a verified hit.
+its sha256 is the table's. A cache hit is a verified hit: a cached file is hashed again before it is used, unless it
+still has the stat fingerprint recorded beside it (``<file>.verified``) when it was last hashed and found good - no
+write, truncate or chmod since, and not replaced (see ``_files.Fingerprint``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -25,7 +28,12 @@ import yaml
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._files import file_sha256
+from ansible_collections.confidential.kubernetes.plugins.module_utils._files import (
+    FileDigest,
+    Fingerprint,
+    file_digest,
+    write_file_atomically,
+)
 
 ARTIFACTS = ("kubeadm", "kubelet", "kubectl", "crictl", "containerd", "runc", "cni_plugins", "helm")
 # Artefacts that are the same file on every architecture (Helm charts): version, url and sha256 in the entry itself.
@@ -39,6 +47,9 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 IMAGE_REF = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 CHUNK = 1 << 20
 PROGRESS_SECONDS = 5.0
+# Beside a cached file: its sha256, mode and fingerprint when it was last hashed and found to be the table's.
+VERIFIED_SUFFIX = ".verified"
+VERIFIED_RECORD = re.compile(r"^([0-9a-f]{64}) ([0-7]{4}) ([0-9]+ [0-9]+ [0-9]+ [0-9]+)\n$")
 
 
 class VersionTableError(ValueError):
@@ -233,9 +244,11 @@ def fetch(artifact: Artifact, cache_dir: str, mirror_url: str | None = None, sou
     """
     path = cache_path(cache_dir, artifact)
     if os.path.exists(path):
-        if file_sha256(path) == artifact.sha256:
+        if _cached_file_verifies(path, artifact):
             return path, False
-        os.unlink(path)
+        for stale in (path, path + VERIFIED_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     try:
         tmp = _fetch_to_temporary(artifact, os.path.dirname(path), mirror_url, source_dir, timeout, progress)
@@ -245,6 +258,38 @@ def fetch(artifact: Artifact, cache_dir: str, mirror_url: str | None = None, sou
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path, True
+
+
+def _cached_file_verifies(path: str, artifact: Artifact) -> bool:
+    """Whether the cached file is the table's: its recorded fingerprint holds, or it hashes to the table's sha256 (and
+    then its fingerprint is recorded, when it has settled, for the next run)."""
+    record = path + VERIFIED_SUFFIX
+    recorded = _read_record(record)
+    try:
+        found = file_digest(path, recorded if recorded is not None and recorded.sha256 == artifact.sha256 else None)
+    except OSError as exc:
+        raise ArtifactError(f"cannot read the cached {artifact.label} at {path}: {exc}") from exc
+    if found.sha256 != artifact.sha256:
+        return False
+    if found.fingerprint is not None and found != recorded:
+        try:
+            # Written whole or not at all, so that a concurrent run reads either record; both name a verified file.
+            write_file_atomically(record, f"{found.sha256} {found.mode:04o} {found.fingerprint}\n".encode("ascii"), 0o644)
+        except OSError:
+            pass  # a cache this controller cannot write to is still verified, by hashing, on every run
+    return True
+
+
+def _read_record(record: str) -> FileDigest | None:
+    """The digest a ``.verified`` record holds; None when there is none, or it is not one."""
+    try:
+        with open(record, encoding="ascii") as handle:
+            match = VERIFIED_RECORD.match(handle.read(256))
+    except (OSError, UnicodeDecodeError):
+        return None
+    if match is None:
+        return None
+    return FileDigest(match.group(1), int(match.group(2), 8), Fingerprint.parse(match.group(3)))
 
 
 def _fetch_to_temporary(artifact: Artifact, directory: str, mirror_url: str | None, source_dir: str | None,

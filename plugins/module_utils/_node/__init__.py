@@ -9,7 +9,8 @@ stack still verify, the services' states, and whether an archive is unpacked whe
 
 Protocol: the role runs the module once in check mode before anything changes (reading only, and saying what
 the host preparation would change), then skips every step the report shows is done. Only the host preparation
-is changed here (``NodeState.prepare``), in a second call and only when the first one found something to do.
+is changed here (``NodeState.prepare``), in a second call and only when the first one found something to do; and
+the stamp of an installed stack (``NodeState.write_stamp``, its format in ``stamp``), after an install.
 
 Stdlib only: it runs on the node's system Python, before the virtualenv exists. Commands go through
 ``NodeState._run_command`` (argument lists only); ``/proc`` is a constructor argument, so tests use a tree of

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import platform
 import re
@@ -14,14 +13,12 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, field
 
-from . import NodeStateError
+from . import NodeStateError, stamp
 from .._disk import find_binary
-from .._files import write_file_atomically
+from .._files import file_digest, write_file_atomically
 
 # An fstab line that mounts swap and is not commented out: device, mount point, type swap, options.
 FSTAB_SWAP = re.compile(r"^[^#\s]\S*\s+\S+\s+swap(\s|$)")
-# One line of a stamp, in sha256sum's format (text or binary marker).
-STAMP_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 MODULE_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 SYSCTL_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 IMPORT_PROGRAM = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
@@ -55,33 +52,6 @@ class Outcome:
 
     changes: list[str] = field(default_factory=list)
     diff: list[dict] = field(default_factory=list)
-
-
-def file_sha256(path: str) -> str | None:
-    """The sha256 of a regular file's content; None when there is no such file."""
-    try:
-        with open(path, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                return None
-            digest = hashlib.sha256()
-            for chunk in iter(lambda: handle.read(_CHUNK), b""):
-                digest.update(chunk)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
-def stamp_verifies(path: str) -> bool:
-    """Whether every file a stamp lists has the sha256 it records (sha256sum --check --strict); stops at the first miss."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return False
-    entries = [STAMP_LINE.match(line) for line in lines]
-    if not entries or None in entries:
-        return False
-    return all(file_sha256(entry.group(2)) == entry.group(1) for entry in entries)
 
 
 def unpacked(archive_path: str, dest: str) -> bool:
@@ -170,7 +140,7 @@ class NodeState:
     @staticmethod
     def stamps(pattern: str) -> dict[str, bool]:
         """Every stamp matching the glob ``pattern``, and whether it verifies."""
-        return {path: stamp_verifies(path) for path in sorted(glob.glob(pattern))}
+        return {path: stamp.verifies(path) for path in sorted(glob.glob(pattern))}
 
     def services(self, names: list[str]) -> dict[str, dict[str, bool]]:
         """Each systemd unit's state: active (running) and enabled; both false where systemd cannot say."""
@@ -187,7 +157,10 @@ class NodeState:
     @staticmethod
     def archive(path: str, dest: str, expected_sha256: str) -> dict:
         """The archive's sha256 on the node, whether it is the expected one, and whether ``dest`` holds its content."""
-        digest = file_sha256(path)
+        try:
+            digest = file_digest(path).sha256
+        except OSError:
+            digest = None
         return {"sha256": digest, "current": digest == expected_sha256, "unpacked": digest is not None and unpacked(path, dest)}
 
     def _proc_lines(self, name: str, what: str) -> list[str]:
@@ -272,6 +245,27 @@ class NodeState:
                 raise NodeStateError(f"sysctl {key}: this host has no such key (is the kernel module that provides it loaded?)") from None
             except OSError as exc:
                 raise NodeStateError(f"sysctl {key} = {value}: {exc.strerror}") from None
+
+    def write_stamp(self, path: str, files: list[str], outcome: Outcome) -> None:
+        """The stamp of ``files`` at ``path`` (mode 0644), written when it differs. In check mode a file the install
+        would write may be missing yet: the stamp would change."""
+        try:
+            content = stamp.text(files, settle=not self.check_mode)
+        except stamp.UnreadableFile:
+            if not self.check_mode:
+                raise
+            outcome.changes.append(f"write {path}")
+            return
+        before, mode = _read(path)
+        if before != content or mode != 0o644:
+            outcome.changes.append(f"write {path}")
+            if self.check_mode:
+                return
+            try:
+                os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+                write_file_atomically(path, content.encode("utf-8", "surrogateescape"), 0o644)
+            except OSError as exc:
+                raise NodeStateError(f"writing the stamp {path}: {exc}") from None
 
     def _ensure_file(self, path: str, content: str, outcome: Outcome) -> None:
         """A configuration file with exactly ``content``, mode 0644."""

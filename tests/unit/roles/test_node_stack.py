@@ -116,14 +116,24 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert "ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS" in dropin
     assert "ExecStart=/usr/local/bin/containerd" in (destdir / "etc/systemd/system/containerd.service").read_text()
 
+    # The stamp fingerprints every file it lists, so that the probe reads none of them on a re-run.
+    stamp = next((destdir / "var/cache/confidential-kubernetes/artifacts").glob("installed-*.sha256")).read_text()
+    listed = [line.split("  ", 1)[1] for line in stamp.splitlines() if not line.startswith("#")]
+    fingerprinted = [line.split(" ", 6)[6] for line in stamp.splitlines() if line.startswith("#stat ")]
+    assert len(listed) > 10 and fingerprinted == listed, stamp
+
     second = _play(tmp_path, row, destdir)
     assert second.returncode == 0, second.stdout + second.stderr
     assert _recap(second.stdout)["changed"] == 0, second.stdout
     # The re-run decided from the stamp alone: the install tasks were skipped.
     assert _install_skipped(second.stdout), second.stdout
 
-    # A changed binary, a changed CNI plugin and a removed unit drop-in fail the stamp's check: check mode says so
-    # and changes nothing; a real run installs again and restores all three.
+    # A changed binary (one of them with its size and mtime kept), a changed CNI plugin and a removed unit drop-in
+    # fail the stamp's check: check mode says so and changes nothing; a real run installs again and restores all.
+    kubeadm = os.stat(bin_dir / "kubeadm")
+    (bin_dir / "kubeadm").write_bytes(b"#!/bin/sh\necho KUBEADM\n")
+    os.utime(bin_dir / "kubeadm", ns=(kubeadm.st_atime_ns, kubeadm.st_mtime_ns))
+    assert os.stat(bin_dir / "kubeadm").st_size == kubeadm.st_size
     (bin_dir / "kubectl").write_bytes(b"tampered")
     (destdir / "opt/cni/bin/bridge").write_bytes(b"tampered")
     (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").unlink()
@@ -135,6 +145,7 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert third.returncode == 0, third.stdout + third.stderr
     assert _recap(third.stdout)["changed"] > 0
     assert (bin_dir / "kubectl").read_bytes() == b"#!/bin/sh\necho kubectl\n"
+    assert (bin_dir / "kubeadm").read_bytes() == b"#!/bin/sh\necho kubeadm\n"
     assert (destdir / "opt/cni/bin/bridge").read_bytes() == b"bridge"
     assert (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text() == dropin
     fourth = _play(tmp_path, row, destdir)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _files
 from ansible_collections.confidential.kubernetes.plugins.module_utils._node.state import NodeState
 from ansible_collections.confidential.kubernetes.plugins.modules import node_state
 
@@ -241,6 +244,152 @@ def test_stamps_verify_until_a_listed_file_changes_or_goes(node, tmp_path):
     good.write_text("")
     assert run_module({"stamps": pattern})["stamps"][str(good)] is False
     assert run_module({"stamps": str(tmp_path / "none-*.sha256")})["stamps"] == {}
+
+
+class Reads:
+    """Counts the files hashed (every hash of a file goes through _files' sha256), to show what the fast path skips."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        real = hashlib.sha256
+
+        def counting(*args):
+            self.count += 1
+            return real(*args)
+
+        monkeypatch.setattr(_files.hashlib, "sha256", counting)
+
+
+@pytest.fixture
+def settled_soon(monkeypatch):
+    """A fingerprint can be trusted 50 ms after its file's last change (a second by default; the kernel's tick is
+    at most 10 ms on the filesystems the tests use), so that writing a stamp waits 50 ms, not a second."""
+    monkeypatch.setattr(_files, "SETTLED_NS", 50_000_000)
+
+
+def _installed(tmp_path: Path) -> tuple[dict, list[str]]:
+    files = {"kubeadm": (b"kubeadm binary", 0o755), "kubelet": (b"kubelet binary", 0o755), "unit": (b"[Unit]\n", 0o644)}
+    for name, (content, mode) in files.items():
+        (tmp_path / name).write_bytes(content)
+        (tmp_path / name).chmod(mode)
+    return {"stamp_dest": str(tmp_path / "staging/installed-abc.sha256"), "stamp_files": [str(tmp_path / n) for n in files]}, \
+        [str(tmp_path / n) for n in files]
+
+
+def test_a_written_stamp_verifies_reading_no_file_until_one_changes(node, tmp_path, settled_soon, monkeypatch):
+    args, paths = _installed(tmp_path)
+    written = run_module(args)
+    stamp = Path(args["stamp_dest"])
+    assert written["changed"] is True and written["changes"] == [f"write {stamp}"]
+    assert stamp.stat().st_mode & 0o7777 == 0o644
+    lines = stamp.read_text().splitlines()
+    for path in paths:
+        status = os.stat(path)
+        assert f"#stat {status.st_mode & 0o7777:04o} {status.st_ino} {status.st_size} {status.st_mtime_ns} " \
+               f"{status.st_ctime_ns} {path}" in lines
+        assert f"{hashlib.sha256(Path(path).read_bytes()).hexdigest()}  {path}" in lines
+    if shutil.which("sha256sum"):
+        assert subprocess.run(["sha256sum", "--check", "--strict", "--quiet", str(stamp)], check=False).returncode == 0
+    assert run_module(args)["changed"] is False
+
+    reads = Reads(monkeypatch)
+    pattern = str(tmp_path / "staging/installed-*.sha256")
+    assert run_module({"stamps": pattern})["stamps"] == {str(stamp): True}
+    assert reads.count == 0
+
+    # A chmod moves the ctime: the file is hashed again, and verifies once its mode is the recorded one again.
+    os.chmod(paths[0], 0o644)
+    assert run_module({"stamps": pattern})["stamps"] == {str(stamp): False}
+    os.chmod(paths[0], 0o755)
+    assert run_module({"stamps": pattern})["stamps"] == {str(stamp): True}
+    assert reads.count == 2
+
+
+def _keep_size_and_mtime(path: str, content: bytes) -> None:
+    before = os.stat(path)
+    with open(path, "r+b") as handle:
+        handle.write(content)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_mtime_ns == before.st_mtime_ns
+
+
+def _replace_keeping_size_and_mtime(path: str, content: bytes) -> None:
+    before = os.stat(path)
+    Path(path + ".new").write_bytes(content)
+    os.chmod(path + ".new", before.st_mode & 0o7777)
+    os.utime(path + ".new", ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(path + ".new", path)
+
+
+@pytest.mark.parametrize("change", [
+    lambda path: _keep_size_and_mtime(path, b"KUBEADM binary"),
+    lambda path: _replace_keeping_size_and_mtime(path, b"KUBEADM binary"),
+    lambda path: os.truncate(path, 3),
+    os.unlink,
+    lambda path: (os.unlink(path), os.mkfifo(path)),
+], ids=["content changed keeping size and mtime", "replaced keeping size and mtime", "truncated", "removed",
+        "a FIFO in its place"])
+def test_a_changed_file_is_found_although_the_stamp_fingerprinted_it(node, tmp_path, settled_soon, change):
+    args, paths = _installed(tmp_path)
+    run_module(args)
+    pattern = str(tmp_path / "staging/installed-*.sha256")
+    change(paths[0])
+    assert run_module({"stamps": pattern})["stamps"] == {args["stamp_dest"]: False}
+
+
+def test_a_file_too_new_to_trust_is_stamped_without_a_fingerprint_and_hashed(node, tmp_path, monkeypatch):
+    args, paths = _installed(tmp_path)
+    # The stamp waits at most SETTLED_NS for the files to settle; an hour from now they have not.
+    monkeypatch.setattr(_files, "SETTLED_NS", 3600 * 10**9)
+    monkeypatch.setattr(_files.time, "sleep", lambda seconds: None)
+    run_module(args)
+    text = Path(args["stamp_dest"]).read_text()
+    assert "#stat" not in text.replace("A #stat line", "")
+    reads = Reads(monkeypatch)
+    assert run_module({"stamps": str(tmp_path / "staging/installed-*.sha256")})["stamps"] == {args["stamp_dest"]: True}
+    assert reads.count == len(paths)
+
+
+def test_a_stamp_of_an_older_version_verifies_by_hashing_every_file(node, tmp_path, monkeypatch):
+    old = _stamp(tmp_path, "old", {"kubeadm": b"kubeadm", "kubelet": b"kubelet"})
+    pattern = str(tmp_path / "installed-*.sha256")
+    reads = Reads(monkeypatch)
+    assert run_module({"stamps": pattern})["stamps"] == {str(old): True} and reads.count == 2
+    _keep_size_and_mtime(str(tmp_path / "kubelet"), b"KUBELET")
+    assert run_module({"stamps": pattern})["stamps"] == {str(old): False}
+
+
+def test_stamping_in_check_mode_writes_nothing(node, tmp_path, settled_soon):
+    args, paths = _installed(tmp_path)
+    checked = run_module({**args, "_ansible_check_mode": True})
+    assert checked["changed"] is True and checked["changes"] == [f"write {args['stamp_dest']}"]
+    assert not Path(args["stamp_dest"]).exists()
+    # In check mode the install has not written its files yet: the stamp would change, nothing fails.
+    os.unlink(paths[1])
+    missing = run_module({**args, "_ansible_check_mode": True})
+    assert missing["changed"] is True and not Path(args["stamp_dest"]).exists()
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("missing file", "cannot stamp {root}/kubelet: No such file or directory"),
+    ("newline", "cannot stamp '{root}/a\\nb': sha256sum's format holds no newline or backslash in a file name"),
+    ("no files", "a stamp of no files never verifies; name the installed files"),
+    ("files alone", "parameters are required together: stamp_dest, stamp_files"),
+])
+def test_a_stamp_that_cannot_be_written_fails_naming_why(node, tmp_path, case, expected):
+    args, paths = _installed(tmp_path)
+    if case == "missing file":
+        os.unlink(paths[1])
+    args = {
+        "missing file": args,
+        "newline": {**args, "stamp_files": [str(tmp_path / "a\nb")]},
+        "no files": {**args, "stamp_files": []},
+        "files alone": {"stamp_files": paths},
+    }[case]
+    for check_mode in ((True, False) if case != "missing file" else (False,)):
+        failed = run_module({**args, "_ansible_check_mode": check_mode}, AnsibleFailJson)
+        assert failed["msg"] == expected.format(root=tmp_path)
+    assert not (tmp_path / "staging").exists()
 
 
 def _archive(path: Path, members: dict[str, tuple[bytes, int]]) -> str:

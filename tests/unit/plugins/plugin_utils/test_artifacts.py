@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _files
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
 
 REPO = Path(__file__).resolve().parents[4]
@@ -210,3 +212,91 @@ def test_progress_lines_during_a_long_download(server, tmp_path, monkeypatch):
     lines: list[str] = []
     _artifacts.fetch(_artifact(content), str(tmp_path / "cache"), mirror_url=base, progress=lines.append)
     assert lines[-1] == f"kubeadm 1.34.4 (amd64): 4.0 of 4.0 MiB from {base}/release/v1.34.4/bin/linux/amd64/kubeadm"
+
+
+class Hashes:
+    """Counts the cached files hashed (file_digest's sha256; a download is hashed by its own)."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        real = hashlib.sha256
+
+        def counting(*args):
+            self.count += 1
+            return real(*args)
+
+        monkeypatch.setattr(_files.hashlib, "sha256", counting)
+
+
+@pytest.fixture
+def cached(server, tmp_path, monkeypatch):
+    """A verified cached kubeadm whose fingerprint is recorded (fetched, settled, hashed once), and a fetch of it that
+    returns whether it was fetched again."""
+    base, root, requests = server
+    content = b"kubeadm bytes for the fast path"
+    artifact = _artifact(content)
+    _publish(root, "/release/v1.34.4/bin/linux/amd64/kubeadm", content)
+    # A fingerprint is trusted 50 ms after its file's last change instead of a second (the kernel's tick is shorter).
+    monkeypatch.setattr(_files, "SETTLED_NS", 50_000_000)
+    path = Path(_artifacts.fetch(artifact, str(tmp_path / "cache"), mirror_url=base)[0])
+    assert not Path(f"{path}.verified").exists()
+    time.sleep(0.06)
+    assert _artifacts.fetch(artifact, str(tmp_path / "cache"), mirror_url=base) == (str(path), False)
+    status = os.stat(path)
+    assert Path(f"{path}.verified").read_text() == (f"{artifact.sha256} 0644 {status.st_ino} {status.st_size} "
+                                                    f"{status.st_mtime_ns} {status.st_ctime_ns}\n")
+
+    def fetch_again() -> bool:
+        again, fetched = _artifacts.fetch(artifact, str(tmp_path / "cache"), mirror_url=base)
+        assert again == str(path) and path.read_bytes() == content
+        return fetched
+
+    return path, fetch_again, requests
+
+
+def test_a_cached_file_with_its_recorded_fingerprint_is_not_hashed_again(cached, monkeypatch):
+    path, fetch_again, requests = cached
+    hashes = Hashes(monkeypatch)
+    assert fetch_again() is False and hashes.count == 0 and len(requests) == 1
+
+
+def _keep_size_and_mtime(path: Path, content: bytes) -> None:
+    before = os.stat(path)
+    path.write_bytes(content)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_mtime_ns == before.st_mtime_ns
+
+
+def _replaced(path: Path, content: bytes) -> None:
+    before = os.stat(path)
+    Path(f"{path}.new").write_bytes(content)
+    os.chmod(f"{path}.new", before.st_mode & 0o7777)
+    os.utime(f"{path}.new", ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(f"{path}.new", path)
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda path: _keep_size_and_mtime(path, b"KUBEADM bytes for the fast path"),
+    lambda path: _replaced(path, b"KUBEADM bytes for the fast path"),
+    lambda path: os.truncate(path, 7),
+], ids=["content changed keeping size and mtime", "replaced keeping size and mtime", "truncated"])
+def test_a_cached_file_changed_since_its_fingerprint_was_recorded_is_hashed_and_fetched_again(cached, corrupt):
+    path, fetch_again, requests = cached
+    corrupt(path)
+    assert fetch_again() is True and len(requests) == 2
+
+
+@pytest.mark.parametrize("touch", [
+    lambda path: os.chmod(path, 0o600),
+    lambda path: _replaced(path, path.read_bytes()),
+    lambda path: Path(f"{path}.verified").write_text("not a record\n"),
+    lambda path: Path(f"{path}.verified").write_text(f"{'0' * 64} 0644 1 2 3 4\n"),
+], ids=["chmod", "replaced by the same bytes", "a record that is none", "a record of another file"])
+def test_a_cached_file_whose_fingerprint_cannot_vouch_for_it_is_hashed_and_kept_when_good(cached, touch, monkeypatch):
+    path, fetch_again, requests = cached
+    touch(path)
+    time.sleep(0.06)
+    hashes = Hashes(monkeypatch)
+    assert fetch_again() is False and hashes.count == 1 and len(requests) == 1
+    # Hashed and good: its new fingerprint is recorded, and the next run trusts it.
+    assert fetch_again() is False and hashes.count == 1
