@@ -135,27 +135,28 @@ def test_the_plan_is_what_helm_release_decides_with_the_staged_chart(cluster, he
     assert planned["failed"] == applied["failed"] and planned.get("msg") == applied.get("msg")
     assert planned["plans"][0].get("action", "refused") == expected, planned
 
+
 def test_every_refusal_is_named_and_the_other_plans_are_kept(cluster, helm_binary, tmp_path):
     namespace = f"plan-refusals-{helm_binary.rsplit('-', 1)[1].replace('.', '-')}"
     newer, older = make_chart(tmp_path, version="1.1.0"), make_chart(tmp_path, version="1.0.0")
-    for name in ("web", "api"):
+    for name in ("web", "api", "forced"):
         run_main(helm_release.main, dict(cluster, release_name=name, release_namespace=namespace, chart_ref=str(newer),
                                          create_namespace=True))
     releases = [_release(namespace, newer, release_name="fresh"), _release(namespace, older),
-                _release(namespace, older, release_name="api"), _release(namespace, older, release_name="forced",
-                                                                         skip_version_policy=True)]
+                _release(namespace, older, release_name="api"),
+                _release(namespace, older, release_name="forced", skip_version_policy=True)]
     planned = _plan(dict(cluster, skip_version_policy=False), releases)
     assert planned["failed"] and not planned["changed"]
     assert planned["msg"].count("refusing to downgrade from 1.1.0 to 1.0.0") == 2
     assert planned["msg"].startswith("release web: ") and "; release api: " in planned["msg"]
-    assert [plan.get("action", plan.get("policy")) for plan in planned["plans"]] == ["install", "downgrade", "downgrade",
-                                                                                      "install"]
+    outcomes = [plan.get("action", plan.get("policy")) for plan in planned["plans"]]
+    assert outcomes == ["install", "downgrade", "downgrade", "upgrade"]
     helm = Helm(helm_binary, cluster["kubeconfig"])
     assert helm.status("fresh", namespace) is None
-    assert [(helm.status(name, namespace).revision, helm.status(name, namespace).chart_version) for name in ("web", "api")] \
-        == [(1, "1.1.0")] * 2
-    skipped = _plan(dict(cluster, skip_version_policy=True), releases[:3])
-    assert [plan["action"] for plan in skipped["plans"]] == ["install", "upgrade", "upgrade"]
+    deployed = [helm.status(name, namespace) for name in ("web", "api", "forced")]
+    assert [(release.revision, release.chart_version) for release in deployed] == [(1, "1.1.0")] * 3
+    skipped = _plan(dict(cluster, skip_version_policy=True), releases)
+    assert [plan["action"] for plan in skipped["plans"]] == ["install", "upgrade", "upgrade", "upgrade"]
 
 
 def test_a_chart_the_controller_cannot_find_is_named(tmp_path):
