@@ -20,7 +20,8 @@ description:
     release stuck in a pending state, the same comparison of the chart name, chart version and user-supplied values.
   - Every release is planned; when any plan fails (the version policy, a pending release, another chart, a chart or
     values file that cannot be read) the task fails naming each of them, and nothing was changed.
-  - Values reach the node only inside the module's arguments (V(no_log)); no value appears in the result.
+  - Values reach the node only inside the module's arguments, as one V(no_log) string; neither a value nor a key of
+    the values appears in the result or the output.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
@@ -117,10 +118,12 @@ options:
         description: The chart's version.
         type: str
         required: true
-      values:
-        description: The values files merged with the release's values (V(no_log)).
-        type: dict
-        default: {}
+      values_json:
+        description:
+          - The values files merged with the release's values, as JSON (V(no_log)). A string, so that not even the
+            keys of a values file appear in the output at any verbosity.
+        type: str
+        default: "{}"
 requirements:
   - helm 3 or 4 on the node
   - PyYAML on the controller
@@ -157,6 +160,8 @@ plans:
   elements: dict
 """
 
+import json
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm import PLAN_OPTIONS
@@ -168,7 +173,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runn
 RESOLVED_OPTIONS = dict(
     chart_name=dict(type="str", required=True),
     chart_version=dict(type="str", required=True),
-    values=dict(type="dict", default={}, no_log=True),
+    values_json=dict(type="str", default="{}", no_log=True),
 )
 
 
@@ -189,7 +194,7 @@ def main() -> None:
         skip = params["skip_version_policy"] if release["skip_version_policy"] is None else release["skip_version_policy"]
         failure: dict = {}
         try:
-            plans.append(ReleaseManager(helm, request, source["values"], skip).plan(chart))
+            plans.append(ReleaseManager(helm, request, json.loads(source["values_json"]), skip).plan(chart))
         except VersionPolicyError as exc:
             failure = dict(msg=f"release {request.release_name}: {exc}", policy=exc.reason)
         except HelmError as exc:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,7 +49,8 @@ def plan_release(deployed: DeployedRelease | None, deployed_values: dict, chart:
 
 def resolve_inputs(release: dict, find_file: Callable[[str], str | None]) -> dict:
     """What the plan compares of a release whose chart and values files are where ``find_file`` finds them (on the
-    controller): the chart's name and version and the merged values, as the node reads them once they are staged."""
+    controller): the chart's name and version and the merged values (as JSON: one no_log string for the module, whose
+    keys do not show either), as the node reads them once they are staged."""
     chart_ref = release["chart_ref"]
     if not release["chart_repo_url"]:
         # The upgrade role copies every chart without a repository URL to the node: it is a local chart.
@@ -59,7 +61,7 @@ def resolve_inputs(release: dict, find_file: Callable[[str], str | None]) -> dic
     chart = resolve_chart(chart_ref, release["chart_version"], release["chart_repo_url"])
     values_files = [find_file(path) or path for path in release["values_files"]]
     return dict(chart_name=chart.name, chart_version=chart.version,
-                values=requested_values(values_files, release["release_values"]))
+                values_json=json.dumps(normalise(requested_values(values_files, release["release_values"]))))
 
 
 @dataclass(frozen=True)

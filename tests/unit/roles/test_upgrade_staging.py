@@ -25,6 +25,8 @@ from helm_charts import make_chart
 REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 SECRET = "s3cret-from-a-values-file"
+# A key only the values file has: not even the keys of a values file may appear in the output.
+FILE_KEY = "keyOnlyInTheValuesFile"
 NAMESPACE = "staging-apps"
 
 
@@ -40,7 +42,7 @@ def charts(tmp_path_factory) -> dict:
     with tarfile.open(make_chart(directory, version="1.1.0", crds=False, secret=True)) as tar:
         tar.extractall(unpacked, filter="data")
     values_file = directory / "secret-values.yaml"
-    values_file.write_text(f"password: {SECRET}\n")
+    values_file.write_text(f"password: {SECRET}\n{FILE_KEY}: 1\n")
     values_file.chmod(0o600)
     return {"1.0.0": str(make_chart(directory, version="1.0.0", crds=False, secret=True)),
             # A chart directory, given with a trailing slash (the role copies the directory, not its content).
@@ -96,7 +98,7 @@ def test_only_out_of_date_releases_are_staged_and_applied(tmp_path, kube_control
     ]
     first = _play(tmp_path, helm, releases, "-vvv")
     assert first.returncode == 0, first.stdout + first.stderr
-    assert SECRET not in first.stdout + first.stderr
+    assert SECRET not in first.stdout + first.stderr and FILE_KEY not in first.stdout + first.stderr
     assert _staged_items(first) == {1, 2}
     for line in (f"{NAMESPACE}/steady: 1.0.0 -> 1.0.0 (none, unchanged)", f"{NAMESPACE}/moving: 1.0.0 -> 1.1.0 (upgrade, changed)",
                  f"{NAMESPACE}/fresh: - -> 1.0.0 (install, changed)"):
@@ -116,7 +118,7 @@ def test_only_out_of_date_releases_are_staged_and_applied(tmp_path, kube_control
         assert f"{NAMESPACE}/{name}: {version} -> {version} (none, unchanged)" in again.stdout
     assert "backup: none (no existing release upgraded)" in again.stdout
 
-    Path(charts["values file"]).write_text(f"password: {SECRET}-rotated\n")
+    Path(charts["values file"]).write_text(f"password: {SECRET}-rotated\n{FILE_KEY}: 1\n")
     rotated = _play(tmp_path, helm, releases)
     assert rotated.returncode == 0, rotated.stdout + rotated.stderr
     assert _staged_items(rotated) == {2}
