@@ -129,6 +129,7 @@ requirements:
   - helm 3 or 4 on the host
   - PyYAML on the host
 seealso:
+  - module: confidential.kubernetes.helm_plan
   - module: confidential.kubernetes.crd_backup
   - module: kubernetes.core.helm
 """

@@ -12,3 +12,22 @@ RELEASE_SOURCE_OPTIONS = dict(
     release_values=dict(type="dict", default={}, no_log=True, aliases=["values"]),
     values_files=dict(type="list", elements="path", default=[]),
 )
+
+# One release of the upgrade role's list (upgrade_releases), as helm_plan and crd_backup take the list as it is.
+ROLE_RELEASE_OPTIONS = dict(
+    RELEASE_SOURCE_OPTIONS,
+    wait_timeout=dict(type="str"),
+    atomic=dict(type="bool"),
+    create_namespace=dict(type="bool"),
+    force=dict(type="bool"),
+    skip_version_policy=dict(type="bool"),
+)
+
+# helm_plan's options as a task gives them (its action plugin adds what it read on the controller: ``resolved``).
+PLAN_OPTIONS = dict(
+    releases=dict(type="list", elements="dict", default=[], options=ROLE_RELEASE_OPTIONS),
+    skip_version_policy=dict(type="bool", default=False),
+    kubeconfig=dict(type="path", aliases=["kubeconfig_path"]),
+    context=dict(type="str", aliases=["kube_context"]),
+    binary_path=dict(type="path", default="helm"),
+)

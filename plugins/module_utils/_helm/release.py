@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Callable
 
-from .chart import ChartRef, resolve_chart
+from .chart import ChartError, ChartRef, resolve_chart
 from .policy import check_version_policy
 from .runner import PENDING, DeployedRelease, Helm, HelmError, ReleasePendingError, ReleaseRequest
-from .values import ValueMasker, dump_values, normalise, values_equal
+from .values import ValueMasker, dump_values, normalise, requested_values, values_equal
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,36 @@ def plan_release(deployed: DeployedRelease | None, deployed_values: dict, chart:
     return Plan("none", "same chart version and values")
 
 
+def resolve_inputs(release: dict, find_file: Callable[[str], str | None]) -> dict:
+    """What the plan compares of a release whose chart and values files are where ``find_file`` finds them (on the
+    controller): the chart's name and version and the merged values (as JSON: one no_log string for the module, whose
+    keys do not show either), as the node reads them once they are staged."""
+    chart_ref = release["chart_ref"]
+    if not release["chart_repo_url"]:
+        # The upgrade role copies every chart without a repository URL to the node: it is a local chart.
+        found = find_file(chart_ref.rstrip("/"))
+        if found is None:
+            raise ChartError(f"chart {chart_ref} not found on the controller")
+        chart_ref = found
+    chart = resolve_chart(chart_ref, release["chart_version"], release["chart_repo_url"])
+    values_files = [find_file(path) or path for path in release["values_files"]]
+    return dict(chart_name=chart.name, chart_version=chart.version,
+                values_json=json.dumps(normalise(requested_values(values_files, release["release_values"]))))
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What helm reports about a release, the plan made from it, and the result fields both carry."""
+
+    plan: Plan
+    deployed: DeployedRelease | None
+    present: bool
+    deployed_values: dict
+    result: dict
+
+
 class ReleaseManager:
-    """Drives helm for one release; the module and tests call ``ensure``."""
+    """Drives helm for one release: ``ensure`` (module helm_release) and ``plan`` (module helm_plan)."""
 
     def __init__(self, helm: Helm, request: ReleaseRequest, values: dict, skip_version_policy: bool = False):
         self.helm = helm
@@ -55,9 +85,31 @@ class ReleaseManager:
         self.skip_version_policy = skip_version_policy
         self.masker = ValueMasker()
 
+    def plan(self, chart: ChartRef) -> dict:
+        """What ``ensure`` would do with ``chart`` (its name and version), changing nothing: the upgrade role plans with
+        the chart as read on the controller, before anything is copied to the node."""
+        return self._read(chart).result
+
     def ensure(self, check_mode: bool, diff: bool) -> dict:
         request = self.request
-        chart = resolve_chart(request.chart_ref, request.chart_version, request.chart_repo_url)
+        reading = self._read(resolve_chart(request.chart_ref, request.chart_version, request.chart_repo_url))
+        result = dict(reading.result, helm_major_version=self.helm.major, rolled_back=False)
+        if diff:
+            result["diff"] = self._diff(reading.deployed_values, reading.present)
+        if reading.plan.action == "none" or check_mode:
+            return result
+        atomic_by_helm = request.atomic and request.wait
+        try:
+            result["command"] = self.helm.upgrade(request, self.values)
+        except HelmError as exc:
+            self._fail(result, reading.plan, str(exc), reading.deployed if reading.present else None, atomic_by_helm)
+        after = self.helm.status(request.release_name, request.release_namespace)
+        if after is not None:
+            result.update(revision=after.revision, status=after.status)
+        return result
+
+    def _read(self, chart: ChartRef) -> _Reading:
+        request = self.request
         deployed = self.helm.status(request.release_name, request.release_namespace)
         present = deployed is not None and deployed.status not in ("uninstalled",) + PENDING
         deployed_values = self.helm.get_values(request.release_name, request.release_namespace) if present else {}
@@ -74,22 +126,8 @@ class ReleaseManager:
             previous_revision=deployed.revision if deployed else None,
             revision=deployed.revision if deployed else None,
             status=deployed.status if deployed else None,
-            helm_major_version=self.helm.major,
-            rolled_back=False,
         )
-        if diff:
-            result["diff"] = self._diff(deployed_values, present)
-        if plan.action == "none" or check_mode:
-            return result
-        atomic_by_helm = request.atomic and request.wait
-        try:
-            result["command"] = self.helm.upgrade(request, self.values)
-        except HelmError as exc:
-            self._fail(result, plan, str(exc), deployed if present else None, atomic_by_helm)
-        after = self.helm.status(request.release_name, request.release_namespace)
-        if after is not None:
-            result.update(revision=after.revision, status=after.status)
-        return result
+        return _Reading(plan, deployed, present, deployed_values, result)
 
     def _fail(self, result: dict, plan: Plan, message: str, deployed: DeployedRelease | None, atomic_by_helm: bool) -> None:
         request = self.request

@@ -28,4 +28,4 @@ def test_values_under_both_names_are_refused_naming_the_release(tmp_path):
                           str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert run.returncode != 0
     assert "twice: give the values as release_values or as values (its alias), not both" in run.stdout
-    assert "fine:" not in run.stdout and "TASK [confidential.kubernetes.upgrade : Make a private staging" not in run.stdout
+    assert "fine:" not in run.stdout and "TASK [confidential.kubernetes.upgrade : Plan every release" not in run.stdout
