@@ -189,3 +189,25 @@ def helm_binary(request) -> str:
     """Each real helm the collection supports."""
     _require_control_plane()
     return str(control_plane.binaries_dir() / request.param)
+
+
+class FileHashes:
+    """Counts the files module_utils._files hashes from its creation on (every file digest goes through its sha256)."""
+
+    def __init__(self, monkeypatch):
+        from ansible_collections.confidential.kubernetes.plugins.module_utils import _files  # pylint: disable=import-outside-toplevel
+
+        self.count = 0
+        real = _files.hashlib.sha256
+
+        def counting(*args):
+            self.count += 1
+            return real(*args)
+
+        monkeypatch.setattr(_files.hashlib, "sha256", counting)
+
+
+@pytest.fixture
+def count_file_hashes(monkeypatch):
+    """Call it to start counting the files module_utils._files hashes; returns the counter (its .count)."""
+    return lambda: FileHashes(monkeypatch)

@@ -246,20 +246,6 @@ def test_stamps_verify_until_a_listed_file_changes_or_goes(node, tmp_path):
     assert run_module({"stamps": str(tmp_path / "none-*.sha256")})["stamps"] == {}
 
 
-class Reads:
-    """Counts the files hashed (every hash of a file goes through _files' sha256), to show what the fast path skips."""
-
-    def __init__(self, monkeypatch):
-        self.count = 0
-        real = hashlib.sha256
-
-        def counting(*args):
-            self.count += 1
-            return real(*args)
-
-        monkeypatch.setattr(_files.hashlib, "sha256", counting)
-
-
 @pytest.fixture
 def settled_soon(monkeypatch):
     """A fingerprint can be trusted 50 ms after its file's last change (a second by default; the kernel's tick is
@@ -276,7 +262,7 @@ def _installed(tmp_path: Path) -> tuple[dict, list[str]]:
         [str(tmp_path / n) for n in files]
 
 
-def test_a_written_stamp_verifies_reading_no_file_until_one_changes(node, tmp_path, settled_soon, monkeypatch):
+def test_a_written_stamp_verifies_reading_no_file_until_one_changes(node, tmp_path, settled_soon, count_file_hashes):
     args, paths = _installed(tmp_path)
     written = run_module(args)
     stamp = Path(args["stamp_dest"])
@@ -292,7 +278,7 @@ def test_a_written_stamp_verifies_reading_no_file_until_one_changes(node, tmp_pa
         assert subprocess.run(["sha256sum", "--check", "--strict", "--quiet", str(stamp)], check=False).returncode == 0
     assert run_module(args)["changed"] is False
 
-    reads = Reads(monkeypatch)
+    reads = count_file_hashes()
     pattern = str(tmp_path / "staging/installed-*.sha256")
     assert run_module({"stamps": pattern})["stamps"] == {str(stamp): True}
     assert reads.count == 0
@@ -337,7 +323,7 @@ def test_a_changed_file_is_found_although_the_stamp_fingerprinted_it(node, tmp_p
     assert run_module({"stamps": pattern})["stamps"] == {args["stamp_dest"]: False}
 
 
-def test_a_file_too_new_to_trust_is_stamped_without_a_fingerprint_and_hashed(node, tmp_path, monkeypatch):
+def test_a_file_too_new_to_trust_is_stamped_without_a_fingerprint_and_hashed(node, tmp_path, monkeypatch, count_file_hashes):
     args, paths = _installed(tmp_path)
     # The stamp waits at most SETTLED_NS for the files to settle; an hour from now they have not.
     monkeypatch.setattr(_files, "SETTLED_NS", 3600 * 10**9)
@@ -345,15 +331,15 @@ def test_a_file_too_new_to_trust_is_stamped_without_a_fingerprint_and_hashed(nod
     run_module(args)
     text = Path(args["stamp_dest"]).read_text()
     assert "#stat" not in text.replace("A #stat line", "")
-    reads = Reads(monkeypatch)
+    reads = count_file_hashes()
     assert run_module({"stamps": str(tmp_path / "staging/installed-*.sha256")})["stamps"] == {args["stamp_dest"]: True}
     assert reads.count == len(paths)
 
 
-def test_a_stamp_of_an_older_version_verifies_by_hashing_every_file(node, tmp_path, monkeypatch):
+def test_a_stamp_of_an_older_version_verifies_by_hashing_every_file(node, tmp_path, count_file_hashes):
     old = _stamp(tmp_path, "old", {"kubeadm": b"kubeadm", "kubelet": b"kubelet"})
     pattern = str(tmp_path / "installed-*.sha256")
-    reads = Reads(monkeypatch)
+    reads = count_file_hashes()
     assert run_module({"stamps": pattern})["stamps"] == {str(old): True} and reads.count == 2
     _keep_size_and_mtime(str(tmp_path / "kubelet"), b"KUBELET")
     assert run_module({"stamps": pattern})["stamps"] == {str(old): False}

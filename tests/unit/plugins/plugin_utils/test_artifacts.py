@@ -214,20 +214,6 @@ def test_progress_lines_during_a_long_download(server, tmp_path, monkeypatch):
     assert lines[-1] == f"kubeadm 1.34.4 (amd64): 4.0 of 4.0 MiB from {base}/release/v1.34.4/bin/linux/amd64/kubeadm"
 
 
-class Hashes:
-    """Counts the cached files hashed (file_digest's sha256; a download is hashed by its own)."""
-
-    def __init__(self, monkeypatch):
-        self.count = 0
-        real = hashlib.sha256
-
-        def counting(*args):
-            self.count += 1
-            return real(*args)
-
-        monkeypatch.setattr(_files.hashlib, "sha256", counting)
-
-
 @pytest.fixture
 def cached(server, tmp_path, monkeypatch):
     """A verified cached kubeadm whose fingerprint is recorded (fetched, settled, hashed once), and a fetch of it that
@@ -254,9 +240,9 @@ def cached(server, tmp_path, monkeypatch):
     return path, fetch_again, requests
 
 
-def test_a_cached_file_with_its_recorded_fingerprint_is_not_hashed_again(cached, monkeypatch):
+def test_a_cached_file_with_its_recorded_fingerprint_is_not_hashed_again(cached, count_file_hashes):
     path, fetch_again, requests = cached
-    hashes = Hashes(monkeypatch)
+    hashes = count_file_hashes()
     assert fetch_again() is False and hashes.count == 0 and len(requests) == 1
 
 
@@ -292,11 +278,11 @@ def test_a_cached_file_changed_since_its_fingerprint_was_recorded_is_hashed_and_
     lambda path: Path(f"{path}.verified").write_text("not a record\n"),
     lambda path: Path(f"{path}.verified").write_text(f"{'0' * 64} 0644 1 2 3 4\n"),
 ], ids=["chmod", "replaced by the same bytes", "a record that is none", "a record of another file"])
-def test_a_cached_file_whose_fingerprint_cannot_vouch_for_it_is_hashed_and_kept_when_good(cached, touch, monkeypatch):
+def test_a_cached_file_whose_fingerprint_cannot_vouch_for_it_is_hashed_and_kept_when_good(cached, touch, count_file_hashes):
     path, fetch_again, requests = cached
     touch(path)
     time.sleep(0.06)
-    hashes = Hashes(monkeypatch)
+    hashes = count_file_hashes()
     assert fetch_again() is False and hashes.count == 1 and len(requests) == 1
     # Hashed and good: its new fingerprint is recorded, and the next run trusts it.
     assert fetch_again() is False and hashes.count == 1
