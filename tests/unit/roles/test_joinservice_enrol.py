@@ -69,8 +69,6 @@ def test_enrol_records_each_hosts_ek_name_role_and_disk(tmp_path, swtpm, other_s
     assert json.loads(enrolment_file.read_text())["version"] == 1
 
 
-
-
 def test_a_host_read_earlier_in_the_run_with_its_luks_disk_is_not_read_again(tmp_path, swtpm, other_swtpm):
     """site.yml's order: the init play records the first control plane (main entry point, its disk LUKS by then) and
     the enrol play reuses that record instead of reading the TPM again. A host read without a LUKS disk is read every
