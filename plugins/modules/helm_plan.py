@@ -28,6 +28,7 @@ extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
   - confidential.kubernetes._attributes.INFO_MODULE
+  - confidential.kubernetes._helm
 attributes:
   idempotent:
     support: full
@@ -91,18 +92,6 @@ options:
     description: Skip the version policy for every release that does not set its own O(releases[].skip_version_policy).
     type: bool
     default: false
-  kubeconfig:
-    description: The kubeconfig helm uses on the node; helm's default when omitted.
-    type: path
-    aliases: [kubeconfig_path]
-  context:
-    description: The kubeconfig context.
-    type: str
-    aliases: [kube_context]
-  binary_path:
-    description: The helm binary on the node.
-    type: path
-    default: helm
   resolved:
     description:
       - Set by the action plugin from O(releases) as read on the controller, one entry per release in order; a task

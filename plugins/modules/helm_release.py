@@ -31,6 +31,7 @@ author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
+  - confidential.kubernetes._helm
 attributes:
   check_mode:
     support: full
@@ -113,18 +114,6 @@ options:
     description: Create the release namespace if it does not exist.
     type: bool
     default: false
-  kubeconfig:
-    description: The kubeconfig helm uses (for example C(/etc/kubernetes/admin.conf)); helm's default when omitted.
-    type: path
-    aliases: [kubeconfig_path]
-  context:
-    description: The kubeconfig context.
-    type: str
-    aliases: [kube_context]
-  binary_path:
-    description: The helm binary.
-    type: path
-    default: helm
 requirements:
   - helm 3 or 4 on the host
   - PyYAML on the host
@@ -206,7 +195,7 @@ helm_major_version:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._helm import RELEASE_SOURCE_OPTIONS
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm import HELM_OPTIONS, RELEASE_SOURCE_OPTIONS
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.chart import ChartError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.policy import VersionPolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.release import ReleaseFailed, ReleaseManager
@@ -225,9 +214,7 @@ def main() -> None:
             force=dict(type="bool", default=False),
             skip_version_policy=dict(type="bool", default=False),
             create_namespace=dict(type="bool", default=False),
-            kubeconfig=dict(type="path", aliases=["kubeconfig_path"]),
-            context=dict(type="str", aliases=["kube_context"]),
-            binary_path=dict(type="path", default="helm"),
+            **HELM_OPTIONS,
         ),
         supports_check_mode=True,
     )

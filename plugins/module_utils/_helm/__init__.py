@@ -13,6 +13,13 @@ RELEASE_SOURCE_OPTIONS = dict(
     values_files=dict(type="list", elements="path", default=[]),
 )
 
+# How helm_release and helm_plan run helm on the node (doc fragment confidential.kubernetes._helm).
+HELM_OPTIONS = dict(
+    kubeconfig=dict(type="path", aliases=["kubeconfig_path"]),
+    context=dict(type="str", aliases=["kube_context"]),
+    binary_path=dict(type="path", default="helm"),
+)
+
 # One release of the upgrade role's list (upgrade_releases), as helm_plan and crd_backup take the list as it is.
 ROLE_RELEASE_OPTIONS = dict(
     RELEASE_SOURCE_OPTIONS,
@@ -27,7 +34,5 @@ ROLE_RELEASE_OPTIONS = dict(
 PLAN_OPTIONS = dict(
     releases=dict(type="list", elements="dict", default=[], options=ROLE_RELEASE_OPTIONS),
     skip_version_policy=dict(type="bool", default=False),
-    kubeconfig=dict(type="path", aliases=["kubeconfig_path"]),
-    context=dict(type="str", aliases=["kube_context"]),
-    binary_path=dict(type="path", default="helm"),
+    **HELM_OPTIONS,
 )
