@@ -82,9 +82,10 @@ def main() -> int:
         print(f"{name:<12} {seconds:>8.1f}  {result}")
         for key, value in figures.items():
             print(f"{'':<12} {'':>8}    {key}: {value}")
-    drills = [(name, result) for name, result, *_ in results if name != "bring-up"]
+    outcomes = [(entry[0], entry[1]) for entry in results]
+    drills = [(name, result) for name, result in outcomes if name != "bring-up"]
     passed = sum(1 for _name, result in drills if result == "ok")
-    failed = sum(1 for _name, result, *_ in results if result != "ok")
+    failed = sum(1 for _name, result in outcomes if result != "ok")
     skipped = len(names) - len(drills)
     print(f"drills: {passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     print(f"total {time.monotonic() - started:.0f} s")
