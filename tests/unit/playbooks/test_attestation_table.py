@@ -28,6 +28,10 @@ RESULTS = {
 }
 
 
+TEMPLATE = REPO / "playbooks" / "templates" / "attestation_table.j2"
+RENDER = f"{{{{ lookup('ansible.builtin.template', '{TEMPLATE}') }}}}"
+
+
 def test_the_table_names_the_differing_event_and_the_pcrs_a_log_does_not_replay_to(tmp_path):
     inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
                          "children": {"control_plane": {"hosts": {"cp-0": {}}},
@@ -35,10 +39,7 @@ def test_the_table_names_the_differing_event_and_the_pcrs_a_log_does_not_replay_
     play = [{"hosts": "all", "gather_facts": False,
              "vars": {"verify_cluster_exists": False, "verify_fresh_hosts": [], "results": RESULTS},
              "tasks": [{"ansible.builtin.set_fact": {"verify_result": "{{ results[inventory_hostname] }}"}},
-                       {"ansible.builtin.copy": {
-                           "content": "{{ lookup('ansible.builtin.template', '" + str(REPO / "playbooks" / "templates" /
-                                                                                     "attestation_table.j2") + "') }}",
-                           "dest": str(tmp_path / "table.txt")},
+                       {"ansible.builtin.copy": {"content": RENDER, "dest": str(tmp_path / "table.txt")},
                         "run_once": True}]}]
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(json.dumps(play))
