@@ -168,7 +168,7 @@ def _parse_spec_id(raw: bytes) -> tuple[dict[int, int], int]:
     if len(data) < position + count * _ALG.size + 1:
         raise EventLogError(f"{what} is too short for its {count} algorithms")
     sizes: dict[int, int] = {}
-    for _ in range(count):
+    for _entry in range(count):
         alg, digest_size = _ALG.unpack_from(data, position)
         position += _ALG.size
         if alg in sizes:
@@ -194,7 +194,7 @@ def _parse_event2(raw: bytes, offset: int, number: int, sizes: dict[int, int]) -
         raise EventLogError(f"{what}: carries {count} digest(s), the Spec ID event names {len(sizes)} algorithm(s)")
     position = offset + _EVENT2_HEAD.size
     digests: dict[str, bytes] = {}
-    for _ in range(count):
+    for _entry in range(count):
         _need(raw, position, _U16.size, what)
         (alg,) = _U16.unpack_from(raw, position)
         size = sizes.get(alg)
