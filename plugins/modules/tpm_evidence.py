@@ -58,7 +58,8 @@ options:
     description:
       - The TCG event log to include in the evidence, in the crypto-agile binary format; the verifier replays it
         against the quoted PCRs.
-      - When omitted, the firmware's log C(/sys/kernel/security/tpm0/binary_bios_measurements) if the node has one.
+      - When omitted, the firmware's log C(/sys/kernel/security/tpm0/binary_bios_measurements) if the node has one
+        and the module may read it (root only).
     type: path
   ephemeral_key_path:
     description:

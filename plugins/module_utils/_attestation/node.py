@@ -38,10 +38,11 @@ def decode_b64(name: str, value: str) -> bytes:
 
 
 def read_event_log(path: str | None) -> bytes | None:
-    """The TCG event log at ``path``, or the firmware's (securityfs) when no path is given and the node has one.
-    Read bounded and parsed here too, so that a node with an unreadable log says so instead of being refused."""
+    """The TCG event log at ``path``, or the firmware's (securityfs) when no path is given and the node has one that
+    this user may read (it is root's only). Read bounded and parsed here too, so that a node with a malformed log
+    says so instead of being refused."""
     if not path:
-        if not os.path.exists(eventlog.DEFAULT_PATH):
+        if not os.access(eventlog.DEFAULT_PATH, os.R_OK):
             return None
         path = eventlog.DEFAULT_PATH
     try:

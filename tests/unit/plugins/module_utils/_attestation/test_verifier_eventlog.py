@@ -232,6 +232,9 @@ def test_without_a_path_the_node_reads_the_firmware_log_only_where_there_is_one(
     (tmp_path / "firmware").write_bytes(firmware_log())
     monkeypatch.setattr(el, "DEFAULT_PATH", str(tmp_path / "firmware"))
     assert node.read_event_log(None) == firmware_log()
+    # Not readable by this user (securityfs gives root alone): no log, as on a node without one.
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    assert node.read_event_log(None) is None
 
 
 def test_measurements_enrol_the_golden_log_beside_the_pcrs(swtpm, tmp_path):
