@@ -40,6 +40,13 @@ options:
     type: list
     elements: int
     default: []
+  event_log_path:
+    description:
+      - The node's TCG event log (crypto-agile binary format); its events of the enrolled PCRs are enrolled beside the
+        PCR values (C(event_log) of the policy), so that a PCR failing the policy later names the events that differ.
+      - When omitted, the firmware's log C(/sys/kernel/security/tpm0/binary_bios_measurements) if the node has one;
+        no events are enrolled without a log. A log that does not replay to the PCRs read is refused.
+    type: path
 seealso:
   - module: confidential.kubernetes.verify_evidence
   - name: The measurements playbook
@@ -75,6 +82,7 @@ policy:
   description:
     - The measurement policy - C(version), C(hash_algorithm), C(ak_trust) and C(pcrs), which maps each PCR index (a
       string) to its C(allowed) values (hex) and C(warn_only) - as M(confidential.kubernetes.verify_evidence) reads it.
+    - With an event log, C(event_log) lists the golden events of those PCRs (pcr, type, description, digest).
   returned: success
   type: dict
   sample:
@@ -85,11 +93,17 @@ policy:
       "8":
         allowed: [b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e]
         warn_only: false
+    event_log:
+      - pcr: 8
+        type: EV_IPL
+        description: "kernel_cmdline: BOOT_IMAGE=/boot/vmlinuz ro quiet"
+        digest: b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import EvidenceError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
 
 
@@ -101,6 +115,7 @@ def main() -> None:
             bank=dict(type="str", default="sha256", choices=["sha256", "sha384"]),
             ak_trust=dict(type="str", default="ek-certificate", choices=["ek-certificate", "pcrs-only"]),
             warn_only=dict(type="list", elements="int", default=[]),
+            event_log_path=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -111,8 +126,9 @@ def main() -> None:
     if bad:
         module.fail_json(msg=f"PCR indices must be 0..23, got {bad}")
     try:
-        policy = node.read_measurements(params["tcti"], params["pcrs"] or [], params["bank"], params["ak_trust"], params["warn_only"])
-    except TpmError as exc:
+        policy = node.read_measurements(params["tcti"], params["pcrs"] or [], params["bank"], params["ak_trust"],
+                                        params["warn_only"], params["event_log_path"])
+    except (TpmError, EvidenceError) as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, policy=policy)
 

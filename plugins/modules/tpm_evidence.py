@@ -55,7 +55,11 @@ options:
     type: bool
     default: true
   event_log_path:
-    description: A JSON event list to include in the evidence (for example one a software TPM setup writes).
+    description:
+      - The TCG event log to include in the evidence, in the crypto-agile binary format; the verifier replays it
+        against the quoted PCRs.
+      - When omitted, the firmware's log C(/sys/kernel/security/tpm0/binary_bios_measurements) if the node has one
+        and the module may read it (root only).
     type: path
   ephemeral_key_path:
     description:

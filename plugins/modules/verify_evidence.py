@@ -14,8 +14,12 @@ description:
     against the AK type (V(signature-scheme)); AK attributes restricted, sign, fixedTPM (V(ak-attributes)); the quote
     signature (V(signature)); TPMS_ATTEST magic (V(magic)) and type (V(attest-type)); C(extraData) against
     C(SHA-256(nonce || SHA-256(user_data))) in constant time (V(nonce)); the quote's PCR selection covers every policy
-    PCR (V(pcr-selection)); the recomputed PCR digest (V(pcr-digest)); each PCR against the policy (V(pcr-policy), with
-    every mismatch listed); then AK trust (V(ek-certificate), V(credential-activation)).
+    PCR (V(pcr-selection)); the recomputed PCR digest (V(pcr-digest)); the TCG event log the evidence carries (a
+    malformed one is V(malformed)) replayed per PCR and bank against the quoted PCRs (V(event-log-mismatch)); each PCR
+    against the policy (V(pcr-policy), with every mismatch listed); then AK trust (V(ek-certificate),
+    V(credential-activation)).
+  - When the policy enrols a golden event log and the evidence carries a log, each PCR that fails the policy names the
+    events that differ from the golden log (type, description, old and new digest; changed, added or removed).
   - At AK trust level 2 (policy C(ak_trust=ek-certificate), the default) the EK certificate must be issued by a CA in
     O(ek_ca_file), and the AK is proven to sit in the same TPM by credential activation - this action makes a credential
     for the AK name under the EK and has the host activate it with M(confidential.kubernetes.tpm_evidence).
@@ -112,7 +116,11 @@ msg:
   type: str
   sample: PCR(s) 8 do not match the measurement policy
 mismatches:
-  description: Every PCR that does not match an enforced policy rule (pcr, actual, allowed, warn_only).
+  description:
+    - Every PCR that does not match an enforced policy rule (pcr, actual, allowed, warn_only), with C(events), the
+      events that differ from the policy's golden event log (pcr, change, type, description, old_digest, new_digest,
+      summary), when both logs are there.
+    - For V(event-log-mismatch), every PCR whose replay differs (pcr, bank, quoted, replayed).
   returned: always
   type: list
   elements: dict
@@ -121,6 +129,14 @@ mismatches:
       actual: 5f3a4a1c0f0d2e6b9a7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c
       allowed: [b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e]
       warn_only: false
+      events:
+        - pcr: 8
+          change: changed
+          type: EV_IPL
+          description: "kernel_cmdline: ro quiet -> kernel_cmdline: ro quiet lab.tamper=1"
+          old_digest: 61b6b2ed0a6b5e6a5e7b6cfb1bc5b4f8a9f1c5ba4b7c3b2d2e6b3cf4e1f2a3b4
+          new_digest: 0c2b8d37c48fc07e8e2d2a1b4b6f16b5d7c9b3a1e4d5f6a7b8c9d0e1f2a3b4c5
+          summary: "PCR 8: EV_IPL kernel_cmdline: ro quiet -> kernel_cmdline: ro quiet lab.tamper=1 digest changed"
 warnings:
   description: PCRs that do not match a warn-only rule.
   returned: always

@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing (atheris / libFuzzer) of what a hostile node controls.
 
-  python tests/security/fuzz.py evidence|policy|join [--runs N] [--seed S] [--artifacts DIR]
+  python tests/security/fuzz.py evidence|policy|join|eventlog [--runs N] [--seed S] [--artifacts DIR]
 
 Targets:
   evidence  the evidence parser and verifier (level 1 and level 2 verifiers), from genuine swtpm evidence
@@ -9,6 +9,9 @@ Targets:
             protobuf) and step 1 of TicketIssuer (nonce, verify, node name, disk UUID, kubelet CSR, request binding, the
             registry's grant) and step 2's proof check; one input in GRPC_EVERY goes to the real service over gRPC/TLS,
             whose status must carry a stated reason
+  eventlog  the TCG event log parser (eventlog.parse), its replay, descriptions and the golden-log differences, from
+            logs shaped like a real VM's (OVMF + the Linux EFI stub), GRUB's strings and the lab's; every log is read
+            or refused with an EventLogError naming the event
 
 Seeds are genuine: evidence quoted by a real swtpm, the policy it meets, CSRs made for the node.
 Mutations are structure-aware (tests/security/mutate.py) plus libFuzzer's byte mutations, and
@@ -45,7 +48,7 @@ support.unit_conftest()
 import atheris  # noqa: E402
 
 with atheris.instrument_imports(include=["ansible_collections.confidential.kubernetes"]):
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import eventlog, issuer
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
         MeasurementPolicy, PcrRule, PolicyError, dump_policy, parse_policy)
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
@@ -59,6 +62,9 @@ with atheris.instrument_imports(include=["ansible_collections.confidential.kuber
 import grpc  # noqa: E402
 
 import mutate  # noqa: E402
+
+sys.path.insert(0, str(support.REPO / "tests" / "unit" / "plugins" / "module_utils" / "_attestation"))
+import eventlogs  # noqa: E402  (the fixture logs the unit tests build)
 
 POLICY_PCRS = (0, 4, 8, 9, 15)
 DEFAULT_RUNS = 12000
@@ -144,7 +150,8 @@ class EvidenceTarget(Target):
             self.golden = _genuine(instance.tcti, self.nonce, EphemeralKey.generate().public_bytes())
             others = [
                 _genuine(instance.tcti, self.nonce, EphemeralKey.generate().public_bytes(), include_ek=False),
-                _genuine(instance.tcti, self.nonce, os.urandom(32), event_log=[{"pcr": 9, "digest": "ab" * 32, "type": "kernel"}]),
+                _genuine(instance.tcti, self.nonce, os.urandom(32),
+                         event_log=eventlogs.ipl_log({9: ["/boot/vmlinuz"]})),
             ]
         finally:
             instance.stop()
@@ -386,8 +393,77 @@ class JoinTarget(Target):
         shutil.rmtree(self.lab.dir, ignore_errors=True)
 
 
+_EVENT_LOG_REASONS = [
+    ("size", r"larger than"), ("empty", r"is empty"), ("not-bytes", r"must be bytes"), ("truncated", r"truncated"),
+    ("not-crypto-agile", r"must be EV_NO_ACTION|Spec ID Event03"), ("spec-version", r"spec version"),
+    ("algorithms", r"algorithm|digest size"), ("vendor-info", r"vendor information"), ("pcr-index", r"PCR index"),
+    ("digest-count", r"digest\(s\)|two .* digests"), ("too-many-events", r"more than"),
+    ("locality", r"StartupLocality"),
+]
+
+
+class EventLogTarget(Target):
+    name = "eventlog"
+    max_len = eventlog.MAX_EVENT_LOG_BYTES + 4096
+
+    def __init__(self, tpms):
+        super().__init__(tpms)
+        golden = eventlogs.firmware_log(locality=None)
+        self.golden = eventlog.golden_events(eventlog.parse(golden), "sha256")
+        self.seeds = [
+            golden, eventlogs.firmware_log(), eventlogs.firmware_log(command_line="quiet", banks=("sha256",)),
+            eventlogs.firmware_log(banks=("sha1", "sha256", "sha384", "sha512")),
+            eventlogs.ipl_log({8: ["grub_cmd: linux /vmlinuz", "kernel_cmdline: ro"], 9: ["/vmlinuz", "/initrd"]}),
+            eventlog.build(("sha256",), []),
+        ]
+
+    def run(self, data):
+        try:
+            log = eventlog.parse(data)
+            replayed = log.replay()
+        except eventlog.EventLogError as exc:
+            message = str(exc)
+            if not message.startswith("event"):
+                raise Finding(f"EventLogError does not name the log or the event: {message[:200]}") from None
+            reason = next((code for code, pattern in _EVENT_LOG_REASONS if re.search(pattern, message)),
+                          "event-log-error")
+            return "rejected", reason
+        # A log that parses must be usable throughout: named, described (bounded), compared with the golden log.
+        for event in log.events:
+            if len(event.description) > eventlog.MAX_DESCRIPTION or not event.type_name.startswith("EV_"):
+                raise Finding(f"event {event.number}: description or type name out of bounds")
+        if "sha256" in replayed:
+            for pcr in replayed["sha256"]:
+                for difference in eventlog.differences(self.golden, log, "sha256", pcr):
+                    difference.summary()
+            eventlog.golden_events(log, "sha256")
+        return "accepted", "replayed" if replayed else "no known bank"
+
+    def mutate(self, data, rng):
+        data = bytearray(data)
+        choice = rng.random()
+        if not data or choice < 0.15:
+            return bytes(rng.choice(self.seeds)[:rng.randrange(1, 200)])  # truncated inside the header
+        position = rng.randrange(len(data))
+        if choice < 0.45:  # a size, count, PCR index or type field: boundary values
+            value = rng.choice([0, 1, 2, 3, 8, 23, 24, 255, 0x7FFFFFFF, 0xFFFFFFFF, len(data), rng.getrandbits(32)])
+            data[position:position + 4] = value.to_bytes(4, "little")
+        elif choice < 0.6:  # an algorithm id or a digest size
+            value = rng.choice([0x0004, 0x000B, 0x000C, 0x000D, 0x0012, 0, 0xFFFF, 20, 32, 65])
+            data[position:position + 2] = value.to_bytes(2, "little")
+        elif choice < 0.75:
+            data[position] ^= 1 << rng.randrange(8)
+        elif choice < 0.85:
+            del data[position:position + rng.randrange(1, 64)]
+        else:  # an event repeated or spliced in from another log
+            other = rng.choice(self.seeds)
+            start = rng.randrange(len(other))
+            data[position:position] = other[start:start + rng.randrange(1, 400)]
+        return bytes(data)
+
+
 _MESSAGES = {b"J": pb2.IssueJoinTicketRequest, b"R": pb2.IssueRejoinTicketRequest, b"A": pb2.ActivateTicketRequest}
-TARGETS = {t.name: t for t in (EvidenceTarget, PolicyTarget, JoinTarget)}
+TARGETS = {t.name: t for t in (EvidenceTarget, PolicyTarget, JoinTarget, EventLogTarget)}
 
 
 class Campaign:

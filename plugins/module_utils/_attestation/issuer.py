@@ -202,7 +202,7 @@ class Tpm:
 
 
 def issue_evidence(tpm: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = True,
-                   event_log: list[dict] | None = None) -> Evidence:
+                   event_log: bytes | None = None) -> Evidence:
     """Quote every sha256 PCR over SHA-256(nonce || SHA-256(user_data)); with ``include_ek`` the EK public key (the
     TPM's identity, which the join service proves by credential activation) and its certificate where one exists."""
     ak, ak_public = tpm.attestation_key()
@@ -223,7 +223,7 @@ def issue_evidence(tpm: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = 
         variant="tpm", ak_public=ak_public, quote=attest, signature=signature,
         pcrs={"sha256": before}, user_data=user_data,
         ek_public=ek_public, ek_certificate=ek_certificate,
-        event_log=event_log or [],
+        event_log=event_log or None,
     )
 
 

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 
 from .._crypto import seal
 from .._crypto.seal import MLKEM768_X25519, X25519, EphemeralKey
 from .._files import write_private_file
+from . import eventlog
 from .evidence import EvidenceError
 from .issuer import ALL_PCRS, Tpm, answer_challenge, issue_evidence
 from .policy import MeasurementPolicy, PcrRule
 
 CRYPTOGRAPHY_IMPORT_ERROR = seal.CRYPTOGRAPHY_IMPORT_ERROR
 SUITES = {"mlkem768-x25519": MLKEM768_X25519, "x25519": X25519}
-MAX_EVENT_LOG_BYTES = 256 * 1024
 
 
 def decode_nonce(value: str) -> bytes:
@@ -38,20 +37,25 @@ def decode_b64(name: str, value: str) -> bytes:
         raise EvidenceError(f"{name} is not valid base64") from None
 
 
-def read_event_log(path: str | None) -> list[dict]:
-    if not path or not os.path.exists(path):
-        return []
-    with open(path, "rb") as handle:
-        data = handle.read(MAX_EVENT_LOG_BYTES + 1)
-    if len(data) > MAX_EVENT_LOG_BYTES:
-        raise EvidenceError(f"event log {path} is larger than {MAX_EVENT_LOG_BYTES} bytes")
+def read_event_log(path: str | None) -> bytes | None:
+    """The TCG event log at ``path``, or the firmware's (securityfs) when no path is given and the node has one that
+    this user may read (it is root's only). Read bounded and parsed here too, so that a node with a malformed log
+    says so instead of being refused."""
+    if not path:
+        if not os.access(eventlog.DEFAULT_PATH, os.R_OK):
+            return None
+        path = eventlog.DEFAULT_PATH
     try:
-        events = json.loads(data)
-    except ValueError:
-        raise EvidenceError(f"event log {path} is not JSON") from None
-    if not isinstance(events, list):
-        raise EvidenceError(f"event log {path} must be a JSON list of events")
-    return events
+        # securityfs reports a size of 0: read up to the limit instead of trusting stat.
+        with open(path, "rb") as handle:
+            data = handle.read(eventlog.MAX_EVENT_LOG_BYTES + 1)
+    except OSError as exc:
+        raise EvidenceError(f"cannot read the event log {path}: {exc.strerror}") from None
+    try:
+        eventlog.parse(data)
+    except eventlog.EventLogError as exc:
+        raise EvidenceError(f"event log {path}: {exc}") from None
+    return data
 
 
 def produce_evidence(tcti: str, nonce_hex: str, suite: str, include_ek: bool, event_log_path: str | None,
@@ -72,8 +76,21 @@ def activate_credential(tcti: str, blob_b64: str, encrypted_seed_b64: str) -> by
         return answer_challenge(tpm, decode_b64("credential blob", blob_b64), decode_b64("credential secret", encrypted_seed_b64))
 
 
-def read_measurements(tcti: str, pcrs: list[int], bank: str, ak_trust: str, warn_only: list[int]) -> dict:
+def read_measurements(tcti: str, pcrs: list[int], bank: str, ak_trust: str, warn_only: list[int],
+                      event_log_path: str | None = None) -> dict:
+    """The node's PCRs as a policy, with its event log's events of those PCRs enrolled beside them when it has one."""
+    raw = read_event_log(event_log_path)
     with Tpm(tcti) as tpm:
         values = tpm.read_pcrs(bank, tuple(pcrs) if pcrs else ALL_PCRS)
     rules = {i: PcrRule(i, (v,), i in warn_only) for i, v in values.items()}
-    return MeasurementPolicy(bank, rules, ak_trust).to_document()
+    golden = ()
+    if raw is not None:
+        log = eventlog.parse(raw)
+        replayed = log.replay().get(bank, {})
+        # A golden log that does not explain the golden PCRs would name the wrong events later: refuse it now.
+        differing = sorted(i for i in replayed if i in values and replayed[i] != values[i])
+        if differing:
+            raise EvidenceError(f"event log {event_log_path or eventlog.DEFAULT_PATH} does not replay to this node's "
+                                f"{bank} PCR(s) {', '.join(map(str, differing))}: not enrolled")
+        golden = eventlog.golden_events(log, bank, set(values))
+    return MeasurementPolicy(bank, rules, ak_trust, golden).to_document()

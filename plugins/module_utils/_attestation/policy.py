@@ -9,6 +9,8 @@ import json
 import re
 from dataclasses import dataclass, replace
 
+from .eventlog import EVENT_TYPE_IDS, MAX_DESCRIPTION, MAX_EVENTS, GoldenEvent
+
 try:
     import yaml
 except ImportError:  # reported by the modules through missing_required_lib()
@@ -21,6 +23,8 @@ NODE_LOCK_PCR = 15
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _PCR_INDEX = re.compile(r"0|[1-9][0-9]?")
 _DIGEST_SIZES = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
+_OWN_KEYS = ("version", "hash_algorithm", "ak_trust", "pcrs", "event_log")
+_UNKNOWN_EVENT_TYPE = re.compile(r"EV_0x[0-9a-f]{8}")
 
 
 class PolicyError(ValueError):
@@ -39,6 +43,8 @@ class MeasurementPolicy:
     hash_algorithm: str
     rules: dict[int, PcrRule]
     ak_trust: str = "ek-certificate"
+    # The golden node's measured events in this bank: they name the events behind a PCR that fails the policy.
+    event_log: tuple[GoldenEvent, ...] = ()
 
     @property
     def ak_trust_level(self) -> int:
@@ -50,7 +56,7 @@ class MeasurementPolicy:
         return replace(self, rules=rules)
 
     def to_document(self) -> dict:
-        return {
+        document = {
             "version": POLICY_VERSION,
             "hash_algorithm": self.hash_algorithm,
             "ak_trust": self.ak_trust,
@@ -59,6 +65,11 @@ class MeasurementPolicy:
                 for i, rule in sorted(self.rules.items())
             },
         }
+        if self.event_log:
+            document["event_log"] = [
+                {"pcr": e.pcr, "type": e.type, "description": e.description, "digest": e.digest.hex()}
+                for e in self.event_log]
+        return document
 
 
 def node_lock_mark(cluster_id: bytes, hash_algorithm: str = "sha256") -> bytes:
@@ -88,7 +99,7 @@ def _flag(where: str, value: object) -> bool:
 
 def _from_own(doc: dict) -> MeasurementPolicy:
     # YAML keys may be of any type (1, null, a date): name them as text.
-    unknown = sorted(str(key) for key in doc if key not in ("version", "hash_algorithm", "ak_trust", "pcrs"))
+    unknown = sorted(str(key) for key in doc if key not in _OWN_KEYS)
     if unknown:
         raise PolicyError(f"policy has unknown key(s): {', '.join(unknown)}")
     if isinstance(doc.get("version"), bool) or doc.get("version") != POLICY_VERSION:
@@ -115,7 +126,28 @@ def _from_own(doc: dict) -> MeasurementPolicy:
             raise PolicyError(f"{where}: 'allowed' must list at least one hex value")
         values = tuple(_hex_value(where, v, _DIGEST_SIZES[hash_algorithm]) for v in allowed)
         rules[index] = PcrRule(index, values, _flag(f"{where} warn_only", rule.get("warn_only", False)))
-    return MeasurementPolicy(hash_algorithm, rules, ak_trust)
+    event_log = _golden_events(doc["event_log"], _DIGEST_SIZES[hash_algorithm]) if "event_log" in doc else ()
+    return MeasurementPolicy(hash_algorithm, rules, ak_trust, event_log)
+
+
+def _golden_events(value: object, size: int) -> tuple[GoldenEvent, ...]:
+    """The enrolled golden event log: a list of {pcr, type, description, digest} in the policy's bank."""
+    if not isinstance(value, list) or len(value) > MAX_EVENTS:
+        raise PolicyError(f"policy 'event_log' must be a list of at most {MAX_EVENTS} events")
+    events = []
+    for number, event in enumerate(value, 1):
+        where = f"policy event_log entry {number}"
+        if not isinstance(event, dict) or set(event) != {"pcr", "type", "description", "digest"}:
+            raise PolicyError(f"{where}: must be a mapping of exactly pcr, type, description and digest")
+        event_type, description = event["type"], event["description"]
+        if not isinstance(event_type, str) or not (event_type in EVENT_TYPE_IDS
+                                                   or _UNKNOWN_EVENT_TYPE.fullmatch(event_type)):
+            raise PolicyError(f"{where}: type {event_type!r} is not a TCG event type name")
+        if not isinstance(description, str) or len(description) > MAX_DESCRIPTION:
+            raise PolicyError(f"{where}: description must be text of at most {MAX_DESCRIPTION} characters")
+        digest = _hex_value(where, event["digest"], size)
+        events.append(GoldenEvent(_index(where, event["pcr"]), event_type, description, digest))
+    return tuple(events)
 
 
 def _from_constellation(doc: dict) -> MeasurementPolicy:

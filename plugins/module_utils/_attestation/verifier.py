@@ -23,7 +23,7 @@ try:
 except ImportError:  # reported by the modules through missing_required_lib()
     pass
 
-from . import tpm2
+from . import eventlog, tpm2
 from .evidence import Evidence, EvidenceError, parse_evidence, qualifying_data
 from .policy import MeasurementPolicy
 
@@ -146,7 +146,8 @@ class Verifier:
         if not hmac.compare_digest(attest.extra_data, qualifying_data(nonce, evidence.user_data)):
             raise VerificationError("nonce", "quote is not bound to this nonce and ephemeral key (extraData mismatch)")
         pcrs = self._check_pcr_selection_and_digest(evidence, attest, signature.hash_alg)
-        warnings = self._check_policy(pcrs)
+        log = _check_event_log(evidence, attest) if evidence.event_log else None
+        warnings = self._check_policy(pcrs, log)
         challenge = self._check_ak_trust(evidence, ak)
         return VerificationResult(evidence, ak.name, self._ak_trust_level, pcrs, warnings, challenge)
 
@@ -198,7 +199,7 @@ class Verifier:
             return dict(bank)  # each quoted index was found in this bank above: it holds exactly the quoted values
         return dict(zip(policy_bank, map(bank.__getitem__, policy_bank)))
 
-    def _check_policy(self, pcrs: dict[int, bytes]) -> list[dict]:
+    def _check_policy(self, pcrs: dict[int, bytes], log: eventlog.EventLog | None = None) -> list[dict]:
         mismatches, warnings = [], []
         for index, allowed_values, warn_only in self._rules:
             actual = pcrs[index]
@@ -208,10 +209,23 @@ class Verifier:
             else:
                 entry = {"pcr": index, "actual": actual.hex(), "allowed": [v.hex() for v in allowed_values], "warn_only": warn_only}
                 (warnings if warn_only else mismatches).append(entry)
+        if (mismatches or warnings) and log is not None and self.policy.event_log:
+            self._explain(mismatches + warnings, log)
         if mismatches:
             names = ", ".join(str(m["pcr"]) for m in mismatches)
-            raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy", mismatches, warnings)
+            events = "; ".join(d["summary"] for m in mismatches for d in m.get("events", ()))
+            raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy"
+                                    + (f": {events}" if events else ""), mismatches, warnings)
         return warnings
+
+    def _explain(self, entries: list[dict], log: eventlog.EventLog) -> None:
+        """Name the events behind each failing PCR: those that differ from the enrolled golden log."""
+        bank = self.policy.hash_algorithm
+        if bank not in log.banks:
+            return
+        for entry in entries:
+            found = eventlog.differences(self.policy.event_log, log, bank, entry["pcr"])
+            entry["events"] = [dict(d.to_result(), summary=d.summary()) for d in found]
 
     def _check_ak_trust(self, evidence: Evidence, ak: tpm2.Public) -> ActivationChallenge | None:
         if self._ak_trust_level < 2:
@@ -263,6 +277,40 @@ class Verifier:
                 continue
             return
         raise VerificationError("ek-certificate", f"EK certificate does not chain to the configured EK CA (issuer {certificate.issuer.rfc4514_string()})")
+
+
+@lru_cache(maxsize=64)
+def _parsed_event_log(raw: bytes) -> tuple[eventlog.EventLog, dict[str, dict[int, bytes]]]:
+    """A log parsed and replayed once per exact byte string: a node sends the same log at every attestation."""
+    log = eventlog.parse(raw)
+    return log, log.replay()
+
+
+def _check_event_log(evidence: Evidence, attest: tpm2.Attest) -> eventlog.EventLog:
+    """The log must replay to the quoted value of every PCR it extends, in every quoted bank it has."""
+    try:
+        log, replayed = _parsed_event_log(bytes(evidence.event_log))
+    except eventlog.EventLogError as exc:
+        raise VerificationError("malformed", f"evidence field 'event_log': {exc}") from None
+    compared = False
+    differing = []
+    for alg, indices, _mask in attest.pcr_selection:
+        bank = tpm2.HASHES.get(alg)
+        values = replayed.get(bank)
+        if values is None:
+            continue
+        compared = True
+        quoted = evidence.pcrs[bank]
+        differing += ({"pcr": i, "bank": bank, "quoted": quoted[i].hex(), "replayed": values[i].hex()}
+                      for i in indices if i in values and not hmac.compare_digest(values[i], quoted[i]))
+    if not compared:
+        raise VerificationError("event-log-mismatch",
+                                f"the event log has no bank the quote covers (it has {', '.join(log.banks)})")
+    if differing:
+        names = ", ".join(f"{d['bank']}:{d['pcr']}" for d in differing)
+        raise VerificationError("event-log-mismatch", f"the event log does not replay to the quoted PCR(s) {names}",
+                                differing)
+    return log
 
 
 def _spki(public_key) -> bytes:

@@ -30,7 +30,9 @@ except ImportError as exc:  # reported by request_ticket()
 else:
     GRPC_IMPORT_ERROR = pb2.IMPORT_ERROR or pb2_grpc.IMPORT_ERROR
 
+from .._attestation.evidence import EvidenceError
 from .._attestation.issuer import Tpm, TpmError, answer_challenge, issue_evidence
+from .._attestation.node import read_event_log
 from .._crypto import seal
 from .._crypto.seal import EphemeralKey, SealError
 from .credential import ProofError, activation_proof
@@ -127,9 +129,12 @@ def _attempt(endpoint: str, ca_pem: bytes, tcti: str, node_name: str, control_pl
             raise JoinError("nonce", f"join service {endpoint} sent a {len(nonce)}-byte nonce, not 32 bytes")
         key = EphemeralKey.generate()
         try:
+            # The firmware's event log where the node has one, for the service to replay against the quote.
+            event_log = read_event_log(None)
             with Tpm(tcti) as tpm:
-                evidence = issue_evidence(tpm, nonce, bind_user_data(key.public_bytes(), digest)).to_json().encode()
-        except TpmError as exc:
+                evidence = issue_evidence(tpm, nonce, bind_user_data(key.public_bytes(), digest),
+                                          event_log=event_log).to_json().encode()
+        except (TpmError, EvidenceError) as exc:
             raise JoinError("tpm", f"cannot produce evidence: {exc}") from None
         if flow == "join":
             granted = _call(stub.IssueJoinTicket, pb2.IssueJoinTicketRequest(

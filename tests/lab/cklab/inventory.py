@@ -11,7 +11,7 @@ from .plan import NodeSpec
 NODE_PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
 NODE_TPM_TCTI = "swtpm:path=/run/tpm/swtpm.sock"
 NODE_STATE_DISK = "/srv/state-disk.img"
-NODE_EVENT_LOG = "/run/tpm/eventlog.json"
+NODE_EVENT_LOG = "/run/tpm/binary_bios_measurements"
 # The kubelet stand-in's CRI endpoint (tests/doubles/kubelet_standin): kubeadm asks its crictl about images and pods.
 NODE_CRI_SOCKET = "unix:///run/kubelet-standin/runtime.sock"
 # Lab-only: the images of pods the stand-in cannot run (kube-proxy, CoreDNS, pause) cannot be pulled here.

@@ -164,8 +164,10 @@ def _start_node(paths: LabPaths, node: NodeSpec, base: base_image.Base, setup_co
             tpm.verify_ek_certificate(paths, node.name)
         events = measure.boot_events(base.image_id, node.tampered)
         tpm.extend_events(paths, node.name, events)
-        (tpm.tpm_dir(paths, node.name) / "eventlog.json").write_text(measure.event_log_json(events))
-        expected = measure.replay(events)
+        log = measure.event_log(events)
+        (tpm.tpm_dir(paths, node.name) / measure.EVENT_LOG_FILE).write_bytes(log)
+        # What the verifier will compute: the written log replayed by the collection's parser.
+        expected = measure.replay_log(log)
         actual = tpm.read_pcrs(paths, node.name, measure.MEASURED_PCRS)
         if actual != expected:
             return f"{node.name}: TPM PCRs {actual} differ from the replayed event log {expected}"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import socket
@@ -112,7 +111,8 @@ def test_boot_events_extend_pcrs_4_8_9_in_that_order():
     assert [e.pcr for e in events] == [4, 8, 9]
     assert events[1].digest == hashlib.sha256(measure.KERNEL_COMMAND_LINE.encode()).hexdigest()
     assert events[2].digest == hashlib.sha256(IMAGE_ID.encode()).hexdigest()
-    assert events[1].description == f"kernel command line: {measure.KERNEL_COMMAND_LINE}"
+    assert events[1].description == f"kernel_cmdline: {measure.KERNEL_COMMAND_LINE}"
+    assert [e.type for e in events] == ["EV_EFI_BOOT_SERVICES_APPLICATION", "EV_IPL", "EV_IPL"]
 
 
 def test_tampered_node_differs_from_the_policy_in_pcr_8_only():
@@ -129,12 +129,22 @@ def test_another_image_changes_pcrs_4_and_9():
     assert one[4] != other[4] and one[9] != other[9] and one[8] == other[8]
 
 
-def test_event_log_is_a_json_list_in_extension_order():
-    events = measure.boot_events(IMAGE_ID, tampered=True)
-    log = json.loads(measure.event_log_json(events))
-    assert [entry["pcr"] for entry in log] == [4, 8, 9]
-    assert set(log[0]) == {"pcr", "digest", "description"}
-    assert log[1]["description"].endswith("lab.tamper=1")
+@pytest.mark.parametrize("tampered", [False, True], ids=["untampered", "tampered"])
+def test_event_log_is_a_tcg_log_that_tpm2_eventlog_reads_and_that_replays_to_the_extended_pcrs(tmp_path, tampered):
+    events = measure.boot_events(IMAGE_ID, tampered=tampered)
+    raw = measure.event_log(events)
+    parsed = measure.eventlog().parse(raw)
+    assert [(e.pcr, e.type_name, e.description) for e in parsed.events] == [
+        (e.pcr, e.type, e.description) for e in events]
+    assert parsed.events[0].description == "\\EFI\\cklab\\vmlinuz-cklab"
+    assert parsed.events[1].description.endswith("lab.tamper=1") is tampered
+    assert measure.replay_log(raw) == measure.replay(events)
+    (tmp_path / "log").write_bytes(raw)
+    theirs = yaml.safe_load(subprocess.run(["tpm2_eventlog", str(tmp_path / "log")], check=True, capture_output=True,
+                                           text=True).stdout)
+    assert [(e["PCRIndex"], e["EventType"], e["Digests"][0]["Digest"]) for e in theirs["events"][1:]] == [
+        (e.pcr, e.type, e.digest) for e in events]
+    assert {pcr: f"{value:064x}" for pcr, value in theirs["pcrs"]["sha256"].items()} == measure.replay(events)
 
 
 def test_policy_file_has_the_exact_documented_layout():
@@ -148,6 +158,14 @@ def test_policy_file_has_the_exact_documented_layout():
         f'  "8": {{allowed: ["{"b" * 64}"], warn_only: false}}\n'
         f'  "9": {{allowed: ["{"c" * 64}"], warn_only: false}}\n'
     )
+
+
+def test_golden_policy_enrols_the_untampered_log_and_the_collection_reads_it():
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import parse_policy
+    policy = parse_policy(measure.golden_policy(IMAGE_ID))
+    events = measure.boot_events(IMAGE_ID, tampered=False)
+    assert [(e.pcr, e.type, e.description, e.digest.hex()) for e in policy.event_log] == [
+        (e.pcr, e.type, e.description, e.digest) for e in events]
 
 
 def test_golden_policy_parses_and_holds_the_untampered_replay():
@@ -191,7 +209,7 @@ def test_inventory_vars_name_the_lab_files(tmp_path):
     assert variables["confidential_ek_ca_file"] == f"{tmp_path}/ca/ek-ca.pem"
     assert variables["confidential_measurement_policy_file"] == f"{tmp_path}/measurement-policy.yml"
     assert variables["confidential_state_disk"]["device"] == "/srv/state-disk.img"
-    assert variables["confidential_tpm_event_log"] == "/run/tpm/eventlog.json"
+    assert variables["confidential_tpm_event_log"] == "/run/tpm/binary_bios_measurements"
     assert variables["ansible_ssh_private_key_file"] == f"{tmp_path}/ssh/id_ed25519"
     assert variables["lab_dir"] == str(tmp_path)
 

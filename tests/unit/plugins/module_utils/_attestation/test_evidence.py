@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.eventlog import MAX_EVENT_LOG_BYTES
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
     MAX_DOCUMENT_BYTES,
-    MAX_EVENTS,
     EvidenceError,
     parse_evidence,
 )
@@ -147,7 +147,7 @@ def test_document_of_exactly_the_size_limit_is_accepted(golden):
 
 def test_text_document_over_the_byte_limit_in_utf8_is_refused(golden):
     doc = golden.document()
-    doc["event_log"] = [{"pcr": 0, "digest": "\u20ac" * 22000}]  # 3 UTF-8 bytes per character
+    doc["event_log"] = "\u20ac" * (MAX_DOCUMENT_BYTES // 2)  # 3 UTF-8 bytes per character
     text = json.dumps(doc, ensure_ascii=False)
     assert len(text) < MAX_DOCUMENT_BYTES < len(text.encode())
     _assert_refused(golden, text, f"larger than {MAX_DOCUMENT_BYTES} bytes")
@@ -311,19 +311,15 @@ def test_pcr_index_that_int_cannot_read_is_refused(golden, index):
     _assert_refused(golden, doc, "in bank 'sha256' is not 0..23")
 
 
-GOOD_EVENT = {"pcr": 0, "digest": "00" * 32}
 EVENT_LOG_CASES = [
-    ("an object", {"0": GOOD_EVENT}, "'event_log' must be a list of at most"),
-    ("a string", "event log", "'event_log' must be a list of at most"),
-    ("null", None, "'event_log' must be a list of at most"),
-    ("too many events", [GOOD_EVENT] * (MAX_EVENTS + 1), f"'event_log' must be a list of at most {MAX_EVENTS} events"),
-    ("entry an integer", [GOOD_EVENT, 1], "each event_log entry must be an object with integer 'pcr' and string 'digest'"),
-    ("entry a list", [[0, "00"]], "each event_log entry must be an object"),
-    ("entry empty", [{}], "each event_log entry must be an object"),
-    ("pcr a string", [{"pcr": "0", "digest": "00"}], "each event_log entry must be an object"),
-    ("pcr missing", [{"digest": "00"}], "each event_log entry must be an object"),
-    ("digest an integer", [{"pcr": 0, "digest": 0}], "each event_log entry must be an object"),
-    ("digest missing", [{"pcr": 0}], "each event_log entry must be an object"),
+    ("the old JSON list", [{"pcr": 0, "digest": "00" * 32}],
+     "evidence field 'event_log' must be a base64 string, got list"),
+    ("an object", {"0": "AA=="}, "evidence field 'event_log' must be a base64 string, got dict"),
+    ("null", None, "evidence field 'event_log' must be a base64 string, got NoneType"),
+    ("not base64", "event log!", "evidence field 'event_log' is not valid base64"),
+    ("empty", "", "evidence field 'event_log' is empty"),
+    ("over the limit", _b64(bytes(MAX_EVENT_LOG_BYTES + 1)),
+     f"evidence field 'event_log' is larger than {MAX_EVENT_LOG_BYTES} bytes"),
 ]
 
 
@@ -332,9 +328,12 @@ def test_bad_event_log_is_named(golden, event_log, message):
     _assert_refused(golden, _with(golden.document(), event_log=event_log), message)
 
 
-def test_well_formed_event_log_is_accepted(golden):
-    events = [GOOD_EVENT] * MAX_EVENTS
-    assert parse_evidence(_with(golden.document(), event_log=events)).event_log == events
+def test_event_log_of_the_limit_is_carried_as_bytes_and_back(golden):
+    raw = bytes(range(256)) * (MAX_EVENT_LOG_BYTES // 256)
+    evidence = parse_evidence(_with(golden.document(), event_log=_b64(raw)))
+    assert evidence.event_log == raw
+    assert evidence.to_document()["event_log"] == _b64(raw)
+    assert "event_log" not in golden.evidence.to_document()
 
 
 def _pcr_selection_offset(quote: bytes) -> int:
