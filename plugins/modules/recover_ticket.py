@@ -9,7 +9,7 @@ module: recover_ticket
 short_description: On a control plane that waits for keys, report where it stands, or open the recover hand-over
 version_added: 0.1.0
 description:
-  - The node side of C(recover.yml). Without O(sealed), reports whether the node waits for the recover hand-over: a
+  - The node side of C(recover.yml). Without O(sealed), reports whether the node waits for the recover hand-over, that is a
     member whose PCR 15 a reboot reset (lock record and join record on the root disk) and whose boot-time join
     (C(confidential-join.service)) reports C(waiting-for-keys) because no join service answers. Nothing is changed.
   - With O(sealed), opens the hand-over M(confidential.kubernetes.recover_secrets) sealed to the ephemeral key of this
