@@ -10,10 +10,12 @@ import os
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import NODE_LOCK_PCR, PolicyError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+    NODE_LOCK_PCR, PolicyError)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import RegistryError, parse_enrolment
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
+    RegistryError, parse_enrolment)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.recover import FLOW, RecoverHandOver
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
@@ -56,12 +58,13 @@ def _bound_disk(enrolment_file: str, ek: str, node_name: str) -> str:
     if enrolled is None:
         raise Refused("not-enrolled", f"its TPM (EK {ek[:16]}...) is not enrolled in {path}")
     if not enrolled.control_plane:
-        raise Refused("not-a-control-plane", f"its TPM is enrolled as worker {enrolled.node_name}, not as a control plane: "
-                                             "workers rejoin through a join service once a control plane serves")
+        raise Refused("not-a-control-plane", f"its TPM is enrolled as worker {enrolled.node_name}, not as a control "
+                                             "plane: workers rejoin through a join service once a control plane serves")
     if enrolled.node_name != node_name:
         raise Refused("name-not-granted", f"its TPM is enrolled as {enrolled.node_name}, not as {node_name}")
     if not enrolled.disk_uuid:
-        raise Refused("disk-not-bound", f"no state disk is enrolled for {node_name} in {path} (run the join playbook once it joined)")
+        raise Refused("disk-not-bound", f"no state disk is enrolled for {node_name} in {path} "
+                                        "(run the join playbook once it joined)")
     return enrolled.disk_uuid
 
 
@@ -80,10 +83,11 @@ class ActionModule(ActionBase):
             # A control plane that waits for keys was rebooted: its PCR 15 must be zero (not yet marked in this boot).
             policy = controller.resolve_policy(params["policy"], None, None).with_rule(NODE_LOCK_PCR, [bytes(32)])
             verified = attest(self, params, policy, task_vars, prove_ek=True)
-            disk_uuid = _bound_disk(params["enrolment_file"], ek_identity(verified.evidence.ek_public), params["node_name"])
+            ek = ek_identity(verified.evidence.ek_public)
+            disk_uuid = _bound_disk(params["enrolment_file"], ek, params["node_name"])
             if disk_uuid.lower() != params["disk_uuid"].lower():
-                raise Refused("disk-not-bound", f"it reports state disk {params['disk_uuid']}, but the disk enrolled for it is "
-                                                f"{disk_uuid}")
+                raise Refused("disk-not-bound", f"it reports state disk {params['disk_uuid']}, but the disk enrolled "
+                                                f"for it is {disk_uuid}")
             hand_over = RecoverHandOver.for_disk(secrets, disk_uuid)
             sealed = seal.seal(hand_over.to_bytes(), verified.evidence.user_data, FLOW, bytes.fromhex(params["nonce"]),
                                params["verifier_id"])
@@ -93,7 +97,8 @@ class ActionModule(ActionBase):
         except VerificationError as exc:
             result.update(failed=True, **exc.to_result())
             pcrs = ", ".join(str(mismatch.get("pcr")) for mismatch in exc.mismatches)
-            result["msg"] = (f"{host} gets nothing: its attestation failed ({exc.reason}{': PCR ' + pcrs if pcrs else ''}): {exc}")
+            which = f": PCR {pcrs}" if pcrs else ""
+            result["msg"] = f"{host} gets nothing: its attestation failed ({exc.reason}{which}): {exc}"
             result["refused"] = "evidence"
             return result
         except Refused as exc:

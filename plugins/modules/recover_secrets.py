@@ -47,7 +47,8 @@ options:
     type: path
     required: true
   secrets_file:
-    description: The cluster's root secrets on the controller (0600; ansible-vault encrypted files are read too). Never created.
+    description:
+      - The cluster's root secrets on the controller (0600; ansible-vault encrypted files are read too). Never created.
     type: path
     required: true
   enrolment_file:

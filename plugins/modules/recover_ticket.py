@@ -9,8 +9,8 @@ module: recover_ticket
 short_description: On a control plane that waits for keys, report where it stands, or open the recover hand-over
 version_added: 0.1.0
 description:
-  - The node side of C(recover.yml). Without O(sealed), reports whether the node waits for the recover hand-over, that is a
-    member whose PCR 15 a reboot reset (lock record and join record on the root disk) and whose boot-time join
+  - The node side of C(recover.yml). Without O(sealed), reports whether the node waits for the recover hand-over,
+    that is a member whose PCR 15 a reboot reset (lock record and join record on the root disk) and whose boot-time join
     (C(confidential-join.service)) reports C(waiting-for-keys) because no join service answers. Nothing is changed.
   - With O(sealed), opens the hand-over M(confidential.kubernetes.recover_secrets) sealed to the ephemeral key of this
     node's evidence (HPKE, flow V(recover)), deletes that key, checks that it is for the cluster of the node's join
@@ -37,10 +37,12 @@ attributes:
       - A node the hand-over made a member again reports no waiting; C(recover.yml) hands it nothing more.
 options:
   sealed:
-    description: The sealed recover hand-over (base64) from M(confidential.kubernetes.recover_secrets); omit to report only.
+    description:
+      - The sealed recover hand-over (base64) from M(confidential.kubernetes.recover_secrets); omit to report only.
     type: str
   nonce:
-    description: The nonce the evidence was bound to (64 hex characters); part of the HPKE context. Required with O(sealed).
+    description:
+      - The nonce the evidence was bound to (64 hex characters); part of the HPKE context. Required with O(sealed).
     type: str
   verifier_id:
     description: The identity of the verifier that sealed the hand-over; part of the HPKE context.
@@ -130,7 +132,8 @@ def main() -> None:
             sealed=dict(type="str", no_log=False),
             nonce=dict(type="str"),
             verifier_id=dict(type="str", default="confidential.kubernetes/controller"),
-            ephemeral_key_path=dict(type="path", default="/run/confidential-kubernetes/recover-ephemeral.key", no_log=False),
+            ephemeral_key_path=dict(type="path", default="/run/confidential-kubernetes/recover-ephemeral.key",
+                                    no_log=False),
             lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
             join_record=dict(type="path", default="/etc/confidential-kubernetes/join.json"),
             status_file=dict(type="path", default="/run/confidential-kubernetes/boot-status.json"),
@@ -143,19 +146,21 @@ def main() -> None:
     if node.CRYPTOGRAPHY_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
     params = module.params
-    settings = JoinSettings(endpoints=[], cluster_ca="", node_name="", state_disk=params["state_disk"], tcti=params["tcti"],
-                            lock_record=params["lock_record"], join_record=params["join_record"])
+    settings = JoinSettings(endpoints=[], cluster_ca="", node_name="", state_disk=params["state_disk"],
+                            tcti=params["tcti"], lock_record=params["lock_record"], join_record=params["join_record"])
     joining = NodeJoin(settings, NodeLock.for_tcti(params["tcti"], params["lock_record"]))
     try:
         found = standing(joining, params["status_file"])
         result = dict(found.to_result(), changed=False)
         if params["sealed"] is not None and found.node_state != MEMBER:
             if not found.waiting:
-                module.fail_json(msg=f"the node does not wait for the recover hand-over: {found.reason}; nothing was opened", **result)
+                module.fail_json(msg=f"the node does not wait for the recover hand-over: {found.reason}; "
+                                     "nothing was opened", **result)
             if module.check_mode:
                 result["changed"] = True
             else:
-                opened = recover(joining, params["sealed"], params["nonce"], params["verifier_id"], params["ephemeral_key_path"])
+                opened = recover(joining, params["sealed"], params["nonce"], params["verifier_id"],
+                                 params["ephemeral_key_path"])
                 result.update(opened)
     except (TicketError, NodeLockError, TpmError, StateDiskError, OSError) as exc:
         module.fail_json(msg=str(exc))

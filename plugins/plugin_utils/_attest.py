@@ -37,9 +37,10 @@ def ek_challenge(verified: VerificationResult) -> ActivationChallenge:
     return ActivationChallenge(verified.ak_name, credential, secret)
 
 
-def attest(action, params: dict, policy: MeasurementPolicy, task_vars: dict, prove_ek: bool = False) -> VerificationResult:
-    """Verify the evidence and, at AK trust level 2 (or with ``prove_ek`` at any level), prove the AK and EK by credential
-    activation on the task's host.
+def attest(action, params: dict, policy: MeasurementPolicy, task_vars: dict,
+           prove_ek: bool = False) -> VerificationResult:
+    """Verify the evidence and, at AK trust level 2 (or with ``prove_ek`` at any level), prove the AK and EK by
+    credential activation on the task's host.
 
     Raises VerificationError for every refusal.
     """

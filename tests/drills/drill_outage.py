@@ -19,6 +19,7 @@ CONFIGMAPS = 200
 NODE_PYTHON = "PYTHONPATH=/opt/confidential-kubernetes/lib /opt/confidential-kubernetes/venv/bin/python"
 STATUS_FILE = "/run/confidential-kubernetes/boot-status.json"
 WAIT_SECONDS = 180.0
+READYZ = "kubectl --kubeconfig=/etc/kubernetes/admin.conf --request-timeout=2s get --raw=/readyz"
 READ_PCR15 = (
     f"{NODE_PYTHON} -c 'from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer "
     "import Tpm\nwith Tpm(\"auto\") as tpm: print(tpm.read_pcrs(\"sha256\", (15,))[15].hex())'"
@@ -29,8 +30,8 @@ def _objects() -> bytes:
     documents = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
     documents += [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"cm-{i:03d}", "namespace": NAMESPACE},
                    "data": {"index": str(i)}} for i in range(CONFIGMAPS)]
-    documents.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "drill-secret", "namespace": NAMESPACE},
-                      "type": "Opaque", "stringData": {"token": "outage-drill"}})
+    documents.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "stringData": {"token": "outage-drill"},
+                      "metadata": {"name": "drill-secret", "namespace": NAMESPACE}})
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}).encode()
 
 
@@ -66,8 +67,7 @@ def _readyz_watch(lab, started: float, result: dict, stop: threading.Event) -> N
     nodes = lab.control_planes()
     while not stop.is_set():
         for node in nodes:
-            done = lab.ssh(node, "kubectl --kubeconfig=/etc/kubernetes/admin.conf --request-timeout=2s get --raw=/readyz",
-                           check=False)
+            done = lab.ssh(node, READYZ, check=False)
             if done.returncode == 0:
                 result["api_ready_seconds"] = round(time.monotonic() - started, 1)
                 return

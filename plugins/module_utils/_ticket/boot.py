@@ -118,8 +118,9 @@ def parse_config(document: object, source: str) -> BootConfig:
     # No node name: the join service's registry grants it (the enrolled name, or the pool name derived from the EK).
     spec.update(endpoints=dict(type="list", required=True), node_name=dict(type="str", default=""),
                 cluster_ca_file=dict(type="path", required=True), state_disk=dict(type="dict", required=True),
-                advertise_address=dict(type="str"), bind_port=dict(type="int", default=6443), kubeadm=dict(type="dict", default={}),
-                status_file=dict(type="path", default=DEFAULT_STATUS_FILE), wait_interval=dict(type="float", default=5.0))
+                advertise_address=dict(type="str"), bind_port=dict(type="int", default=6443),
+                kubeadm=dict(type="dict", default={}), status_file=dict(type="path", default=DEFAULT_STATUS_FILE),
+                wait_interval=dict(type="float", default=5.0))
     values = _options(source, "", document, spec)
     values["state_disk"] = _options(source, "state_disk.", values["state_disk"], STATE_DISK_OPTIONS)
     kubeadm = _options(source, "kubeadm.", values.pop("kubeadm"), _KUBEADM_SETTINGS)
@@ -164,7 +165,7 @@ def load_config(path: str) -> BootConfig:
 
 def write_status(path: str, state: str, **fields: object) -> None:
     """Where the boot-time join stands, for recover.yml (nothing secret; 0644 under the 0700 runtime directory)."""
-    document = dict(fields, state=state, time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    document = dict(fields, state=state, time=_now())
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     write_file_atomically(path, (json.dumps(document, sort_keys=True) + "\n").encode(), 0o644)
 
@@ -173,21 +174,21 @@ def _rejoin_or_wait(config: BootConfig, log: StructuredLog, joining: NodeJoin, f
     """Rejoin; while no join service answers, wait for keys (status file), trying again each wait_interval.
 
     Returns the rejoin's result, or None when the node became a member meanwhile (recover.yml's hand-over)."""
-    attempts, since, logged = 0, None, 0.0
+    since, logged = None, 0.0
     while True:
         try:
-            return joining.rejoin(attempts=attempts)
+            # One try over every endpoint per round: a node that waits must notice a recover hand-over soon.
+            return joining.rejoin(attempts=1)
         except NoJoinService as exc:
             now = time.monotonic()
             if since is None:
-                since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            write_status(config.status_file, WAITING_FOR_KEYS, since=since, reason=str(exc), control_plane=config.settings.control_plane)
+                since = _now()
+            write_status(config.status_file, WAITING_FOR_KEYS, since=since, reason=str(exc),
+                         control_plane=config.settings.control_plane)
             if now - logged >= WAIT_LOG_SECONDS:
-                log.warning("wait", result=WAITING_FOR_KEYS, msg=f"no join service answers; waiting for a control plane or for recover.yml: "
-                            f"{exc}", **fields)
+                log.warning("wait", result=WAITING_FOR_KEYS,
+                            msg=f"no join service answers; waiting for a control plane or recover.yml: {exc}", **fields)
                 logged = now
-        # Later rounds are one try over every endpoint: the node must notice a recover hand-over soon.
-        attempts = 1
         sleep(config.wait_interval)
         if joining.state() == MEMBER:
             return None
@@ -208,7 +209,8 @@ def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None,
     if state == REBOOTED:
         result = _rejoin_or_wait(config, log, joining, fields, sleep)
         if result is None:
-            log.info("done", result="recovered", msg="the recover hand-over made the node a member again while it waited for keys",
+            log.info("done", result="recovered",
+                     msg="the recover hand-over made the node a member again while it waited for keys",
                      duration_ms=_elapsed_ms(started), **fields)
         else:
             lock = joining.lock.state()
@@ -232,6 +234,10 @@ def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None,
     return state
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def _disk_fields(disk: dict) -> dict:
     return {k: disk.get(k) for k in ("uuid", "keyed", "changed", "mapped", "mapping_available", "mount_path")}
 
@@ -241,7 +247,8 @@ def _elapsed_ms(started: float) -> float:
 
 
 def gate(status_file: str, stream=None) -> int:
-    """Exit status for a unit's ExecStartPre: 0 once the boot-time join made the node a member (or runs kubeadm join)."""
+    """Exit status for a unit's ExecStartPre: 0 once the boot-time join made the node a member (or runs kubeadm
+    join)."""
     try:
         with open(status_file, encoding="utf-8") as handle:
             state = json.load(handle).get("state")
@@ -249,8 +256,8 @@ def gate(status_file: str, stream=None) -> int:
         state = None
     if state in READY_STATES:
         return 0
-    print(f"confidential-join: not starting yet: the boot-time join has not made this node a member ({state or 'no status yet'}; "
-          "journalctl -u confidential-join.service)", file=stream or sys.stderr)
+    print("confidential-join: not starting yet: the boot-time join has not made this node a member "
+          f"({state or 'no status yet'}; journalctl -u confidential-join.service)", file=stream or sys.stderr)
     return EXIT_FAILED
 
 
@@ -258,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="confidential-join", description="confidential.kubernetes: join or rejoin the cluster at boot")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"the join configuration (YAML or JSON, 0600; default {DEFAULT_CONFIG})")
     parser.add_argument("--gate", metavar="STATUS_FILE",
-                        help="only check the status file: exit 0 when the node is a member (for the kubelet's and join service's ExecStartPre)")
+                        help="only check the status file: exit 0 when the node is a member "
+                             "(the ExecStartPre of the kubelet and the join service)")
     args = parser.parse_args(argv)
     if args.gate:
         return gate(args.gate)

@@ -44,8 +44,8 @@ class InitState:
 
     def to_result(self) -> dict:
         return {"initialised": self.initialised, "reason": self.reason, "node_lock": self.node_lock,
-                "admin_kubeconfig_exists": self.admin_kubeconfig_exists, "admin_kubeconfig_sha256": self.admin_kubeconfig_sha256,
-                "ca_cert_hash": self.ca_cert_hash}
+                "admin_kubeconfig_exists": self.admin_kubeconfig_exists,
+                "admin_kubeconfig_sha256": self.admin_kubeconfig_sha256, "ca_cert_hash": self.ca_cert_hash}
 
 
 def _kept_cluster_id(secrets_file: str) -> tuple[str | None, str]:

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, fields
 
 from . import (
-    SECRETS_FILE, NoJoinService, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid, root_secrets,
-    secret_bytes, state_disk_ready, write_if_changed)
+    SECRETS_FILE, NoJoinService, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid,
+    root_secrets, secret_bytes, state_disk_ready, write_if_changed)
 from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
 from .versions import check_cluster_version
@@ -145,30 +145,34 @@ class NodeJoin:
                     return MEMBER
                 return self._pending()
         if kubelet_conf and record is None:
-            raise TicketError(f"{self.kubelet_conf} exists but there is no join record {self.settings.join_record}: this node "
-                              "was joined or initialised by other means; nothing was changed")
+            raise TicketError(f"{self.kubelet_conf} exists but there is no join record {self.settings.join_record}: "
+                              "this node was joined or initialised by other means; nothing was changed")
         if record is not None and lock.locked:
-            raise TicketError(f"the node joined cluster {record['cluster_id']} but its lock record says {lock.cluster_id} and PCR 15 is "
-                              f"{lock.pcr15} ({lock.pcr15_state}): it was tampered with and needs a reset")
+            raise TicketError(f"the node joined cluster {record['cluster_id']} but its lock record says "
+                              f"{lock.cluster_id} and PCR 15 is {lock.pcr15} ({lock.pcr15_state}): it was tampered "
+                              "with and needs a reset")
         if not lock.locked:
             if kubelet_conf:
-                raise TicketError(f"the node joined cluster {record['cluster_id']} but has no lock record {self.settings.lock_record}: "
-                                  "it was tampered with and needs a reset")
+                raise TicketError(f"the node joined cluster {record['cluster_id']} but has no lock record "
+                                  f"{self.settings.lock_record}: it was tampered with and needs a reset")
             return FRESH
-        raise TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a join failed after the "
-                          "point of no return; the node needs a reset (kubeadm reset, remove the lock record, reboot)")
+        raise self._not_joined()
+
+    def _not_joined(self) -> TicketError:
+        return TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a "
+                           "join failed after the point of no return; the node needs a reset (kubeadm reset, remove "
+                           "the lock record, reboot)")
 
     def _pending(self) -> str:
-        """A node marked in this boot with its disk ready but no kubelet.conf: a kubeadm join to run, or one cut short."""
+        """A node marked in this boot, its disk ready, no kubelet.conf: a kubeadm join to run, or one cut short."""
         if not os.path.exists(self.settings.token_file):
-            raise TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a join failed after "
-                              "the point of no return; the node needs a reset (kubeadm reset, remove the lock record, reboot)")
+            raise self._not_joined()
         # Workers get ca.crt from kubeadm itself; either file means kubeadm join started and was cut short.
-        started = [path for path in (self._path(BOOTSTRAP_KUBELET_CONF), None if self.settings.control_plane else self._path(CA_CERT))
-                   if path and os.path.exists(path)]
+        leftovers = (self._path(BOOTSTRAP_KUBELET_CONF), None if self.settings.control_plane else self._path(CA_CERT))
+        started = [path for path in leftovers if path and os.path.exists(path)]
         if started:
-            raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): the node needs a reset "
-                              "(kubeadm reset, remove the lock record, reboot)")
+            raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): the node "
+                              "needs a reset (kubeadm reset, remove the lock record, reboot)")
         return PENDING
 
     def _request(self, flow: str, uuid: str, csr_pem: bytes = b"", attempts: int = 0) -> dict:

@@ -43,17 +43,18 @@ class RecoverHandOver:
     @classmethod
     def for_disk(cls, secrets: RootSecrets, disk_uuid: str) -> "RecoverHandOver":
         uuid = disk_uuid.lower()
-        return cls(uuid, derive.state_disk_key(secrets.master_key, secrets.master_salt, uuid), secrets.measurement_secret(),
-                   secrets.measurement_salt)
+        disk_key = derive.state_disk_key(secrets.master_key, secrets.master_salt, uuid)
+        return cls(uuid, disk_key, secrets.measurement_secret(), secrets.measurement_salt)
 
     def cluster_id(self) -> bytes:
         return derive.cluster_id(self.measurement_secret, self.measurement_salt)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"version": VERSION, "flow": FLOW, "disk_uuid": self.disk_uuid,
-                           "state_disk_key": base64.b64encode(self.state_disk_key).decode(),
-                           "measurement_secret": base64.b64encode(self.measurement_secret).decode(),
-                           "measurement_salt": base64.b64encode(self.measurement_salt).decode()}, sort_keys=True).encode()
+        document = {"version": VERSION, "flow": FLOW, "disk_uuid": self.disk_uuid,
+                    "state_disk_key": base64.b64encode(self.state_disk_key).decode(),
+                    "measurement_secret": base64.b64encode(self.measurement_secret).decode(),
+                    "measurement_salt": base64.b64encode(self.measurement_salt).decode()}
+        return json.dumps(document, sort_keys=True).encode()
 
     @classmethod
     def from_payload(cls, payload: dict) -> "RecoverHandOver":
@@ -78,8 +79,8 @@ class Standing:
     cluster_id: str
 
     def to_result(self) -> dict:
-        return {"node_state": self.node_state, "boot_state": self.boot_state, "waiting": self.waiting, "reason": self.reason,
-                "disk_uuid": self.disk_uuid, "cluster_id": self.cluster_id}
+        return {"node_state": self.node_state, "boot_state": self.boot_state, "waiting": self.waiting,
+                "reason": self.reason, "disk_uuid": self.disk_uuid, "cluster_id": self.cluster_id}
 
 
 def boot_state(status_file: str) -> str:
@@ -101,12 +102,15 @@ def standing(joining: NodeJoin, status_file: str) -> Standing:
     record = joining.record() or {}
     cluster = record.get("cluster_id", "")
     if state == MEMBER:
-        return Standing(state, booted, False, "a member: PCR 15 carries the cluster's mark and its disk is open", "", cluster)
+        why = "a member: PCR 15 carries the cluster's mark and its disk is open"
+        return Standing(state, booted, False, why, "", cluster)
     if state != REBOOTED:
-        return Standing(state, booted, False, f"not a member of a cluster ({state}): the join playbook is the way", "", cluster)
+        why = f"not a member of a cluster ({state}): the join playbook is the way"
+        return Standing(state, booted, False, why, "", cluster)
     uuid = luks_uuid(joining.settings.state_disk)
     if booted != WAITING_FOR_KEYS:
-        return Standing(state, booted, False, f"rebooted, but its boot-time join does not wait for keys ({booted})", uuid, cluster)
+        why = f"rebooted, but its boot-time join does not wait for keys ({booted})"
+        return Standing(state, booted, False, why, uuid, cluster)
     return Standing(state, booted, True, "", uuid, cluster)
 
 
@@ -121,9 +125,10 @@ def recover(joining: NodeJoin, sealed_b64: str, nonce_hex: str, verifier_id: str
                           f"{record['cluster_id'] if record else 'no cluster'}; nothing was changed")
     uuid = luks_uuid(joining.settings.state_disk)
     if uuid.lower() != hand_over.disk_uuid:
-        raise TicketError(f"the recover hand-over is for disk {hand_over.disk_uuid}, but this node's state disk is {uuid}; "
-                          "nothing was changed")
+        raise TicketError(f"the recover hand-over is for disk {hand_over.disk_uuid}, but this node's state disk is "
+                          f"{uuid}; nothing was changed")
     locked, lock = joining.lock.take(cluster_id)
     disk = key_state_disk(joining.settings.state_disk, hand_over.state_disk_key, False)
-    return {"changed": locked or disk["changed"], "cluster_id": cluster_id.hex(), "node_lock": lock.to_result(), "state_disk": disk}
+    return {"changed": locked or disk["changed"], "cluster_id": cluster_id.hex(), "node_lock": lock.to_result(),
+            "state_disk": disk}
 

@@ -18,8 +18,8 @@ def parser() -> argparse.ArgumentParser:
                     help="boot these nodes with a different kernel command line (PCR 8)")
     commands.add_parser("down", help="stop every node and remove bridge, veths and node state")
     for name, what in (("stop", "power nodes off, keeping their disks and TPM state (all nodes when none is named)"),
-                       ("start", "power stopped nodes on: swtpm restarted (PCRs reset), boot measured (all when none is named)"),
-                       ("reboot", "power nodes off and on: swtpm restarted, so PCRs (15 too) reset (all when none is named)")):
+                       ("start", "power stopped nodes on: swtpm restarted (PCRs reset), boot measured (all for none)"),
+                       ("reboot", "power nodes off and on: swtpm restarted, so PCRs (15 too) reset (all for none)")):
         power = commands.add_parser(name, help=what)
         power.add_argument("nodes", nargs="*", metavar="NODE")
     commands.add_parser("status", help="table of the nodes")

@@ -248,10 +248,11 @@ def recorded_nodes(paths: LabPaths, names: list[str]) -> list[NodeSpec]:
         raise LabError(f"no lab nodes in {paths.lab_dir}; run 'lab up' first")
     unknown = sorted(set(names) - set(known))
     if unknown:
-        raise LabError(f"not nodes of this lab: {' '.join(unknown)} (it has {' '.join(sorted(known, key=_node_order))})")
+        have = " ".join(sorted(known, key=_node_order))
+        raise LabError(f"not nodes of this lab: {' '.join(unknown)} (it has {have})")
     chosen = sorted(names or known, key=_node_order)
-    return [NodeSpec(known[name]["name"], known[name]["role"], known[name]["address"], bool(known[name].get("tampered")))
-            for name in chosen]
+    return [NodeSpec(known[n]["name"], known[n]["role"], known[n]["address"], bool(known[n].get("tampered")))
+            for n in chosen]
 
 
 def stop(paths: LabPaths, names: list[str]) -> None:
@@ -271,7 +272,8 @@ def start(paths: LabPaths, names: list[str]) -> None:
         started = time.monotonic()
         stopped = [node for node in chosen if not nodes.is_running(paths, node.name)]
         _power_on(paths, stopped, base)
-    log(f"started {' '.join(node.name for node in stopped) or 'nothing (all running)'} in {time.monotonic() - started:.1f} s")
+    names = " ".join(node.name for node in stopped) or "nothing (all running)"
+    log(f"started {names} in {time.monotonic() - started:.1f} s")
 
 
 def reboot(paths: LabPaths, names: list[str]) -> None:
@@ -290,7 +292,8 @@ def _base_of(paths: LabPaths, chosen: list[NodeSpec]) -> base_image.Base:
     base = base_image.cached_base(paths)
     for node in chosen:
         if base is None or (nodes.recorded(paths, node.name) or {}).get("image_id") != base.image_id:
-            raise LabError(f"{node.name} was made over another base image than the cached one; run 'lab up' to rebuild it")
+            raise LabError(f"{node.name} was made over another base image than the cached one; "
+                           "run 'lab up' to rebuild it")
     return base
 
 

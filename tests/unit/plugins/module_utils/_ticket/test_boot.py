@@ -78,9 +78,10 @@ class Node:
         return NodeJoin(self.settings, NodeLock(lambda: Tpm(tcti), self.settings.lock_record, boot_id=lambda: boot_id), str(self.root))
 
     def config(self) -> boot.BootConfig:
-        return boot.BootConfig(self.settings, {"binary_path": "kubeadm", "ignore_preflight_errors": [], "config_api_version": "auto",
-                                               "cri_socket": None, "kubelet_extra_args": {}, "skip_phases": []}, None, 6443,
-                               status_file=str(self.dir / "run" / "boot-status.json"), wait_interval=0.01)
+        kubeadm = {"binary_path": "kubeadm", "ignore_preflight_errors": [], "config_api_version": "auto",
+                   "cri_socket": None, "kubelet_extra_args": {}, "skip_phases": []}
+        status_file = str(self.dir / "run" / "boot-status.json")
+        return boot.BootConfig(self.settings, kubeadm, None, 6443, status_file=status_file, wait_interval=0.01)
 
     def status(self) -> dict:
         with open(self.config().status_file, encoding="utf-8") as handle:
@@ -167,7 +168,7 @@ def test_rebooted_member_rejoins_with_no_token_and_no_second_kubeadm_join(node, 
 
 
 def test_rebooted_member_whose_kubelet_conf_is_on_the_locked_disk_rejoins(node, join_lab, start_swtpm):
-    """After a reboot kubelet.conf is on the state disk, which is still locked: the root disk's lock and join records decide."""
+    """After a reboot kubelet.conf is on the state disk, still locked: the root disk's lock and join records decide."""
     node.run()
     kubelet_conf = node.root / "etc/kubernetes/kubelet.conf"
     kept = kubelet_conf.read_bytes()
@@ -182,7 +183,8 @@ def test_rebooted_member_whose_kubelet_conf_is_on_the_locked_disk_rejoins(node, 
 
 def test_marked_member_whose_mounted_disk_is_not_open_is_judged_before_kubelet_conf(node):
     """A node marked in this boot whose state disk is not mounted (here: no device-mapper at all) is not taken for a
-    member because a kubelet.conf is in sight: it rejoins, which opens and mounts the disk, before kubelet.conf counts."""
+    member because a kubelet.conf is in sight: it rejoins, which opens and mounts the disk, before kubelet.conf
+    counts."""
     node.run()
     assert node.joining().state() == MEMBER and (node.root / "etc/kubernetes/kubelet.conf").exists()
     node.settings.state_disk = dict(node.settings.state_disk, state="mounted")
@@ -196,7 +198,7 @@ def test_member_with_no_join_service_waits_for_keys_until_recover_makes_it_a_mem
     seen = []
 
     def recover_hand_over(_seconds):
-        """What recover.yml does while the node waits: the node lock taken again for its cluster (disk formatted-only)."""
+        """What recover.yml does while the node waits: the node lock taken again (the disk is formatted only)."""
         seen.append(node.status())
         if len(seen) == 2:
             node.joining().lock.take(_cluster_id(join_lab))
@@ -229,7 +231,7 @@ def test_gate_lets_the_kubelet_start_only_for_a_member_or_a_join_under_way(node,
 
 
 def test_refused_rejoin_does_not_wait(node, join_lab, start_swtpm):
-    """Waiting is for a cluster with no join service; a service that refuses the node ends the boot-time join at once."""
+    """Waiting is for a cluster with no join service; a service refusing the node ends the boot-time join at once."""
     node.run()
     node.reboot(start_swtpm)
     with Tpm(node.tcti) as tpm:

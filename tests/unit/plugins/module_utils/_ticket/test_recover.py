@@ -1,6 +1,6 @@
-"""The recover hand-over: a member rebooted while no join service answers waits for keys; the hand-over (sealed to a fresh
-ephemeral key, flow recover) makes it a member again. Real swtpm, real cryptsetup on a file; the controller's enrolment
-checks of the recover_secrets action against a real enrolment file."""
+"""The recover hand-over: a member rebooted while no join service answers waits for keys; the hand-over (sealed to a
+fresh ephemeral key, flow recover) makes it a member again. Real swtpm, real cryptsetup on a file; the controller's
+enrolment checks of the recover_secrets action against a real enrolment file."""
 
 from __future__ import annotations
 
@@ -97,9 +97,11 @@ def test_rebooted_node_whose_boot_time_join_does_not_wait_is_not_handed_anything
 def test_hand_over_carries_the_disk_key_and_measurement_secret_only(join_lab):
     hand_over = recovering.RecoverHandOver.for_disk(_secrets(join_lab), "0A1B2C3D-0000-4000-8000-000000000000")
     document = json.loads(hand_over.to_bytes())
-    assert sorted(document) == ["disk_uuid", "flow", "measurement_salt", "measurement_secret", "state_disk_key", "version"]
+    assert sorted(document) == ["disk_uuid", "flow", "measurement_salt", "measurement_secret", "state_disk_key",
+                                "version"]
     assert document["disk_uuid"] == "0a1b2c3d-0000-4000-8000-000000000000"
-    secret_values = {base64.b64decode(document[name]) for name in ("measurement_salt", "measurement_secret", "state_disk_key")}
+    secret_values = {base64.b64decode(document[name])
+                     for name in ("measurement_salt", "measurement_secret", "state_disk_key")}
     assert join_lab.secrets["master_key"] not in secret_values and join_lab.secrets["master_salt"] not in secret_values
     assert recovering.RecoverHandOver.from_payload(document).cluster_id() == hand_over.cluster_id()
     with pytest.raises(TicketError, match="not a version 1 recover hand-over"):
@@ -116,7 +118,8 @@ def enrolment(join_lab, other_swtpm):
 
 
 def test_enrolled_control_plane_gets_its_enrolled_disk(join_lab, enrolment):
-    assert _bound_disk(str(join_lab.enrolment_file), enrolment["cp-0"], "cp-0") == "11111111-1111-4111-8111-111111111111"
+    bound = _bound_disk(str(join_lab.enrolment_file), enrolment["cp-0"], "cp-0")
+    assert bound == "11111111-1111-4111-8111-111111111111"
 
 
 @pytest.mark.parametrize("who, name, reason", [
