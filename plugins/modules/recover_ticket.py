@@ -138,7 +138,7 @@ def main() -> None:
             join_record=dict(type="path", default="/etc/confidential-kubernetes/join.json"),
             status_file=dict(type="path", default="/run/confidential-kubernetes/boot-status.json"),
             tcti=dict(type="str", default="auto"),
-            state_disk=dict(type="dict", options=STATE_DISK_OPTIONS, required=True),
+            state_disk=dict(type="dict", options=STATE_DISK_OPTIONS),
         ),
         required_by={"sealed": ["nonce"]},
         supports_check_mode=True,
@@ -146,6 +146,8 @@ def main() -> None:
     if node.CRYPTOGRAPHY_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
     params = module.params
+    if not params["state_disk"]:
+        module.fail_json(msg="state_disk is required: a member's state disk decides where it stands")
     settings = JoinSettings(endpoints=[], cluster_ca="", node_name="", state_disk=params["state_disk"],
                             tcti=params["tcti"], lock_record=params["lock_record"], join_record=params["join_record"])
     joining = NodeJoin(settings, NodeLock.for_tcti(params["tcti"], params["lock_record"]))
