@@ -131,4 +131,3 @@ def recover(joining: NodeJoin, sealed_b64: str, nonce_hex: str, verifier_id: str
     disk = key_state_disk(joining.settings.state_disk, hand_over.state_disk_key, False)
     return {"changed": locked or disk["changed"], "cluster_id": cluster_id.hex(), "node_lock": lock.to_result(),
             "state_disk": disk}
-
