@@ -256,8 +256,8 @@ def gate(status_file: str, stream=None) -> int:
         state = None
     if state in READY_STATES:
         return 0
-    print("confidential-join: not starting yet: the boot-time join has not made this node a member "
-          f"({state or 'no status yet'}; journalctl -u confidential-join.service)", file=stream or sys.stderr)
+    (stream or sys.stderr).write("confidential-join: not starting yet: the boot-time join has not made this node a "
+                                 f"member ({state or 'no status yet'}; journalctl -u confidential-join.service)\n")
     return EXIT_FAILED
 
 
