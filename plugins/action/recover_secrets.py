@@ -15,7 +15,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
-    RegistryError, parse_enrolment)
+    RegistryError, parse_bindings, parse_enrolment)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.recover import FLOW, RecoverHandOver
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
@@ -31,6 +31,7 @@ ARGUMENT_SPEC = dict(
     enrolment_file=dict(type="path", required=True),
     node_name=dict(type="str", required=True),
     disk_uuid=dict(type="str", required=True),
+    bindings_mirrors=dict(type="dict", default={}),
     verifier_id=dict(type="str", default="confidential.kubernetes/controller"),
 )
 
@@ -43,8 +44,10 @@ class Refused(Exception):
         self.reason = reason
 
 
-def _bound_disk(enrolment_file: str, ek: str, node_name: str) -> str:
-    """The disk enrolled for this EK, which must be enrolled as the control plane ``node_name``."""
+def _bound_disk(enrolment_file: str, ek: str, node_name: str, mirrors: dict | None = None) -> str:
+    """The disk bound to this EK, which must be enrolled as the control plane ``node_name``: the disk the controller
+    enrolled for it, or (enrolled before its first join, without a disk) the disk its join bound, as the disk-binding
+    mirrors of the other control planes (``mirrors``: host -> file content) agree on, under its current enrolment."""
     path = os.path.expanduser(enrolment_file)
     try:
         with open(path, "rb") as handle:
@@ -62,10 +65,22 @@ def _bound_disk(enrolment_file: str, ek: str, node_name: str) -> str:
                                              "plane: workers rejoin through a join service once a control plane serves")
     if enrolled.node_name != node_name:
         raise Refused("name-not-granted", f"its TPM is enrolled as {enrolled.node_name}, not as {node_name}")
-    if not enrolled.disk_uuid:
-        raise Refused("disk-not-bound", f"no state disk is enrolled for {node_name} in {path} "
-                                        "(run the join playbook once it joined)")
-    return enrolled.disk_uuid
+    if enrolled.disk_uuid:
+        return enrolled.disk_uuid
+    bound = set()
+    for host, text in sorted((mirrors or {}).items()):
+        try:
+            bindings = parse_bindings(text.encode() if isinstance(text, str) else text, f"the disk bindings of {host}")
+        except RegistryError as exc:
+            raise Refused("disk-not-bound", str(exc)) from None
+        bound |= {b.disk_uuid for b in bindings if b.ek == ek and b.enrolment_id == enrolled.enrolment_id}
+    if len(bound) > 1:
+        raise Refused("disk-not-bound", f"the control planes' disk bindings disagree on the disk of {node_name}: "
+                                        f"{', '.join(sorted(bound))}")
+    if not bound:
+        raise Refused("disk-not-bound", f"no state disk is enrolled for {node_name} in {path}, and no other control "
+                                        "plane's disk bindings name one for its TPM")
+    return bound.pop()
 
 
 class ActionModule(ActionBase):
@@ -84,7 +99,7 @@ class ActionModule(ActionBase):
             policy = controller.resolve_policy(params["policy"], None, None).with_rule(NODE_LOCK_PCR, [bytes(32)])
             verified = attest(self, params, policy, task_vars, prove_ek=True)
             ek = ek_identity(verified.evidence.ek_public)
-            disk_uuid = _bound_disk(params["enrolment_file"], ek, params["node_name"])
+            disk_uuid = _bound_disk(params["enrolment_file"], ek, params["node_name"], params["bindings_mirrors"])
             if disk_uuid.lower() != params["disk_uuid"].lower():
                 raise Refused("disk-not-bound", f"it reports state disk {params['disk_uuid']}, but the disk enrolled "
                                                 f"for it is {disk_uuid}")

@@ -14,7 +14,8 @@ description:
   - Verifies the node's evidence like M(confidential.kubernetes.verify_evidence), with PCR 15 required to be zero (a
     rebooted node, not yet marked), and proves the EK the evidence names by credential activation on the node at every
     AK trust level. Then checks, in the controller's node enrolment O(enrolment_file), that this EK is enrolled as the
-    control plane O(node_name) with a state disk, and that O(disk_uuid) (what the node reports) is that disk.
+    control plane O(node_name), that its bound disk is known (enrolled, or else bound at its join as
+    O(bindings_mirrors) agree), and that O(disk_uuid) (what the node reports) is that disk.
   - Only then seals to the ephemeral key of the evidence (HPKE, flow V(recover), bound to the nonce and O(verifier_id))
     the key of the enrolled disk and the measurement secret and salt - no more. The master secret never travels; a
     control plane keeps the root secrets for its join service from its join.
@@ -63,6 +64,13 @@ options:
     description: The LUKS UUID of the state disk the node reports (M(confidential.kubernetes.recover_ticket)).
     type: str
     required: true
+  bindings_mirrors:
+    description:
+      - The disk-binding mirrors (C(/etc/confidential-kubernetes/disk-bindings.json)) of the B(other) control planes,
+        host name to file content. For a control plane enrolled before its first join (so without a disk in
+        O(enrolment_file)), the disk its join bound, as these agree on under its current enrolment, is its bound disk.
+    type: dict
+    default: {}
   verifier_id:
     description: This verifier's identity, bound into the HPKE context.
     type: str

@@ -138,3 +138,23 @@ def test_control_plane_enrolled_without_a_disk_is_refused(join_lab, enrolment):
     with pytest.raises(Refused, match="no state disk is enrolled for cp-0") as refused:
         _bound_disk(str(join_lab.enrolment_file), enrolment["cp-0"], "cp-0")
     assert refused.value.reason == "disk-not-bound"
+
+
+def _mirror(*bindings) -> str:
+    return json.dumps({"version": 1, "bindings": [
+        {"disk_uuid": disk, "ek": ek, "node_name": "cp-0", "enrolment_id": enrolment_id, "bound_at": "2026-01-01T00:00:00Z"}
+        for ek, disk, enrolment_id in bindings]})
+
+
+def test_control_plane_enrolled_before_its_join_gets_the_disk_the_other_mirrors_agree_on(join_lab):
+    disk, other = "33333333-3333-4333-8333-333333333333", "44444444-4444-4444-8444-444444444444"
+    ek = join_lab.enrol(join_lab.swtpm.tcti, "cp-0", control_plane=True, enrolment_id="0123456789abcdef")
+    path = str(join_lab.enrolment_file)
+    mirrors = {"cp-1": _mirror((ek, disk, "0123456789abcdef")), "cp-2": _mirror((ek, disk, "0123456789abcdef"))}
+    assert _bound_disk(path, ek, "cp-0", mirrors) == disk
+    with pytest.raises(Refused, match="disagree on the disk of cp-0"):
+        _bound_disk(path, ek, "cp-0", dict(mirrors, **{"cp-2": _mirror((ek, other, "0123456789abcdef"))}))
+    # A binding made under an older enrolment (the node was reset and enrolled again) no longer counts.
+    with pytest.raises(Refused, match="no other control plane's disk bindings name one") as refused:
+        _bound_disk(path, ek, "cp-0", {"cp-1": _mirror((ek, disk, "fedcba9876543210"))})
+    assert refused.value.reason == "disk-not-bound"
