@@ -17,7 +17,7 @@ description:
     control plane O(node_name), that its bound disk is known (enrolled, or else bound at its join as
     O(bindings_mirrors) agree), and that O(disk_uuid) (what the node reports) is that disk.
   - Only then seals to the ephemeral key of the evidence (HPKE, flow V(recover), bound to the nonce and O(verifier_id))
-    the key of the enrolled disk and the measurement secret and salt - no more. The master secret never travels; a
+    the key of the bound disk and the measurement secret and salt - no more. The master secret never travels; a
     control plane keeps the root secrets for its join service from its join.
   - A refused node gets nothing; the result names the reason (C(refused)) and, for failing measurements, the PCRs.
 author:

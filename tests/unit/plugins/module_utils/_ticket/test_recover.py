@@ -142,7 +142,8 @@ def test_control_plane_enrolled_without_a_disk_is_refused(join_lab, enrolment):
 
 def _mirror(*bindings) -> str:
     return json.dumps({"version": 1, "bindings": [
-        {"disk_uuid": disk, "ek": ek, "node_name": "cp-0", "enrolment_id": enrolment_id, "bound_at": "2026-01-01T00:00:00Z"}
+        {"disk_uuid": disk, "ek": ek, "node_name": "cp-0", "enrolment_id": enrolment_id,
+         "bound_at": "2026-01-01T00:00:00Z"}
         for ek, disk, enrolment_id in bindings]})
 
 
