@@ -14,14 +14,16 @@ import time
 from drill_outage import WAIT_SECONDS, _boot_state, _lock_marks, _pcr15, _wait_for
 
 
-# A generous timeout: the lab's 2 cores are shared, and a slow answer is no lost quorum.
-READYZ_VERBOSE = "kubectl --kubeconfig=/etc/kubernetes/admin.conf --request-timeout=15s get --raw='/readyz?verbose'"
+# The watcher's own API server (admin.conf names the cluster's endpoint, the first control plane's without a VIP), with
+# a generous timeout: the lab's 2 cores are shared, and a slow answer is no lost quorum.
+READYZ_VERBOSE = ("kubectl --kubeconfig=/etc/kubernetes/admin.conf --server=https://{address}:6443 --request-timeout=15s "
+                  "get --raw='/readyz?verbose'")
 
 
 def _watch_api(lab, node: str, failures: list, stop: threading.Event) -> None:
     """Every failed /readyz of NODE's API server, with the time and what it said."""
     while not stop.is_set():
-        done = lab.ssh(node, READYZ_VERBOSE, check=False)
+        done = lab.ssh(node, READYZ_VERBOSE.format(address=lab.hosts()[node]), check=False)
         if done.returncode != 0:
             said = (done.stdout + done.stderr).decode(errors="replace")
             failed = [line.strip() for line in said.splitlines() if line.startswith("[-]")] or [said.strip()[-200:]]
