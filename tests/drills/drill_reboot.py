@@ -16,8 +16,8 @@ from drill_outage import WAIT_SECONDS, _boot_state, _lock_marks, _pcr15, _wait_f
 
 # The watcher's own API server (admin.conf names the cluster's endpoint, the first control plane's without a VIP), with
 # a generous timeout: the lab's 2 cores are shared, and a slow answer is no lost quorum.
-READYZ_VERBOSE = ("kubectl --kubeconfig=/etc/kubernetes/admin.conf --server=https://{address}:6443 --request-timeout=15s "
-                  "get --raw='/readyz?verbose'")
+READYZ_VERBOSE = ("kubectl --kubeconfig=/etc/kubernetes/admin.conf --server=https://{address}:6443 "
+                  "--request-timeout=15s get --raw='/readyz?verbose'")
 
 
 def _watch_api(lab, node: str, failures: list, stop: threading.Event) -> None:
