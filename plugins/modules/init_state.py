@@ -104,6 +104,11 @@ admin_kubeconfig_sha256:
   description: The SHA-256 (hex) of the admin kubeconfig of an initialised node; null otherwise.
   returned: success
   type: str
+ca_cert_hash:
+  description: kubeadm's pin of the cluster CA (C(sha256:<hex>)) of an initialised node; null otherwise.
+  returned: success
+  type: str
+  sample: sha256:5c7a1b...
 admin_kubeconfig_stored:
   description: Whether the admin kubeconfig was (or, in check mode, would be) written to O(admin_kubeconfig).
   returned: success

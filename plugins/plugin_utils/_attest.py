@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import base64
+import os
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller, tpm2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError, VerificationResult
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
+    ActivationChallenge, VerificationError, VerificationResult)
 
 # Options every attesting action takes, in its argument spec.
 ATTESTATION_OPTIONS = dict(
@@ -22,8 +24,23 @@ ATTESTATION_OPTIONS = dict(
 )
 
 
-def attest(action, params: dict, policy: MeasurementPolicy, task_vars: dict) -> VerificationResult:
-    """Verify the evidence and, at AK trust level 2, prove the AK by credential activation on the task's host.
+def ek_challenge(verified: VerificationResult) -> ActivationChallenge:
+    """A credential for the evidence's EK and AK, at any AK trust level: activating it proves that the EK the evidence
+    names is the TPM's own (the EK is then an identity, as the join service's registry treats it)."""
+    if verified.evidence.ek_public is None:
+        raise VerificationError("ek-missing", "the evidence names no EK, so the node's identity cannot be checked")
+    secret = os.urandom(32)
+    try:
+        credential = tpm2.make_credential(tpm2.parse_public(verified.evidence.ek_public), verified.ak_name, secret)
+    except tpm2.StructureError as exc:
+        raise VerificationError("malformed", f"cannot make a credential for the evidence's EK: {exc}") from None
+    return ActivationChallenge(verified.ak_name, credential, secret)
+
+
+def attest(action, params: dict, policy: MeasurementPolicy, task_vars: dict,
+           prove_ek: bool = False) -> VerificationResult:
+    """Verify the evidence and, at AK trust level 2 (or with ``prove_ek`` at any level), prove the AK and EK by
+    credential activation on the task's host.
 
     Raises VerificationError for every refusal.
     """
@@ -31,12 +48,13 @@ def attest(action, params: dict, policy: MeasurementPolicy, task_vars: dict) -> 
         raise VerificationError("dependency", f"cryptography >= 47 is required on the controller: {controller.CRYPTOGRAPHY_IMPORT_ERROR}")
     verified = controller.verify(params["evidence"], params["nonce"], policy, controller.load_ek_cas(params["ek_ca_file"]),
                                  params["nonce_ledger"], params["nonce_ttl"])
-    if verified.challenge is None:
+    challenge = verified.challenge or (ek_challenge(verified) if prove_ek else None)
+    if challenge is None:
         return verified
     if not params["activate_credential"]:
         raise VerificationError("activation-required",
                                 "AK trust level 2 needs credential activation on the node, which activate_credential=false skips")
-    credential = verified.challenge.credential
+    credential = challenge.credential
     answer = action._execute_module(
         module_name="confidential.kubernetes.tpm_evidence",
         module_args={"tcti": params["tcti"], "credential": {
@@ -50,5 +68,5 @@ def attest(action, params: dict, policy: MeasurementPolicy, task_vars: dict) -> 
         activated = base64.b64decode(answer.get("activated_secret", ""), validate=True)
     except ValueError:
         activated = b""
-    verified.challenge.check(activated)
+    challenge.check(activated)
     return VerificationResult(verified.evidence, verified.ak_name, verified.ak_trust_level, verified.pcrs, verified.warnings)

@@ -25,7 +25,7 @@ except ImportError as exc:  # reported by the modules through missing_required_l
 else:
     CRYPTOGRAPHY_IMPORT_ERROR = None
 
-FLOWS = ("init", "join", "rejoin")
+FLOWS = ("init", "join", "rejoin", "recover")
 ENVELOPE_VERSION = 1
 INFO_LABEL = b"confidential.kubernetes/seal/v1"
 

@@ -27,6 +27,10 @@ class TicketError(RuntimeError):
     """The sealed payload cannot be opened or applied; the message says why."""
 
 
+class NoJoinService(TicketError):
+    """No join service answered (every endpoint unreachable, busy or not serving): a node that waits may try again."""
+
+
 def take_ephemeral_key(path: str, check_mode: bool) -> EphemeralKey:
     """Read the ephemeral private key and delete it: a key opens one hand-over only."""
     try:
@@ -120,6 +124,24 @@ def state_disk_of(options: dict, check_mode: bool):
     return StateDisk(options["device"], name=options["name"], mount_path=options["mount_path"],
                      pbkdf_memory=options.get("pbkdf_memory"), pbkdf_iterations=options.get("pbkdf_iterations"),
                      check_mode=check_mode)
+
+
+def state_disk_ready(options: dict) -> bool:
+    """Whether the state disk is as open as its ``state`` asks (mapped; mounted with the cluster state bound from it).
+
+    A formatted-only disk holds no cluster state, so it is always ready. Nothing is changed."""
+    if options.get("state", "formatted") == "formatted":
+        return True
+    from .._disk.placement import is_placed
+    disk = state_disk_of(options, True)
+    if not disk.is_mapped(strict=False):
+        return False
+    if options["state"] == "opened":
+        return True
+    source = disk.mount_source()
+    if source is None or os.path.realpath(source) != os.path.realpath(disk.mapper_path):
+        return False
+    return all(is_placed(disk.mount_path, path) for path in disk.cluster_state_paths)
 
 
 def disk_uuid(options: dict, check_mode: bool) -> tuple[str | None, bool]:

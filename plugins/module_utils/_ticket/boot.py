@@ -13,20 +13,31 @@ configuration holds nothing secret: a node needs no secret to join. One JSON
 line per step on stderr (journald), never a secret. Exit 0 when the node is a
 member, 1 when it could not join (the last line says why), 2 when the
 configuration is unusable.
+
+A rebooted member that reaches no join service (every control plane rebooted too)
+waits for keys: it writes ``{"state": "waiting-for-keys", ...}`` to its status file
+(``/run/confidential-kubernetes/boot-status.json``), where ``recover.yml`` finds it,
+and tries again every ``wait_interval`` seconds until a join service serves its rejoin
+or the recover hand-over has made it a member; only then does it exit, and the units
+ordered after it (the kubelet, the join service) start.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import sys
 import time
 
 from .._attestation.issuer import TpmError
 from .._disk import StateDiskError
 from .._join.log import StructuredLog
 from .._kubeadm import KUBEADM_OPTIONS, JoinOptions, Kubeadm, KubeadmError, join_with_token_file
+from .._files import write_file_atomically
 from .._nodelock import NodeLockError
-from . import STATE_DISK_OPTIONS, TicketError
+from . import STATE_DISK_OPTIONS, NoJoinService, TicketError
 from .join import FRESH, MEMBER, REBOOTED, JoinSettings, NodeJoin
 
 try:
@@ -35,6 +46,14 @@ except ImportError:  # reported by load_config()
     yaml = None
 
 DEFAULT_CONFIG = "/etc/confidential-kubernetes/join.yml"
+DEFAULT_STATUS_FILE = "/run/confidential-kubernetes/boot-status.json"
+WAITING_FOR_KEYS = "waiting-for-keys"
+JOINING = "joining"
+# The states in which the kubelet and the join service may start (``--gate``): a member, or a node whose kubeadm join
+# (which starts the kubelet itself) is under way. Not before: a rebooted node's cluster state is on its locked disk.
+READY_STATES = (MEMBER, JOINING)
+# While waiting, one log line per this many seconds (the status file has the rest).
+WAIT_LOG_SECONDS = 60.0
 MAX_CONFIG_BYTES = 256 * 1024
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -49,11 +68,14 @@ class BootConfigError(ValueError):
 class BootConfig:
     """The configuration file: join settings, kubeadm options, and the node's API server address for control planes."""
 
-    def __init__(self, settings: JoinSettings, kubeadm: dict, advertise_address: str | None, bind_port: int):
+    def __init__(self, settings: JoinSettings, kubeadm: dict, advertise_address: str | None, bind_port: int,
+                 status_file: str = DEFAULT_STATUS_FILE, wait_interval: float = 5.0):
         self.settings = settings
         self.kubeadm = kubeadm
         self.advertise_address = advertise_address
         self.bind_port = bind_port
+        self.status_file = status_file
+        self.wait_interval = wait_interval
 
     def join_options(self, record: dict) -> JoinOptions:
         return JoinOptions(api_server_endpoint=record["api_server_endpoint"], ca_cert_hashes=record["ca_cert_hashes"],
@@ -96,7 +118,9 @@ def parse_config(document: object, source: str) -> BootConfig:
     # No node name: the join service's registry grants it (the enrolled name, or the pool name derived from the EK).
     spec.update(endpoints=dict(type="list", required=True), node_name=dict(type="str", default=""),
                 cluster_ca_file=dict(type="path", required=True), state_disk=dict(type="dict", required=True),
-                advertise_address=dict(type="str"), bind_port=dict(type="int", default=6443), kubeadm=dict(type="dict", default={}))
+                advertise_address=dict(type="str"), bind_port=dict(type="int", default=6443),
+                kubeadm=dict(type="dict", default={}), status_file=dict(type="path", default=DEFAULT_STATUS_FILE),
+                wait_interval=dict(type="float", default=5.0))
     values = _options(source, "", document, spec)
     values["state_disk"] = _options(source, "state_disk.", values["state_disk"], STATE_DISK_OPTIONS)
     kubeadm = _options(source, "kubeadm.", values.pop("kubeadm"), _KUBEADM_SETTINGS)
@@ -111,8 +135,11 @@ def parse_config(document: object, source: str) -> BootConfig:
         raise BootConfigError(f"{source}: cannot read cluster_ca_file: {exc}") from None
     if "-----BEGIN CERTIFICATE-----" not in values["cluster_ca"]:
         raise BootConfigError(f"{source}: cluster_ca_file does not hold a PEM certificate")
+    if values["wait_interval"] <= 0:
+        raise BootConfigError(f"{source}: wait_interval must be a positive number of seconds")
     advertise_address, bind_port = values.pop("advertise_address"), values.pop("bind_port")
-    return BootConfig(JoinSettings.of(values), kubeadm, advertise_address, bind_port)
+    status_file, wait_interval = values.pop("status_file"), float(values.pop("wait_interval"))
+    return BootConfig(JoinSettings.of(values), kubeadm, advertise_address, bind_port, status_file, wait_interval)
 
 
 def load_config(path: str) -> BootConfig:
@@ -136,7 +163,39 @@ def load_config(path: str) -> BootConfig:
     return parse_config(document, f"join configuration {path}")
 
 
-def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None, kubeadm: Kubeadm | None = None) -> str:
+def write_status(path: str, state: str, **fields: object) -> None:
+    """Where the boot-time join stands, for recover.yml (nothing secret; 0644 under the 0700 runtime directory)."""
+    document = dict(fields, state=state, time=_now())
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    write_file_atomically(path, (json.dumps(document, sort_keys=True) + "\n").encode(), 0o644)
+
+
+def _rejoin_or_wait(config: BootConfig, log: StructuredLog, joining: NodeJoin, fields: dict, sleep) -> dict | None:
+    """Rejoin; while no join service answers, wait for keys (status file), trying again each wait_interval.
+
+    Returns the rejoin's result, or None when the node became a member meanwhile (recover.yml's hand-over)."""
+    since, logged = None, 0.0
+    while True:
+        try:
+            # One try over every endpoint per round: a node that waits must notice a recover hand-over soon.
+            return joining.rejoin(attempts=1)
+        except NoJoinService as exc:
+            now = time.monotonic()
+            if since is None:
+                since = _now()
+            write_status(config.status_file, WAITING_FOR_KEYS, since=since, reason=str(exc),
+                         control_plane=config.settings.control_plane)
+            if now - logged >= WAIT_LOG_SECONDS:
+                log.warning("wait", result=WAITING_FOR_KEYS,
+                            msg=f"no join service answers; waiting for a control plane or recover.yml: {exc}", **fields)
+                logged = now
+        sleep(config.wait_interval)
+        if joining.state() == MEMBER:
+            return None
+
+
+def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None, kubeadm: Kubeadm | None = None,
+        sleep=time.sleep) -> str:
     """Take the node to member; returns the state it started in. Raises the failure of the step that failed."""
     joining = joining or NodeJoin(config.settings)
     started = time.monotonic()
@@ -145,13 +204,21 @@ def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None,
     log.info("state", state=state, **fields)
     if state == MEMBER:
         log.info("done", result="member", msg="the node is a member and PCR 15 carries the cluster's mark: nothing to do", **fields)
+        write_status(config.status_file, MEMBER)
         return state
     if state == REBOOTED:
-        result = joining.rejoin()
-        lock = joining.lock.state()
-        log.info("rejoin", result="rejoined", cluster_id=result["cluster_id"], pcr15_state=lock.pcr15_state,
-                 state_disk=_disk_fields(result["state_disk"]), duration_ms=_elapsed_ms(started), **fields)
+        result = _rejoin_or_wait(config, log, joining, fields, sleep)
+        if result is None:
+            log.info("done", result="recovered",
+                     msg="the recover hand-over made the node a member again while it waited for keys",
+                     duration_ms=_elapsed_ms(started), **fields)
+        else:
+            lock = joining.lock.state()
+            log.info("rejoin", result="rejoined", cluster_id=result["cluster_id"], pcr15_state=lock.pcr15_state,
+                     state_disk=_disk_fields(result["state_disk"]), duration_ms=_elapsed_ms(started), **fields)
+        write_status(config.status_file, MEMBER)
         return state
+    write_status(config.status_file, JOINING)
     if state == FRESH:
         result = joining.join()
         fields["node_name"] = result["node_name"]
@@ -163,7 +230,12 @@ def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None,
                                   config.kubeadm["ignore_preflight_errors"], config.kubeadm["config_api_version"])
     log.info("kubeadm-join", result="joined" if joined["changed"] else "already-joined", api_server_endpoint=record["api_server_endpoint"],
              config_api_version=joined.get("config_api_version"), duration_ms=_elapsed_ms(started), **fields)
+    write_status(config.status_file, MEMBER)
     return state
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _disk_fields(disk: dict) -> dict:
@@ -174,10 +246,30 @@ def _elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
+def gate(status_file: str, stream=None) -> int:
+    """Exit status for a unit's ExecStartPre: 0 once the boot-time join made the node a member (or runs kubeadm
+    join)."""
+    try:
+        with open(status_file, encoding="utf-8") as handle:
+            state = json.load(handle).get("state")
+    except (OSError, ValueError, AttributeError):
+        state = None
+    if state in READY_STATES:
+        return 0
+    (stream or sys.stderr).write("confidential-join: not starting yet: the boot-time join has not made this node a "
+                                 f"member ({state or 'no status yet'}; journalctl -u confidential-join.service)\n")
+    return EXIT_FAILED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="confidential-join", description="confidential.kubernetes: join or rejoin the cluster at boot")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"the join configuration (YAML or JSON, 0600; default {DEFAULT_CONFIG})")
+    parser.add_argument("--gate", metavar="STATUS_FILE",
+                        help="only check the status file: exit 0 when the node is a member "
+                             "(the ExecStartPre of the kubelet and the join service)")
     args = parser.parse_args(argv)
+    if args.gate:
+        return gate(args.gate)
     log = StructuredLog()
     try:
         config = load_config(args.config)

@@ -39,10 +39,13 @@ class InitState:
     # The SHA-256 (hex) of the admin kubeconfig of an initialised node, so that the controller fetches it only when its
     # copy differs.
     admin_kubeconfig_sha256: str | None = None
+    # kubeadm's pin of the cluster CA of an initialised node, for the join record its boot-time join keeps.
+    ca_cert_hash: str | None = None
 
     def to_result(self) -> dict:
         return {"initialised": self.initialised, "reason": self.reason, "node_lock": self.node_lock,
-                "admin_kubeconfig_exists": self.admin_kubeconfig_exists, "admin_kubeconfig_sha256": self.admin_kubeconfig_sha256}
+                "admin_kubeconfig_exists": self.admin_kubeconfig_exists,
+                "admin_kubeconfig_sha256": self.admin_kubeconfig_sha256, "ca_cert_hash": self.ca_cert_hash}
 
 
 def _kept_cluster_id(secrets_file: str) -> tuple[str | None, str]:
@@ -91,7 +94,8 @@ def init_state(cluster_id: str | None, lock: NodeLock, kubeadm: Kubeadm, secrets
         return not_initialised("kubeadm init has not written the admin kubeconfig")
     try:
         with open(kubeadm.path(CA_CERT), "rb") as handle:
-            completed = kubeadm.init_completed(ca_cert_hash(handle.read()))
+            pin = ca_cert_hash(handle.read())
+        completed = kubeadm.init_completed(pin)
     except (OSError, ValueError) as exc:
         return not_initialised(f"the cluster CA cannot be read: {exc}")
     if not completed:
@@ -101,4 +105,4 @@ def init_state(cluster_id: str | None, lock: NodeLock, kubeadm: Kubeadm, secrets
         return not_initialised(why)
     if kept != cluster_id:
         return not_initialised(f"the root secrets the node keeps are those of cluster {kept}")
-    return InitState(True, "", node_lock, exists, file_sha256(admin_conf))
+    return InitState(True, "", node_lock, exists, file_sha256(admin_conf), pin)

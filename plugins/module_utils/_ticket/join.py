@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass, fields
 
 from . import (
-    SECRETS_FILE, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid, root_secrets, secret_bytes, write_if_changed)
+    SECRETS_FILE, NoJoinService, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid,
+    root_secrets, secret_bytes, state_disk_ready, write_if_changed)
 from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
 from .versions import check_cluster_version
@@ -123,42 +124,68 @@ class NodeJoin:
         return record
 
     def state(self) -> str:
-        """FRESH, PENDING, MEMBER or REBOOTED; a TicketError for a node that is none of these (it needs a reset)."""
+        """FRESH, PENDING, MEMBER or REBOOTED; a TicketError for a node that is none of these (it needs a reset).
+
+        A joined node is judged by what the root disk keeps (the lock record and the join record) and PCR 15 first:
+        its ``kubelet.conf`` lives on the state disk, which stays locked after a reboot until a rejoin opens it, so its
+        absence says nothing before the disk is open. Only a node marked in this boot whose disk is ready is judged by
+        ``kubelet.conf``; one marked whose disk is not open (a rejoin cut short between the mark and the disk) rejoins
+        again, which the join service allows with the cluster's mark.
+        """
         record = self.record()
         lock = self.lock.state()
-        if os.path.exists(self.kubelet_conf):
-            if record is None:
-                raise TicketError(f"{self.kubelet_conf} exists but there is no join record {self.settings.join_record}: this node "
-                                  "was joined or initialised by other means; nothing was changed")
-            if lock.locked and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "marked":
-                return MEMBER
-            if lock.locked and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "unlocked":
+        kubelet_conf = os.path.exists(self.kubelet_conf)
+        if lock.locked and record is not None and lock.cluster_id == record["cluster_id"]:
+            if lock.pcr15_state == "unlocked":
                 return REBOOTED
-            raise TicketError(f"the node joined cluster {record['cluster_id']} but its lock record says {lock.cluster_id} and PCR 15 is "
-                              f"{lock.pcr15} ({lock.pcr15_state}): it was tampered with and needs a reset")
+            if lock.pcr15_state == "marked":
+                if not state_disk_ready(self.settings.state_disk):
+                    return REBOOTED
+                if kubelet_conf:
+                    return MEMBER
+                return self._pending()
+        if kubelet_conf and record is None:
+            raise TicketError(f"{self.kubelet_conf} exists but there is no join record {self.settings.join_record}: "
+                              "this node was joined or initialised by other means; nothing was changed")
+        if record is not None and lock.locked:
+            raise TicketError(f"the node joined cluster {record['cluster_id']} but its lock record says "
+                              f"{lock.cluster_id} and PCR 15 is {lock.pcr15} ({lock.pcr15_state}): it was tampered "
+                              "with and needs a reset")
         if not lock.locked:
+            if kubelet_conf:
+                raise TicketError(f"the node joined cluster {record['cluster_id']} but has no lock record "
+                                  f"{self.settings.lock_record}: it was tampered with and needs a reset")
             return FRESH
-        if (record is not None and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "marked"
-                and os.path.exists(self.settings.token_file)):
-            # Workers get ca.crt from kubeadm itself; either file means kubeadm join started and was cut short.
-            started = [path for path in (self._path(BOOTSTRAP_KUBELET_CONF), None if self.settings.control_plane else self._path(CA_CERT))
-                       if path and os.path.exists(path)]
-            if started:
-                raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): the node needs a reset "
-                                  "(kubeadm reset, remove the lock record, reboot)")
-            return PENDING
-        raise TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a join failed after the "
-                          "point of no return; the node needs a reset (kubeadm reset, remove the lock record, reboot)")
+        raise self._not_joined()
 
-    def _request(self, flow: str, uuid: str, csr_pem: bytes = b"") -> dict:
+    def _not_joined(self) -> TicketError:
+        return TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a "
+                           "join failed after the point of no return; the node needs a reset (kubeadm reset, remove "
+                           "the lock record, reboot)")
+
+    def _pending(self) -> str:
+        """A node marked in this boot, its disk ready, no kubelet.conf: a kubeadm join to run, or one cut short."""
+        if not os.path.exists(self.settings.token_file):
+            raise self._not_joined()
+        # Workers get ca.crt from kubeadm itself; either file means kubeadm join started and was cut short.
+        leftovers = (self._path(BOOTSTRAP_KUBELET_CONF), None if self.settings.control_plane else self._path(CA_CERT))
+        started = [path for path in leftovers if path and os.path.exists(path)]
+        if started:
+            raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): the node "
+                              "needs a reset (kubeadm reset, remove the lock record, reboot)")
+        return PENDING
+
+    def _request(self, flow: str, uuid: str, csr_pem: bytes = b"", attempts: int = 0) -> dict:
         from .._join.client import JoinError, request_ticket
         settings = self.settings
         try:
             return request_ticket(
                 endpoints=settings.endpoints, ca_pem=settings.cluster_ca.encode(), tcti=settings.tcti, node_name=settings.node_name,
                 control_plane=settings.control_plane and flow == "join", disk_uuid=uuid, kubelet_csr_pem=csr_pem, flow=flow,
-                attempts=settings.attempts, timeout=settings.timeout, total_timeout=settings.total_timeout)
+                attempts=attempts or settings.attempts, timeout=settings.timeout, total_timeout=settings.total_timeout)
         except JoinError as exc:
+            if exc.retryable:
+                raise NoJoinService(f"no {flow} ticket: {exc}") from None
             raise TicketError(f"no {flow} ticket: {exc}") from None
 
     def _require_cluster_ca(self, flow: str) -> None:
@@ -174,11 +201,13 @@ class NodeJoin:
         private_key_pem, csr_pem = kubelet_csr(self.settings.node_name)
         return self._apply_join_ticket(self._request("join", uuid, csr_pem), private_key_pem)
 
-    def rejoin(self) -> dict:
-        """A rebooted member: rejoin ticket, PCR 15 marked again, the state disk checked (or opened) with its key."""
+    def rejoin(self, attempts: int = 0) -> dict:
+        """A rebooted member: rejoin ticket, PCR 15 marked again, the state disk checked (or opened) with its key.
+
+        ``attempts`` (0: the settings') bounds the tries; NoJoinService when no join service answered at all."""
         self._require_cluster_ca("rejoin")
         record = self.record()
-        payload = self._request("rejoin", luks_uuid(self.settings.state_disk))
+        payload = self._request("rejoin", luks_uuid(self.settings.state_disk), attempts=attempts)
         cluster_id = cluster_id_of(payload)
         if record is None or cluster_id.hex() != record["cluster_id"]:
             raise TicketError(f"the rejoin ticket is for cluster {cluster_id.hex()}, but this node joined "

@@ -1,4 +1,4 @@
-"""Command line of the lab: `lab up|down|status|ssh|kubernetes`."""
+"""Command line of the lab: `lab up|down|stop|start|reboot|status|ssh|kubernetes`."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,11 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--tamper", nargs="+", default=[], metavar="NODE",
                     help="boot these nodes with a different kernel command line (PCR 8)")
     commands.add_parser("down", help="stop every node and remove bridge, veths and node state")
+    for name, what in (("stop", "power nodes off, keeping their disks and TPM state (all nodes when none is named)"),
+                       ("start", "power stopped nodes on: swtpm restarted (PCRs reset), boot measured (all for none)"),
+                       ("reboot", "power nodes off and on: swtpm restarted, so PCRs (15 too) reset (all for none)")):
+        power = commands.add_parser(name, help=what)
+        power.add_argument("nodes", nargs="*", metavar="NODE")
     commands.add_parser("status", help="table of the nodes")
     ssh = commands.add_parser("ssh", help="ssh into a node, or run a command there")
     ssh.add_argument("node")
@@ -37,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "down":
             lab.down(paths)
+            return 0
+        if args.command in ("stop", "start", "reboot"):
+            getattr(lab, args.command)(paths, args.nodes)
             return 0
         if args.command == "status":
             return lab.status(paths)

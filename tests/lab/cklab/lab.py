@@ -240,6 +240,79 @@ def _wait_for_ssh(paths: LabPaths, wanted: list[NodeSpec], seconds: float) -> No
         raise LabError(f"nodes did not answer SSH within {seconds:g} s: {' '.join(waiting)}")
 
 
+# ---- power: stop, start, reboot ---------------------------------------------------------
+
+def recorded_nodes(paths: LabPaths, names: list[str]) -> list[NodeSpec]:
+    """The lab's nodes of these names (every recorded node for none), as `up` made them; unknown names are an error."""
+    known = {name: nodes.recorded(paths, name) for name in _recorded_names(paths)}
+    known = {name: record for name, record in known.items() if record is not None}
+    if not known:
+        raise LabError(f"no lab nodes in {paths.lab_dir}; run 'lab up' first")
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        have = " ".join(sorted(known, key=_node_order))
+        raise LabError(f"not nodes of this lab: {' '.join(unknown)} (it has {have})")
+    chosen = sorted(names or known, key=_node_order)
+    return [NodeSpec(known[n]["name"], known[n]["role"], known[n]["address"], bool(known[n].get("tampered")))
+            for n in chosen]
+
+
+def stop(paths: LabPaths, names: list[str]) -> None:
+    """Power nodes off (all for none): the container and its swtpm stop; overlay, TPM state and state disk stay."""
+    chosen = recorded_nodes(paths, names)
+    with locked(paths):
+        started = time.monotonic()
+        _stop_nodes(paths, [node.name for node in chosen])
+    log(f"stopped {' '.join(node.name for node in chosen)} in {time.monotonic() - started:.1f} s")
+
+
+def start(paths: LabPaths, names: list[str]) -> None:
+    """Power nodes on (all for none; running ones are left alone): swtpm started afresh (PCRs reset), boot measured."""
+    chosen = recorded_nodes(paths, names)
+    base = _base_of(paths, chosen)
+    with locked(paths):
+        started = time.monotonic()
+        stopped = [node for node in chosen if not nodes.is_running(paths, node.name)]
+        _power_on(paths, stopped, base)
+    names = " ".join(node.name for node in stopped) or "nothing (all running)"
+    log(f"started {names} in {time.monotonic() - started:.1f} s")
+
+
+def reboot(paths: LabPaths, names: list[str]) -> None:
+    """Power nodes off and on (all for none): like a host's reboot, the TPM restarts, so PCRs (15 too) reset."""
+    chosen = recorded_nodes(paths, names)
+    base = _base_of(paths, chosen)
+    with locked(paths):
+        started = time.monotonic()
+        _stop_nodes(paths, [node.name for node in chosen])
+        _power_on(paths, chosen, base)
+    log(f"rebooted {' '.join(node.name for node in chosen)} in {time.monotonic() - started:.1f} s")
+
+
+def _base_of(paths: LabPaths, chosen: list[NodeSpec]) -> base_image.Base:
+    """The cached base the nodes were made over (nothing is built: a node over another base needs `lab up`)."""
+    base = base_image.cached_base(paths)
+    for node in chosen:
+        if base is None or (nodes.recorded(paths, node.name) or {}).get("image_id") != base.image_id:
+            raise LabError(f"{node.name} was made over another base image than the cached one; "
+                           "run 'lab up' to rebuild it")
+    return base
+
+
+def _power_on(paths: LabPaths, chosen: list[NodeSpec], base: base_image.Base) -> None:
+    if not chosen:
+        return
+    network.ensure_bridge()
+    setup_conf = tpm.write_ca_config(paths)
+    authorized_key = (paths.ssh_dir / "id_ed25519.pub").read_text()
+    with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
+        results = list(pool.map(lambda n: _start_node(paths, n, base, setup_conf, authorized_key), chosen))
+    failures = [message for message in results if message]
+    if failures:
+        raise LabError("; ".join(failures))
+    _wait_for_ssh(paths, chosen, boot_timeout(len(chosen)))
+
+
 # ---- down -------------------------------------------------------------------------------
 
 def down(paths: LabPaths) -> None:

@@ -1,6 +1,7 @@
 """Tests of the lab tool (tests/lab): pure functions, and one real up/ssh/down run marked `lab`."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -338,6 +339,42 @@ def test_cli_reports_bad_input_in_one_line(capsys):
     assert cli.main(["up", "--tamper", "worker-9"]) == 1
     err = capsys.readouterr().err
     assert err == "lab up: error: --tamper names no node of this lab: worker-9\n"
+
+
+# ---- power commands (stop, start, reboot) -----------------------------------------------
+
+def _recorded_lab(tmp_path) -> LabPaths:
+    paths = LabPaths.from_environment()
+    paths = dataclasses.replace(paths, lab_dir=tmp_path)
+    for node in plan.plan_nodes(2, 2, {"worker-1"}):
+        directory = paths.node_dir(node.name)
+        directory.mkdir(parents=True)
+        (directory / "node.json").write_text(json.dumps({**node.__dict__, "image_id": IMAGE_ID}))
+    return paths
+
+
+def test_power_commands_take_the_named_nodes_as_up_recorded_them(tmp_path):
+    paths = _recorded_lab(tmp_path)
+    chosen = lab_commands.recorded_nodes(paths, ["worker-1", "cp-1"])
+    assert [(n.name, n.role, n.address, n.tampered) for n in chosen] == [
+        ("cp-1", "control_plane", f"{plan.NETWORK_PREFIX}.11", False),
+        ("worker-1", "worker", f"{plan.NETWORK_PREFIX}.21", True),
+    ]
+    assert [n.name for n in lab_commands.recorded_nodes(paths, [])] == ["cp-0", "cp-1", "worker-0", "worker-1"]
+
+
+def test_power_commands_refuse_unknown_nodes_and_an_empty_lab(tmp_path, capsys):
+    paths = _recorded_lab(tmp_path / "lab")
+    with pytest.raises(LabError, match="not nodes of this lab: worker-7 .it has cp-0 cp-1 worker-0 worker-1."):
+        lab_commands.recorded_nodes(paths, ["worker-7", "cp-0"])
+    with pytest.raises(LabError, match="no lab nodes in .*run 'lab up' first"):
+        lab_commands.recorded_nodes(dataclasses.replace(paths, lab_dir=tmp_path / "empty"), [])
+
+
+def test_power_command_line_names_nodes_or_none():
+    args = cli.parser().parse_args(["reboot", "cp-0", "worker-1"])
+    assert (args.command, args.nodes) == ("reboot", ["cp-0", "worker-1"])
+    assert cli.parser().parse_args(["stop"]).nodes == [] and cli.parser().parse_args(["start"]).command == "start"
 
 
 # ---- a real lab -------------------------------------------------------------------------

@@ -78,11 +78,18 @@ class Node:
         return NodeJoin(self.settings, NodeLock(lambda: Tpm(tcti), self.settings.lock_record, boot_id=lambda: boot_id), str(self.root))
 
     def config(self) -> boot.BootConfig:
-        return boot.BootConfig(self.settings, {"binary_path": "kubeadm", "ignore_preflight_errors": [], "config_api_version": "auto",
-                                               "cri_socket": None, "kubelet_extra_args": {}, "skip_phases": []}, None, 6443)
+        kubeadm = {"binary_path": "kubeadm", "ignore_preflight_errors": [], "config_api_version": "auto",
+                   "cri_socket": None, "kubelet_extra_args": {}, "skip_phases": []}
+        status_file = str(self.dir / "run" / "boot-status.json")
+        return boot.BootConfig(self.settings, kubeadm, None, 6443, status_file=status_file, wait_interval=0.01)
 
-    def run(self) -> str:
-        return boot.run(self.config(), StructuredLog(self.log_stream), self.joining(), self.kubeadm)
+    def status(self) -> dict:
+        with open(self.config().status_file, encoding="utf-8") as handle:
+            return json.load(handle)
+
+    def run(self, sleep=None) -> str:
+        return boot.run(self.config(), StructuredLog(self.log_stream), self.joining(), self.kubeadm,
+                        **({"sleep": sleep} if sleep else {}))
 
     def reboot(self, start_swtpm) -> None:
         self.settings.tcti = self.tcti = start_swtpm("lab").tcti
@@ -158,6 +165,84 @@ def test_rebooted_member_rejoins_with_no_token_and_no_second_kubeadm_join(node, 
     served = [entry for entry in join_lab.logs() if entry["event"] == "rejoin"]
     assert [(entry["result"], entry["node_name"]) for entry in served] == [("challenged", "worker-1"), ("issued", "worker-1")]
     assert node.run() == MEMBER
+
+
+def test_rebooted_member_whose_kubelet_conf_is_on_the_locked_disk_rejoins(node, join_lab, start_swtpm):
+    """After a reboot kubelet.conf is on the state disk, still locked: the root disk's lock and join records decide."""
+    node.run()
+    kubelet_conf = node.root / "etc/kubernetes/kubelet.conf"
+    kept = kubelet_conf.read_bytes()
+    kubelet_conf.unlink()
+    node.reboot(start_swtpm)
+    assert node.joining().state() == REBOOTED
+    assert node.run() == REBOOTED
+    assert node.pcr15() == node_lock_mark(_cluster_id(join_lab)).hex() and node.status()["state"] == MEMBER
+    kubelet_conf.write_bytes(kept)  # the opened disk shows the cluster state again
+    assert node.joining().state() == MEMBER
+
+
+def test_marked_member_whose_mounted_disk_is_not_open_is_judged_before_kubelet_conf(node):
+    """A node marked in this boot whose state disk is not mounted (here: no device-mapper at all) is not taken for a
+    member because a kubelet.conf is in sight: it rejoins, which opens and mounts the disk, before kubelet.conf
+    counts."""
+    node.run()
+    assert node.joining().state() == MEMBER and (node.root / "etc/kubernetes/kubelet.conf").exists()
+    node.settings.state_disk = dict(node.settings.state_disk, state="mounted")
+    assert node.joining().state() == REBOOTED
+
+
+def test_member_with_no_join_service_waits_for_keys_until_recover_makes_it_a_member(node, join_lab, start_swtpm):
+    node.run()
+    node.reboot(start_swtpm)
+    node.service.stop_now()
+    seen = []
+
+    def recover_hand_over(_seconds):
+        """What recover.yml does while the node waits: the node lock taken again (the disk is formatted only)."""
+        seen.append(node.status())
+        if len(seen) == 2:
+            node.joining().lock.take(_cluster_id(join_lab))
+
+    node.settings.total_timeout = 2
+    assert node.run(sleep=recover_hand_over) == REBOOTED
+    assert [entry["state"] for entry in seen] == ["waiting-for-keys", "waiting-for-keys"]
+    assert seen[0]["since"] == seen[1]["since"] and "no rejoin ticket" in seen[0]["reason"]
+    assert node.status()["state"] == MEMBER and node.pcr15() == node_lock_mark(_cluster_id(join_lab)).hex()
+    events = [(entry["event"], entry.get("result")) for entry in node.logs()]
+    assert events[-3:] == [("state", None), ("wait", "waiting-for-keys"), ("done", "recovered")]
+
+
+def test_gate_lets_the_kubelet_start_only_for_a_member_or_a_join_under_way(node, start_swtpm, tmp_path, capsys):
+    status_file = node.config().status_file
+    assert boot.gate(status_file) == boot.EXIT_FAILED and "no status yet" in capsys.readouterr().err
+    node.run()
+    assert boot.main(["--gate", status_file]) == 0
+    node.reboot(start_swtpm)
+    node.service.stop_now()
+    node.settings.total_timeout = 1
+
+    def check_gate_and_give_up(_seconds):
+        assert boot.gate(status_file) == boot.EXIT_FAILED
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        node.run(sleep=check_gate_and_give_up)
+    assert "waiting-for-keys" in capsys.readouterr().err
+
+
+def test_refused_rejoin_does_not_wait(node, join_lab, start_swtpm):
+    """Waiting is for a cluster with no join service; a service refusing the node ends the boot-time join at once."""
+    node.run()
+    node.reboot(start_swtpm)
+    with Tpm(node.tcti) as tpm:
+        tpm.pcr_event(8, b"another kernel command line")
+
+    def no_wait(_seconds):
+        raise AssertionError("a refused node must not wait")
+
+    with pytest.raises(TicketError, match="no rejoin ticket: .*PCR 8|no rejoin ticket: .*pcr-policy"):
+        node.run(sleep=no_wait)
+    assert node.pcr15() == "00" * 32
 
 
 def test_tampered_node_gets_no_ticket_and_nothing_changes(node, join_lab):
