@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import time
 
 import pytest
 
@@ -21,56 +18,12 @@ SECRETS = RootSecrets(bytes(range(32)), bytes(range(32, 64)), bytes(range(64, 96
 OTHER_SECRETS = RootSecrets(bytes(32), bytes(32), bytes(32))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Member:
-    def __init__(self, data_dir: str, name: str = "cp-0", peer_port: int | None = None):
-        self.client = f"http://127.0.0.1:{_free_port()}"
-        self.peer = f"http://127.0.0.1:{peer_port or _free_port()}"
-        self.name = name
-        self.data_dir = data_dir
-        self.process = None
-
-    def start(self) -> "Member":
-        self.process = subprocess.Popen(
-            ["etcd", "--name", self.name, "--data-dir", self.data_dir, "--listen-client-urls", self.client,
-             "--advertise-client-urls", self.client, "--listen-peer-urls", self.peer,
-             "--initial-advertise-peer-urls", self.peer, "--initial-cluster", f"{self.name}={self.peer}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                self.etcdctl().health()
-                return self
-            except etcd.EtcdError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
-    def etcdctl(self) -> etcd.Etcdctl:
-        return etcd.Etcdctl(endpoint=self.client, timeout=2)
-
-    def ctl(self, *args: str) -> str:
-        return subprocess.run(["etcdctl", f"--endpoints={self.client}", *args], check=True, capture_output=True,
-                              text=True, env=dict(os.environ, ETCDCTL_API="3")).stdout
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.terminate()
-            self.process.wait(10)
-
-
 @pytest.fixture(scope="module")
-def member(tmp_path_factory):
-    running = Member(str(tmp_path_factory.mktemp("etcd") / "data")).start()
+def member(tmp_path_factory, etcd_members):
+    running = etcd_members(str(tmp_path_factory.mktemp("etcd") / "data"))
     for number in range(50):
         running.ctl("put", f"/registry/configmaps/default/cm-{number:03d}", "x" * 100)
-    yield running
-    running.stop()
+    return running
 
 
 @pytest.fixture
@@ -95,20 +48,17 @@ def test_snapshot_is_encrypted_and_the_plaintext_is_gone(encrypted, tmp_path):
         assert b"cm-042" not in handle.read()
 
 
-def test_restore_brings_back_every_key(encrypted, member, tmp_path):
+def test_restore_brings_back_every_key(encrypted, tmp_path, etcd_members, free_port):
     dest, manifest = encrypted
-    peer_port = _free_port()
+    peer_port = free_port()
     restore = _restore_member(tmp_path, peer=f"http://127.0.0.1:{peer_port}")
     result = etcd.restore_snapshot(etcd.Etcdctl(), SECRETS, dest, str(tmp_path / "work"), restore,
                                    expected_revision=manifest["revision"])
     assert result["revision"] == manifest["revision"] and os.listdir(tmp_path / "work") == []
-    restored = Member(restore.data_dir, peer_port=peer_port).start()
-    try:
-        keys = restored.ctl("get", "/registry/configmaps/", "--prefix", "--keys-only").split()
-        assert len(keys) == 50
-        assert [m["name"] for m in restored.etcdctl().members()] == ["cp-0"]
-    finally:
-        restored.stop()
+    restored = etcd_members(restore.data_dir, peer_port=peer_port)
+    keys = restored.ctl("get", "/registry/configmaps/", "--prefix", "--keys-only").split()
+    assert len(keys) == 50
+    assert [m["name"] for m in restored.etcdctl().members()] == ["cp-0"]
 
 
 @pytest.mark.parametrize("damage, error", [
@@ -153,8 +103,8 @@ def test_manifest_revision_mismatch_is_refused(encrypted, tmp_path):
     assert not os.path.exists(restore.data_dir) and os.listdir(tmp_path / "work") == []
 
 
-def test_unhealthy_member_is_named(tmp_path):
-    dead = etcd.Etcdctl(endpoint=f"http://127.0.0.1:{_free_port()}", timeout=1)
+def test_unhealthy_member_is_named(tmp_path, free_port):
+    dead = etcd.Etcdctl(endpoint=f"http://127.0.0.1:{free_port()}", timeout=1)
     with pytest.raises(etcd.EtcdError, match=r"etcd member http://127.0.0.1:\d+: health check failed: .*unhealthy"):
         dead.health()
     with pytest.raises(etcd.EtcdError, match="etcd snapshot from"):
