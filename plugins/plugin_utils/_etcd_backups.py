@@ -20,6 +20,7 @@ MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
 NAME = re.compile(r"^etcd-\d{8}T\d{6}Z$")
 MANIFEST_FIELDS = ("cluster_id", "time", "revision", "member", "size", "sha256")
+INTEGER_FIELDS = ("revision", "size", "snapshot_size", "total_keys", "etcd_hash")
 
 
 class BackupError(RuntimeError):
@@ -44,6 +45,10 @@ def store(backup_dir: str, name: str, manifest: dict, keep: int) -> dict:
     missing = [field for field in MANIFEST_FIELDS if manifest.get(field) in (None, "")]
     if missing:
         raise BackupError(f"snapshot manifest lacks {', '.join(missing)}")
+    try:
+        manifest = dict(manifest, **{key: int(manifest[key]) for key in INTEGER_FIELDS if key in manifest})
+    except (TypeError, ValueError):
+        raise BackupError(f"snapshot manifest: {', '.join(INTEGER_FIELDS)} must be integers") from None
     directory = os.path.join(backup_dir, name)
     path = os.path.join(directory, SNAPSHOT_FILE)
     if not os.path.isfile(path):
