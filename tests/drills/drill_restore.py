@@ -19,20 +19,25 @@ ETCDCTL = ("ETCDCTL_API=3 etcdctl --endpoints=https://127.0.0.1:2379 --cacert=/e
            "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt "
            "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key --command-timeout=10s")
 # Names that sort before any real snapshot, so that "latest" never picks them.
-BAD = {"flipped": "etcd-20000101T000001Z", "truncated": "etcd-20000101T000002Z", "other-cluster": "etcd-20000101T000003Z"}
+BAD = {"flipped": "etcd-20000101T000001Z", "truncated": "etcd-20000101T000002Z",
+       "other-cluster": "etcd-20000101T000003Z"}
 # The header (61 bytes) and the first chunk's stored nonce (12 bytes) come before its ciphertext.
 FIRST_CHUNK_CIPHERTEXT = 61 + 12
 REFUSAL = {"flipped": "fails authentication", "truncated": "truncated", "other-cluster": "not of this cluster"}
 
 
 def _configmaps(count: int) -> bytes:
-    items = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"cm-{n:03d}", "namespace": NAMESPACE},
-              "data": {"n": str(n)}} for n in range(count)]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    items = [namespace] + [{"apiVersion": "v1", "kind": "ConfigMap", "data": {"n": str(n)},
+                            "metadata": {"name": f"cm-{n:03d}", "namespace": NAMESPACE, "labels": {"drill": "restore"}}}
+                           for n in range(count)]
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items}).encode()
 
 
 def _count(lab) -> int:
-    return len(lab.kubectl("get", "configmaps", "-n", NAMESPACE, "-o", "name").split())
+    """The drill's ConfigMaps (the namespace also holds kube-root-ca.crt, which the controller-manager adds)."""
+    names = lab.kubectl("get", "configmaps", "-n", NAMESPACE, "-o", "name").split()
+    return len([name for name in names if name.startswith("configmap/cm-")])
 
 
 def _etcd_identity(lab, node: str) -> str:
@@ -87,7 +92,6 @@ def _wipe_etcd(lab, node: str) -> None:
 def drill(lab) -> dict:
     first = lab.control_planes()[0]
     backups = lab.inventory.parent / "backups"
-    lab.kubectl("create", "namespace", NAMESPACE)
     lab.ssh(first, "kubectl --kubeconfig=/etc/kubernetes/admin.conf apply -f - >/dev/null", stdin=_configmaps(COUNT))
     assert _count(lab) == COUNT, f"created {_count(lab)} of {COUNT} ConfigMaps"
 
@@ -100,7 +104,7 @@ def drill(lab) -> dict:
     assert manifest["total_keys"] > COUNT, f"the snapshot holds {manifest['total_keys']} keys, fewer than {COUNT}"
     lab.log(f"snapshot {good.name}: revision {manifest['revision']}, {manifest['size']} bytes, {backup_seconds:.1f} s")
 
-    lab.kubectl("delete", "configmaps", "--all", "-n", NAMESPACE)
+    lab.kubectl("delete", "configmaps", "-l", "drill=restore", "-n", NAMESPACE)
     assert _count(lab) == 0, "the ConfigMaps were not deleted"
 
     _make_bad_snapshots(good)

@@ -106,15 +106,18 @@ class Header:
     def parse(cls, data: bytes, source: str) -> Header:
         if len(data) < HEADER_SIZE:
             if MAGIC.startswith(data[:len(MAGIC)]):
-                raise TruncatedError(f"{source}: truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
+                raise TruncatedError(f"{source}: truncated: {len(data)} bytes, "
+                                     f"shorter than the {HEADER_SIZE}-byte header")
             raise SnapshotFormatError(f"{source}: not an encrypted etcd snapshot (no {MAGIC!r} header)")
         magic, version, chunk_size, plaintext_size, cluster_id, prefix = _HEADER.unpack(data[:HEADER_SIZE])
         if magic != MAGIC:
             raise SnapshotFormatError(f"{source}: not an encrypted etcd snapshot (no {MAGIC!r} header)")
         if version != VERSION:
-            raise SnapshotFormatError(f"{source}: snapshot format version {version}, this collection reads {VERSION}")
+            raise SnapshotFormatError(f"{source}: snapshot format version {version}, "
+                                      f"this collection reads {VERSION}")
         if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
-            raise SnapshotFormatError(f"{source}: chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
+            raise SnapshotFormatError(f"{source}: chunk size {chunk_size} is outside "
+                                      f"{MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
         header = cls(chunk_size, plaintext_size, cluster_id, prefix)
         if header.chunk_count > MAX_CHUNKS:
             raise SnapshotFormatError(f"{source}: plaintext size {plaintext_size} needs more than {MAX_CHUNKS} chunks")

@@ -36,8 +36,9 @@ def _stored(backups: Path, name: str, secrets: RootSecrets = SECRETS) -> Path:
                      io.BytesIO(plaintext), len(plaintext), sink, snapshot.MIN_CHUNK_SIZE)
     (directory / "etcd.cksnap").write_bytes(sink.getvalue())
     path = str(directory / "etcd.cksnap")
-    _etcd_backups.store(str(backups), name, dict(cluster_id=secrets.cluster_id().hex(), time=name[5:], revision=9,
-                                                 member="cp-0", size=os.path.getsize(path), sha256=file_sha256(path)), 9)
+    manifest = dict(cluster_id=secrets.cluster_id().hex(), time=name[5:], revision=9, member="cp-0",
+                    size=os.path.getsize(path), sha256=file_sha256(path))
+    _etcd_backups.store(str(backups), name, manifest, 9)
     return directory / "etcd.cksnap"
 
 
