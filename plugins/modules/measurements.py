@@ -85,6 +85,11 @@ policy:
       "8":
         allowed: [b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e]
         warn_only: false
+pcrs:
+  description: The PCR values read (index -> hex), for M(confidential.kubernetes.measurement_rollover).
+  returned: success
+  type: dict
+  sample: {"8": b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e}
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -114,7 +119,8 @@ def main() -> None:
         policy = node.read_measurements(params["tcti"], params["pcrs"] or [], params["bank"], params["ak_trust"], params["warn_only"])
     except TpmError as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, policy=policy)
+    pcrs = {index: rule["allowed"][0] for index, rule in policy["pcrs"].items()}
+    module.exit_json(changed=False, policy=policy, pcrs=pcrs)
 
 
 if __name__ == "__main__":
