@@ -125,7 +125,6 @@ nodes_not_allowed:
 """
 
 import os
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
@@ -135,18 +134,12 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
     policy_from_document,
 )
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.rollover import (
+    YAML_IMPORT_ERROR,
     PolicyRollover,
     RolloverError,
     policy_text,
 )
 from ansible_collections.confidential.kubernetes.plugins.module_utils._files import file_sha256
-
-try:
-    import yaml  # noqa: F401 - the policy files are YAML
-except ImportError:
-    YAML_IMPORT_ERROR = traceback.format_exc()
-else:
-    YAML_IMPORT_ERROR = None
 
 
 def _read(path: str) -> str:
@@ -171,7 +164,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     if YAML_IMPORT_ERROR:
-        module.fail_json(msg=missing_required_lib("PyYAML"), exception=YAML_IMPORT_ERROR)
+        module.fail_json(msg=missing_required_lib("PyYAML"), exception=str(YAML_IMPORT_ERROR))
     params = module.params
     rollover = PolicyRollover(params["policy_file"], check_mode=module.check_mode)
     before = _read(rollover.policy_file)

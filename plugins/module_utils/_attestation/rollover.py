@@ -28,8 +28,10 @@ from .policy import (
 
 try:
     import yaml
-except ImportError:  # reported by the module through missing_required_lib()
-    pass
+except ImportError as exc:  # reported by the module through missing_required_lib()
+    YAML_IMPORT_ERROR: ImportError | None = exc
+else:
+    YAML_IMPORT_ERROR = None
 
 RECORD_VERSION = 1
 MODES = ("add", "retire", "rollback", "status")
