@@ -76,8 +76,8 @@ def drill(lab) -> dict:
         figures["reboot_new_image_seconds"] = round(reboot(tampered=True), 1)
         figures["refused_before_add_seconds"] = round(rejoin(expect_refusal=True), 1)
 
-        added = measurements("add", "-e", f"measurements_golden_node={node}")
         state["rollover"] = True
+        added = measurements("add", "-e", f"measurements_golden_node={node}")
         figures["add_seconds"] = round(added.seconds, 1)
         new_values = [value for value in allowed(PCR_KERNEL_COMMAND_LINE) if value not in old_values]
         assert allowed(PCR_KERNEL_COMMAND_LINE) == old_values + new_values and len(new_values) == 1, (
@@ -110,11 +110,11 @@ def drill(lab) -> dict:
         figures["refused_after_retire_seconds"] = round(rejoin(expect_refusal=True), 1)
 
         rolled_back = measurements("rollback")
-        state["rollover"] = False
         figures["rollback_seconds"] = round(rolled_back.seconds, 1)
         assert policy_file.read_bytes() == before_rollover, "rollback did not restore the policy from before"
         enforced_everywhere(rolled_back)
         assert measurements("rollback").changed == 0, "rollback re-run changed"
+        state["rollover"] = False
         figures["rejoin_after_rollback_seconds"] = round(rejoin(expect_refusal=False), 1)
         final = lab.playbook("verify")
         assert "nodes still on the values that retire" not in final.output, "verify.yml still reports a rollover"
