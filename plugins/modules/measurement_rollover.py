@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: measurement_rollover
 short_description: Roll a measurement policy file over to a new node image, retire the old values, or roll back
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Runs on the controller, on the measurement policy file the join services enforce. Pushing the result to the join
     services is the C(policy) entry point of the C(joinservice) role; the C(measurements) playbook does both.
