@@ -98,6 +98,11 @@ policy:
         type: EV_IPL
         description: "kernel_cmdline: BOOT_IMAGE=/boot/vmlinuz ro quiet"
         digest: b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e
+pcrs:
+  description: The PCR values read (index -> hex), for M(confidential.kubernetes.measurement_rollover).
+  returned: success
+  type: dict
+  sample: {"8": b77314521b36e4cbd9edb307f7a418aaf67490d1e20649f8f3d8cdd633cc359e}
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -130,7 +135,8 @@ def main() -> None:
                                         params["warn_only"], params["event_log_path"])
     except (TpmError, EvidenceError) as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, policy=policy)
+    pcrs = {index: rule["allowed"][0] for index, rule in policy["pcrs"].items()}
+    module.exit_json(changed=False, policy=policy, pcrs=pcrs)
 
 
 if __name__ == "__main__":

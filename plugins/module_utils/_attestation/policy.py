@@ -72,6 +72,48 @@ class MeasurementPolicy:
         return document
 
 
+def add_golden_values(current: MeasurementPolicy, golden: MeasurementPolicy) -> MeasurementPolicy:
+    """``current`` with the golden node's value of each PCR it checks allowed after the values it allows already.
+
+    The PCRs checked, their warn-only flags, the hash algorithm and the AK trust stay ``current``'s: a rollover trusts
+    new values, it changes nothing else. Golden PCRs the policy does not check are ignored.
+    """
+    if golden.hash_algorithm != current.hash_algorithm:
+        raise PolicyError(f"the golden values are {golden.hash_algorithm}, the policy checks {current.hash_algorithm}")
+    missing = sorted(set(current.rules) - set(golden.rules))
+    if missing:
+        raise PolicyError(f"the golden values lack PCR(s) {', '.join(map(str, missing))}, which the policy checks")
+    rules = {}
+    for index, rule in current.rules.items():
+        added = tuple(value for value in golden.rules[index].allowed if value not in rule.allowed)
+        rules[index] = replace(rule, allowed=rule.allowed + added)
+    return replace(current, rules=rules)
+
+
+def retire_values(current: MeasurementPolicy, retiring: dict[int, tuple[bytes, ...]]) -> MeasurementPolicy:
+    """``current`` without the ``retiring`` values; refuses to leave a PCR that allows no value at all."""
+    rules = {}
+    for index, rule in current.rules.items():
+        kept = tuple(value for value in rule.allowed if value not in retiring.get(index, ()))
+        if not kept:
+            raise PolicyError(f"retiring its values would leave PCR {index} allowing no value")
+        rules[index] = replace(rule, allowed=kept)
+    return replace(current, rules=rules)
+
+
+def pcrs_on_values(node_pcrs: dict[int, bytes], values: dict[int, tuple[bytes, ...]]) -> list[int]:
+    """The PCRs (sorted) whose value on a node is one of ``values`` for that PCR."""
+    return sorted(index for index, value in node_pcrs.items() if value in values.get(index, ()))
+
+
+def pcr_values_from_document(doc: object, where: str, hash_algorithm: str = "sha256") -> dict[int, bytes]:
+    """A node's PCR values as modules report them (index -> hex; indices as text or numbers)."""
+    if not isinstance(doc, dict):
+        raise PolicyError(f"{where}: PCR values must be a mapping of index -> hex, got {type(doc).__name__}")
+    return {_index(where, key): _hex_value(f"{where} PCR {key}", value, _DIGEST_SIZES[hash_algorithm])
+            for key, value in doc.items()}
+
+
 def node_lock_mark(cluster_id: bytes, hash_algorithm: str = "sha256") -> bytes:
     """PCR 15 of a node locked for this cluster: H(0^n || H(cluster_id))."""
     size = _DIGEST_SIZES[hash_algorithm]
