@@ -23,6 +23,7 @@ from . import (
     SECRETS_FILE, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid, root_secrets, secret_bytes, write_if_changed)
 from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
+from .._reset import NEEDS_RESET
 from .versions import check_cluster_version
 
 try:
@@ -117,9 +118,9 @@ class NodeJoin:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise TicketError(f"join record {self.settings.join_record} is unreadable ({exc}); the node needs a reset") from None
+            raise TicketError(f"join record {self.settings.join_record} is unreadable ({exc}); {NEEDS_RESET}") from None
         if not isinstance(record, dict) or not all(isinstance(record.get(k), (str, list)) for k in RECORD_FIELDS):
-            raise TicketError(f"join record {self.settings.join_record} is malformed; the node needs a reset")
+            raise TicketError(f"join record {self.settings.join_record} is malformed; {NEEDS_RESET}")
         return record
 
     def state(self) -> str:
@@ -135,7 +136,7 @@ class NodeJoin:
             if lock.locked and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "unlocked":
                 return REBOOTED
             raise TicketError(f"the node joined cluster {record['cluster_id']} but its lock record says {lock.cluster_id} and PCR 15 is "
-                              f"{lock.pcr15} ({lock.pcr15_state}): it was tampered with and needs a reset")
+                              f"{lock.pcr15} ({lock.pcr15_state}): it was tampered with; {NEEDS_RESET}")
         if not lock.locked:
             return FRESH
         if (record is not None and lock.cluster_id == record["cluster_id"] and lock.pcr15_state == "marked"
@@ -144,11 +145,11 @@ class NodeJoin:
             started = [path for path in (self._path(BOOTSTRAP_KUBELET_CONF), None if self.settings.control_plane else self._path(CA_CERT))
                        if path and os.path.exists(path)]
             if started:
-                raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): the node needs a reset "
-                                  "(kubeadm reset, remove the lock record, reboot)")
+                raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): "
+                                  f"{NEEDS_RESET}")
             return PENDING
         raise TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a join failed after the "
-                          "point of no return; the node needs a reset (kubeadm reset, remove the lock record, reboot)")
+                          f"point of no return; {NEEDS_RESET}")
 
     def _request(self, flow: str, uuid: str, csr_pem: bytes = b"") -> dict:
         from .._join.client import JoinError, request_ticket
