@@ -57,7 +57,8 @@ def test_two_golden_nodes_are_merged_per_pcr_naming_the_pcr_that_differs(tmp_pat
     assert "or several with -e measurements_merge=true" in refused.stdout
     assert not (tmp_path / "measurement-policy.yml").exists()
 
-    merged = _measurements(inventory, "-e", "measurements_golden_node=golden-0,golden-1", "-e", "measurements_merge=true")
+    merged = _measurements(inventory, "-e", "measurements_golden_node=golden-0,golden-1",
+                           "-e", "measurements_merge=true")
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert "The golden nodes differ in PCR(s) 8:" in merged.stdout
     assert f"PCR 8: golden-0 = {golden[8].hex()}; golden-1 = {other[8].hex()}" in merged.stdout
@@ -68,7 +69,8 @@ def test_two_golden_nodes_are_merged_per_pcr_naming_the_pcr_that_differs(tmp_pat
         "8": {"allowed": [golden[8].hex(), other[8].hex()], "warn_only": False},
     }
 
-    again = _measurements(inventory, "-e", "measurements_golden_node=golden-0,golden-1", "-e", "measurements_merge=true")
+    again = _measurements(inventory, "-e", "measurements_golden_node=golden-0,golden-1",
+                          "-e", "measurements_merge=true")
     assert again.returncode == 0, again.stdout + again.stderr
     assert _changed(again) == 0
 
