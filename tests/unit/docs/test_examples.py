@@ -141,7 +141,7 @@ def test_every_playbook_snippet_and_module_example_passes_the_syntax_check(tmp_p
         path = tmp_path / f"snippet-{number}.yml"
         path.write_text(yaml.safe_dump(plays, sort_keys=False))
         files.append((snippet, path))
-    batch = _syntax_check(tmp_path, [path for _, path in files])
+    batch = _syntax_check(tmp_path, [path for unused_snippet, path in files])
     if batch.returncode == 0:
         return
     failing = []
@@ -189,7 +189,7 @@ NO_STACK = ("docs/playbooks/reset.md", "docs/playbooks/remove_node.md", "docs/ro
                                      and not s.where.startswith(NO_STACK)], ids=str)
 def test_every_cluster_inventory_snippet_pins_a_kubernetes_version(snippet):
     """A cluster inventory without kubernetes_version stops site.yml at the CNI check (docs/inventory.md once did)."""
-    names = {key for key, _ in _walk(_load(snippet))}
+    names = {key for key, unused_value in _walk(_load(snippet))}
     assert "kubernetes_version" in names, f"{snippet}: a cluster inventory without kubernetes_version"
 
 
