@@ -91,6 +91,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto im
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._reset import NEEDS_RESET
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
     STATE_DISK_OPTIONS, TicketError, disk_uuid, keep_root_secrets, key_state_disk, open_sealed, root_secrets, take_ephemeral_key)
 
@@ -129,7 +130,8 @@ def main() -> None:
                 disk["changed"] = disk["changed"] or formatted
         kept = keep_root_secrets(params["secrets_file"], secrets, module.check_mode)
     except StateDiskError as exc:
-        module.fail_json(msg=f"{exc} (the node is locked for cluster {cluster_id.hex()}; it needs a reset before another try)",
+        module.fail_json(msg=f"{exc} (the node is locked for cluster {cluster_id.hex()}; "
+                             f"before another try, {NEEDS_RESET})",
                          needs_reset=True)
     except (TicketError, NodeLockError, TpmError, OSError) as exc:
         module.fail_json(msg=str(exc))

@@ -104,10 +104,17 @@ options:
 """
 
 EXAMPLES = r"""
+- name: Read the cluster CA on a control plane
+  ansible.builtin.slurp:
+    src: /etc/kubernetes/pki/ca.crt
+  delegate_to: "{{ groups['control_plane'][0] }}"
+  run_once: true
+  register: cluster_ca
+
 - name: Get a join ticket
   confidential.kubernetes.join_ticket:
     endpoints: ["192.0.2.10:9290"]
-    cluster_ca: "{{ lookup('ansible.builtin.file', 'secrets/ca.crt') }}"
+    cluster_ca: "{{ cluster_ca.content | b64decode }}"
     node_name: "{{ inventory_hostname }}"
     state_disk:
       device: /dev/vdb

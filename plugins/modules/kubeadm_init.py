@@ -59,7 +59,7 @@ options:
     type: str
   kubernetes_version:
     description:
-      - The Kubernetes version, for example V(v1.31.4).
+      - The Kubernetes version, for example V(v1.34.4).
       - Omitted, the version of the installed kubeadm, so that kubeadm never looks a version up on the internet.
     type: str
   cluster_name:
@@ -137,7 +137,7 @@ EXAMPLES = r"""
   confidential.kubernetes.kubeadm_init:
     control_plane_endpoint: "{{ ansible_host }}:6443"
     advertise_address: "{{ ansible_host }}"
-    kubernetes_version: v1.31.4
+    kubernetes_version: v1.34.4
     pod_subnet: 10.244.0.0/16
     service_subnet: 10.96.0.0/12
     cert_sans: ["{{ ansible_host }}"]
@@ -204,6 +204,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm i
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import (
     CA_KEY_ALGORITHMS, ECDSA_P256, CaError, make_missing_cas, missing_cas)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS, preflight_init
+from ansible_collections.confidential.kubernetes.plugins.module_utils._reset import NEEDS_RESET
 
 OPTION_NAMES = list(InitOptions.__dataclass_fields__)
 
@@ -222,8 +223,8 @@ def _finish_interrupted_init(module: AnsibleModule, kubeadm: Kubeadm, result: di
         result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
     except KubeadmError as exc:
         module.fail_json(msg=f"{ADMIN_CONF} exists but kubeadm init never completed on this node ({INIT_RECORD} is missing) and the "
-                             f"control plane does not answer: {exc}. An interrupted kubeadm init: the node needs a reset "
-                             "(kubeadm reset and a reboot) before it can be initialised again.", needs_reset=True, **result)
+                             f"control plane does not answer: {exc}. An interrupted kubeadm init: {NEEDS_RESET} "
+                             "before it can be initialised again.", needs_reset=True, **result)
     kubeadm.record_init_completed(result["ca_cert_hash"])
     result["changed"] = result["deleted_default_tokens"] > 0
 
@@ -295,7 +296,7 @@ def main() -> None:
             result["stdout"] = kubeadm.init(params["config_path"], params["ignore_preflight_errors"], params["upload_certs"],
                                             skip_phases(api_version, params["skip_phases"])[1])
         except KubeadmError as exc:
-            module.fail_json(msg=f"{exc}. The node needs a reset (kubeadm reset and a reboot) before it can be initialised again.",
+            module.fail_json(msg=f"{exc}. Before it can be initialised again, {NEEDS_RESET}.",
                              needs_reset=True, **result)
         result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
         result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())

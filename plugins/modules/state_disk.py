@@ -125,11 +125,13 @@ EXAMPLES = r"""
     uuid_only: true
   register: state_disk
 
-- name: Re-key it to the key the join service derived for that UUID, then map and mount it
+# join_ticket and init_ticket re-key the disk themselves with the key derived for its UUID; by hand, the key is
+# the raw 32 bytes in a 0600 file on the node.
+- name: Re-key it to a key held in a file on the node, then map and mount it
   confidential.kubernetes.state_disk:
     device: /dev/vdb
     state: mounted
-    disk_key: "{{ join_ticket.disk_key }}"
+    disk_key_file: /run/confidential-kubernetes/state-disk.key
 
 - name: A host without device-mapper, key in a file
   confidential.kubernetes.state_disk:

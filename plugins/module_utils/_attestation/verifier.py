@@ -40,6 +40,12 @@ _NO_VALUES: dict[int, bytes] = {}  # a bank the evidence lacks; only read
 _SCHEMES_FOR_KEY = {tpm2.ALG_ECC: (tpm2.ALG_ECDSA,), tpm2.ALG_RSA: (tpm2.ALG_RSASSA, tpm2.ALG_RSAPSS)}
 
 
+# The next step after a PCR mismatch: either the node is not the image that was enrolled, or the image is new.
+_PCR_POLICY_NEXT = ("If this node runs a known-good image that the policy does not know yet, enrol it "
+                    "(confidential.kubernetes.measurements; several golden nodes with measurements_merge=true); "
+                    "otherwise it is not the image you enrolled and gets no cluster secret")
+
+
 class VerificationError(Exception):
     """Evidence was rejected. ``reason`` is a stable code; the message is for operators."""
 
@@ -213,9 +219,11 @@ class Verifier:
             self._explain(mismatches + warnings, log)
         if mismatches:
             names = ", ".join(str(m["pcr"]) for m in mismatches)
+            values = "; ".join(f"PCR {m['pcr']} is {m['actual']}, the policy allows {', '.join(m['allowed'])}"
+                               for m in mismatches)
             events = "; ".join(d["summary"] for m in mismatches for d in m.get("events", ()))
-            raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy"
-                                    + (f": {events}" if events else ""), mismatches, warnings)
+            raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy ({values})"
+                                    + (f": {events}" if events else "") + f". {_PCR_POLICY_NEXT}", mismatches, warnings)
         return warnings
 
     def _explain(self, entries: list[dict], log: eventlog.EventLog) -> None:
@@ -231,9 +239,14 @@ class Verifier:
         if self._ak_trust_level < 2:
             return None
         if evidence.ek_certificate is None or evidence.ek_public is None:
-            raise VerificationError("ek-certificate", "policy requires AK trust level 2 but the evidence carries no EK certificate and EK public key")
+            raise VerificationError(
+                "ek-certificate",
+                "policy requires AK trust level 2 but the evidence carries no EK certificate and EK public key: "
+                "the TPM holds no EK certificate in NV (TCG indices 0x01c00002 for RSA, 0x01c0000a for ECC P-256); "
+                "provision the vendor's, or enrol the policy with measurements_ak_trust=pcrs-only (AK trust level 1)")
         if not self.ek_ca_certificates:
-            raise VerificationError("ek-ca", "policy requires AK trust level 2 but no EK CA certificate is configured")
+            raise VerificationError("ek-ca", "policy requires AK trust level 2 but no EK CA certificate is configured: "
+                                    "set confidential_ek_ca_file to a PEM file of your TPM vendors' EK CA certificates")
         try:
             certificate = x509.load_der_x509_certificate(evidence.ek_certificate)
             ek = tpm2.parse_public(evidence.ek_public)
@@ -265,7 +278,12 @@ class Verifier:
         """The EK certificate must be issued by a CA certificate of the configured bundle."""
         now = self._now()
         if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
-            raise VerificationError("ek-certificate", "EK certificate is outside its validity period")
+            stamp = "%Y-%m-%dT%H:%M:%SZ"
+            raise VerificationError(
+                "ek-certificate",
+                f"EK certificate is outside its validity period ({certificate.not_valid_before_utc:{stamp}} to "
+                f"{certificate.not_valid_after_utc:{stamp}}; the verifier's clock says {now:{stamp}}): check that "
+                "clock, else the TPM needs a new EK certificate")
         for anchor in self.ek_ca_certificates:
             if anchor.subject != certificate.issuer or not _is_ca(anchor):
                 continue
@@ -276,7 +294,12 @@ class Verifier:
             except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
                 continue
             return
-        raise VerificationError("ek-certificate", f"EK certificate does not chain to the configured EK CA (issuer {certificate.issuer.rfc4514_string()})")
+        issuer = certificate.issuer.rfc4514_string()
+        raise VerificationError(
+            "ek-certificate",
+            f"EK certificate does not chain to the configured EK CA (issuer {issuer}): add the certificate of "
+            f"{issuer} - the vendor's CA, often an intermediate, that issued the EK certificate - to "
+            "confidential_ek_ca_file (openssl verify -partial_chain -CAfile <that file> <EK certificate> checks it)")
 
 
 @lru_cache(maxsize=64)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from . import StateDiskError, find_binary
 from .._files import write_private_file
+from .._reset import NEEDS_RESET
 from .keys import DISK_KEY_LENGTH, private_key_file, read_private_file, wipe_file
 from .placement import CLUSTER_STATE_PATHS, place_cluster_state, unescape_mountinfo
 
@@ -311,8 +312,7 @@ class StateDisk:
         raise StateDiskError(
             f"the LUKS header on {self.device} (UUID {uuid}) opens neither with the given disk key nor with {where}: "
             "it was keyed for another cluster, or its initial key was lost (for example by a reboot before re-keying). "
-            f"Nothing was changed. The node needs a reset: erase the disk (cryptsetup erase {self.device}; "
-            f"wipefs --all {self.device}) and run again.")
+            f"Nothing was changed; {NEEDS_RESET} (the reset erases the disk's LUKS header), and run again.")
 
     def _mapping_owner(self) -> set[str] | None:
         """The devices behind /dev/mapper/<name>, None when that mapping is not active."""

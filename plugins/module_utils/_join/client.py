@@ -90,8 +90,11 @@ def request_ticket(endpoints: list[str], ca_pem: bytes, tcti: str, node_name: st
         delay = min(max_backoff, backoff * 2 ** attempt) * (0.5 + random.random() / 2)  # nosec B311 - jitter, not a secret
         sleep(min(delay, remaining))
     # Only transient failures get here: a node that waits for a join service (a rebooted one) may try again later.
-    raise JoinError(last.reason if last else "timeout", f"no join service issued a ticket after {attempt + 1} attempt(s) "
-                    f"within {total_timeout:g} s; last failure: {last}", last.code if last else None, retryable=True)
+    raise JoinError(last.reason if last else "timeout",
+                    f"no join service issued a ticket after {attempt + 1} attempt(s) within {total_timeout:g} s over "
+                    f"{', '.join(endpoints)}; last failure: {last}. Check that a join service runs (systemctl status "
+                    "confidential-joinservice on a control plane) and that its port is reachable from this node; "
+                    "join_attempts gives more rounds", last.code if last else None, retryable=True)
 
 
 def _channel(endpoint: str, ca_pem: bytes, server_name: str | None):

@@ -26,6 +26,7 @@ from .._attestation import tpm2
 from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_mark
 from .._attestation.verifier import EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier
 from .._crypto import seal
+from .._reset import NEEDS_RESET
 from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
 from .request import BindingError, digest_matches, identity_of, public_key_digest, request_digest, split_user_data
 
@@ -198,7 +199,7 @@ class JoinCrypto:
                 continue
             if fresh_only and mismatch["actual"] == node_lock_mark(self._cluster_id, policy.hash_algorithm).hex():
                 return f"{error}; PCR 15 shows the node is already a member of this cluster: a rebooted node asks for a rejoin ticket"
-            return f"{error}; PCR 15 shows the node is locked for another cluster (or was tampered with): it needs a reset"
+            return f"{error}; PCR 15 shows the node is locked for another cluster (or was tampered with): {NEEDS_RESET}"
         return str(error)
 
     def seal_ticket(self, request: SealRequest) -> bytes:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .._attestation.issuer import Tpm
 from .._attestation.policy import NODE_LOCK_PCR, node_lock_mark
+from .._reset import NEEDS_RESET
 
 DEFAULT_RECORD = "/var/lib/confidential-kubernetes/nodelock.json"
 RECORD_VERSION = 1
@@ -69,9 +70,9 @@ class NodeLock:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise NodeLockError(f"lock record {self.record_path} is unreadable ({exc}); the node needs a reset") from None
+            raise NodeLockError(f"lock record {self.record_path} is unreadable ({exc}); {NEEDS_RESET}") from None
         if not isinstance(record, dict) or not isinstance(record.get("cluster_id"), str):
-            raise NodeLockError(f"lock record {self.record_path} is malformed; the node needs a reset")
+            raise NodeLockError(f"lock record {self.record_path} is malformed; {NEEDS_RESET}")
         return record
 
     def state(self) -> LockState:
@@ -98,12 +99,12 @@ class NodeLock:
                 raise NodeLockError(f"node is already locked for cluster {state.cluster_id}; it cannot join or initialise cluster {wanted}")
             if state.pcr15_state == "foreign":
                 raise NodeLockError(f"PCR 15 is {state.pcr15}, which is not the mark of cluster {wanted}: the node was marked by "
-                                    "someone else and needs a reboot (reset)")
+                                    f"someone else; {NEEDS_RESET}")
             if state.locked and state.pcr15_state == "marked":
                 return False, state
             if state.locked and state.boot_id == self._boot_id():
                 raise NodeLockError("lock record exists but PCR 15 was reset within the same boot; the TPM was tampered with, "
-                                    "the node needs a reset")
+                                    f"{NEEDS_RESET}")
             if check_mode:
                 return True, LockState(True, wanted, node_lock_mark(cluster_id).hex(), "marked", self._boot_id())
             if not state.locked:

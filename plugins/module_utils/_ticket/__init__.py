@@ -19,6 +19,7 @@ from .._files import write_private_file
 from .._crypto import derive
 from .._crypto.root_secrets import RootSecrets, RootSecretsError
 from .._crypto.seal import EphemeralKey, SealError
+from .._reset import NEEDS_RESET
 
 SECRETS_FILE = "/etc/confidential-kubernetes/cluster-secrets.json"
 
@@ -157,7 +158,7 @@ def luks_uuid(options: dict) -> str:
     disk.check_device()
     if not disk.is_luks():
         raise StateDiskError(f"the state disk {options['device']} of this member has no LUKS header: it was replaced or wiped; "
-                             "nothing was changed, the node needs a reset")
+                             f"nothing was changed; {NEEDS_RESET}")
     return disk.luks_uuid()
 
 

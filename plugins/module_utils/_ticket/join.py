@@ -24,6 +24,7 @@ from . import (
     root_secrets, secret_bytes, state_disk_ready, write_if_changed)
 from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
+from .._reset import NEEDS_RESET
 from .versions import check_cluster_version
 
 try:
@@ -118,9 +119,9 @@ class NodeJoin:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise TicketError(f"join record {self.settings.join_record} is unreadable ({exc}); the node needs a reset") from None
+            raise TicketError(f"join record {self.settings.join_record} is unreadable ({exc}); {NEEDS_RESET}") from None
         if not isinstance(record, dict) or not all(isinstance(record.get(k), (str, list)) for k in RECORD_FIELDS):
-            raise TicketError(f"join record {self.settings.join_record} is malformed; the node needs a reset")
+            raise TicketError(f"join record {self.settings.join_record} is malformed; {NEEDS_RESET}")
         return record
 
     def state(self) -> str:
@@ -150,18 +151,17 @@ class NodeJoin:
         if record is not None and lock.locked:
             raise TicketError(f"the node joined cluster {record['cluster_id']} but its lock record says "
                               f"{lock.cluster_id} and PCR 15 is {lock.pcr15} ({lock.pcr15_state}): it was tampered "
-                              "with and needs a reset")
+                              f"with; {NEEDS_RESET}")
         if not lock.locked:
             if kubelet_conf:
                 raise TicketError(f"the node joined cluster {record['cluster_id']} but has no lock record "
-                                  f"{self.settings.lock_record}: it was tampered with and needs a reset")
+                                  f"{self.settings.lock_record}: it was tampered with; {NEEDS_RESET}")
             return FRESH
         raise self._not_joined()
 
     def _not_joined(self) -> TicketError:
         return TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a "
-                           "join failed after the point of no return; the node needs a reset (kubeadm reset, remove "
-                           "the lock record, reboot)")
+                           f"join failed after the point of no return; {NEEDS_RESET}")
 
     def _pending(self) -> str:
         """A node marked in this boot, its disk ready, no kubelet.conf: a kubeadm join to run, or one cut short."""
@@ -171,8 +171,8 @@ class NodeJoin:
         leftovers = (self._path(BOOTSTRAP_KUBELET_CONF), None if self.settings.control_plane else self._path(CA_CERT))
         started = [path for path in leftovers if path and os.path.exists(path)]
         if started:
-            raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): the node "
-                              "needs a reset (kubeadm reset, remove the lock record, reboot)")
+            raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): "
+                              f"{NEEDS_RESET}")
         return PENDING
 
     def _request(self, flow: str, uuid: str, csr_pem: bytes = b"", attempts: int = 0) -> dict:

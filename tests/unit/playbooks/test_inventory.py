@@ -64,10 +64,10 @@ def test_imported_again_in_the_same_run_the_group_and_address_plays_match_no_hos
     run = _run(tmp_path, KUBESPRAY, plays)
     assert run.returncode == 0, run.stdout + run.stderr
     sections = run.stdout.split("PLAY [")[1:]
-    assert [section.split("]")[0] for section in sections][:4] == [
-        "Accept kubespray's group names", "Check the control planes' addresses"] * 2
-    assert ["skipping: no hosts matched" in section for section in sections[:4]] == [False, False, True, True], run.stdout
-    assert "ok: [cp-b]" in sections[1] and "ok: [cp-a]" in sections[1]
+    assert [section.split("]")[0] for section in sections][:6] == [
+        "Accept kubespray's group names", "Check the inventory's variables", "Check the control planes' addresses"] * 2
+    assert ["skipping: no hosts matched" in section for section in sections[:6]] == [False] * 3 + [True] * 3, run.stdout
+    assert "ok: [cp-b]" in sections[2] and "ok: [cp-a]" in sections[2]
     assert "GROUPS cp-b,cp-a w-1 cp-b,cp-a,w-1" in run.stdout
 
 

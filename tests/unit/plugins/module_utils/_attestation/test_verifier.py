@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import datetime
 import hashlib
 import os
 
@@ -151,6 +152,13 @@ def test_every_policy_mismatch_is_reported_and_warn_only_is_a_warning(golden):
     assert err.value.reason == "pcr-policy"
     assert [m["pcr"] for m in err.value.mismatches] == [4, 9]
     assert [w["pcr"] for w in err.value.warnings] == [8]
+    # The message gives each value and what the policy allows, and the next step.
+    message = str(err.value)
+    assert message.startswith("PCR(s) 4, 9 do not match the measurement policy (")
+    for index in (4, 9):
+        assert f"PCR {index} is {evidence.pcrs['sha256'][index].hex()}, the policy allows {wrong.hex()}" in message
+    assert "enrol it (confidential.kubernetes.measurements; several golden nodes with measurements_merge=true)" \
+        in message
 
 
 def test_warn_only_mismatch_alone_verifies_with_a_warning(golden):
@@ -211,7 +219,10 @@ def test_level2_ek_certificate_from_another_ca_fails(foreign_swtpm, swtpm):
     with pytest.raises(VerificationError) as err:
         _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(evidence.to_json(), nonce)
     assert err.value.reason == "ek-certificate"
-    assert "does not chain" in str(err.value)
+    issuer_name = x509.load_der_x509_certificate(evidence.ek_certificate).issuer.rfc4514_string()
+    assert (f"does not chain to the configured EK CA (issuer {issuer_name}): add the certificate of {issuer_name}"
+            in str(err.value))
+    assert "to confidential_ek_ca_file (openssl verify -partial_chain" in str(err.value)
 
 
 def test_level2_without_ek_certificate_fails(golden):
@@ -221,6 +232,30 @@ def test_level2_without_ek_certificate_fails(golden):
     with pytest.raises(VerificationError) as err:
         _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
     assert err.value.reason == "ek-certificate"
+    assert "provision the vendor's, or enrol the policy with measurements_ak_trust=pcrs-only" in str(err.value)
+
+
+def test_level2_without_an_ek_ca_names_the_variable(golden):
+    swtpm, nonce, evidence, unused_policy = golden
+    with pytest.raises(VerificationError) as err:
+        Verifier(_policy(evidence, "ek-certificate"), []).verify(evidence.to_json(), nonce)
+    assert err.value.reason == "ek-ca"
+    assert "set confidential_ek_ca_file to a PEM file" in str(err.value)
+
+
+def test_level2_ek_certificate_out_of_validity_gives_its_dates_and_the_clock(golden):
+    swtpm, nonce, evidence, unused_policy = golden
+    certificate = x509.load_der_x509_certificate(evidence.ek_certificate)
+    early = certificate.not_valid_before_utc - datetime.timedelta(days=1)  # its notAfter is 9999-12-31
+    verifier = Verifier(_policy(evidence, "ek-certificate"), x509.load_pem_x509_certificates(swtpm.ca_pem),
+                        now=lambda: early)
+    with pytest.raises(VerificationError) as err:
+        verifier.verify(evidence.to_json(), nonce)
+    assert err.value.reason == "ek-certificate"
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    assert (f"outside its validity period ({certificate.not_valid_before_utc:{stamp}} to "
+            f"{certificate.not_valid_after_utc:{stamp}}; the verifier's clock says {early:{stamp}}): check that clock"
+            in str(err.value))
 
 
 def test_level2_ek_public_not_matching_certificate_fails(golden, other_swtpm):

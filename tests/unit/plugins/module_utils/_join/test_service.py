@@ -361,6 +361,9 @@ def test_client_gives_up_after_bounded_attempts_with_growing_backoff(join_lab):
         request_ticket(["127.0.0.1:1"], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
                        kubelet_csr_pem=make_csr("worker-1"), attempts=4, backoff=1.0, sleep=sleeps.append)
     assert err.value.code == "UNAVAILABLE" and "after 4 attempt(s)" in str(err.value)
+    # The message names where it asked and what to check next.
+    assert "over 127.0.0.1:1; last failure:" in str(err.value)
+    assert "systemctl status confidential-joinservice" in str(err.value) and "join_attempts" in str(err.value)
     assert len(sleeps) == 3
     for attempt, seconds in enumerate(sleeps):
         assert 0.5 * 2 ** attempt <= seconds <= 2 ** attempt

@@ -64,7 +64,7 @@ def test_check_mode_predicts_and_changes_nothing(swtpm, tmp_path):
 def test_pcr15_marked_by_someone_else_is_refused(swtpm, tmp_path):
     with Tpm(swtpm.tcti) as tpm:
         tpm.pcr_event(15, b"another tool")
-    with pytest.raises(NodeLockError, match="needs a reboot"):
+    with pytest.raises(NodeLockError, match=r"needs a reset: .*confidential.kubernetes.reset .*confirm_reset"):
         _lock(swtpm, tmp_path).take(CLUSTER)
     assert not (tmp_path / "state" / "nodelock.json").exists()
 
