@@ -35,7 +35,7 @@ from .bindings import BindingConflict, KubectlDiskBindings
 from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load_root_secrets, read_private_file
 from .issuance import Challenge, JoinRequest, Refusal, RejoinRequest, TicketIssuer
 from .gate import ConnectionGate
-from .limits import PeerLimiter
+from .limits import PeerLimiter, peer_key
 from .log import StructuredLog
 from .nonces import MacNonces
 from .pki import ClusterPki, PkiError
@@ -152,14 +152,14 @@ class JoinServicer:
     async def IssueJoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         peer = await self._admit(context, request, "join", self._ticket_limiter)
         join = JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane, request.kubelet_csr, request.disk_uuid)
-        challenge = await self._outcome(context, peer, "join", request.node_name, self._begin(self._issuer.join_check, join),
+        challenge = await self._outcome(context, peer, "join", request.node_name, self._begin(self._issuer.join_check, join, peer),
                                         "challenged", control_plane=request.control_plane)
         return _challenge_message(challenge)
 
     async def IssueRejoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         peer = await self._admit(context, request, "rejoin", self._ticket_limiter)
         rejoin = RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
-        challenge = await self._outcome(context, peer, "rejoin", request.node_name, self._begin(self._issuer.rejoin_check, rejoin),
+        challenge = await self._outcome(context, peer, "rejoin", request.node_name, self._begin(self._issuer.rejoin_check, rejoin, peer),
                                         "challenged")
         return _challenge_message(challenge)
 
@@ -199,10 +199,11 @@ class JoinServicer:
                                   enrolment_digest=enrolment.digest, enrolment_rejected_digest=enrolment.rejected_digest,
                                   enrolment_error=bounded(enrolment.error))
 
-    async def _begin(self, make_check, request) -> Challenge:
-        """Step 1: the nonce checked here, the evidence and request in a worker, the nonce used and the grant made here."""
+    async def _begin(self, make_check, request, peer: str) -> Challenge:
+        """Step 1: the nonce checked here, the evidence and request in a worker, the grant made and the challenge kept here
+        (counted against the client's rate-limit key)."""
         check = make_check(request)
-        return self._issuer.accept(check, await self._workers.check(check))
+        return self._issuer.accept(check, await self._workers.check(check), peer_key(peer, self._ticket_limiter.ipv6_prefix))
 
     async def _outcome(self, context, peer: str, event: str, node_name: str, work, result: str, **fields: object):
         started = time.monotonic()
@@ -233,8 +234,9 @@ class JoinServicer:
 
 
 def _challenge_message(challenge: Challenge):
-    return pb2.Challenge(credential_blob=challenge.credential_blob, credential_encrypted_seed=challenge.credential_encrypted_seed,
-                         node_name=challenge.node_name, control_plane=challenge.control_plane)
+    """The credential only: what the registry granted (name, role, disk) is disclosed in the sealed ticket, to the TPM
+    that activated the credential, never to whoever can produce step 1's evidence."""
+    return pb2.Challenge(credential_blob=challenge.credential_blob, credential_encrypted_seed=challenge.credential_encrypted_seed)
 
 
 def bounded(message: str) -> str:
