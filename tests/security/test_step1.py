@@ -121,19 +121,3 @@ def test_software_key_flood_from_eight_addresses_leaves_genuine_joins_served(joi
         f"challenges waiting; {len(latencies)}/{GENUINE_JOINS} genuine joins meanwhile, p50 {round(statistics.median(ordered) * 1000)} ms, "
         f"p99 {round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000)} ms")
 
-
-def test_grant_is_checked_again_at_step_2(join_lab, attack):
-    """A control plane removed from the enrolment between step 1 and step 2 gets no control-plane PKI (item 5)."""
-    from join_harness import activate, assert_refused
-
-    join_lab.enrol(join_lab.swtpm.tcti, "cp-1", control_plane=True)
-    service = join_lab.start("pcrs-only")
-    stub, channel = join_lab.stub(service)
-    with channel:
-        nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes(), "cp-1", True))
-        join_lab.enrol(join_lab.swtpm.tcti, "cp-1", control_plane=False)
-        error = assert_refused(lambda: activate(stub, join_lab.swtpm.tcti, challenge, nonce), grpc.StatusCode.PERMISSION_DENIED,
-                               "role-not-granted")
-    assert "checked again at activation" in error.details()
-    attack.obtained("tickets issued to a node whose grant was withdrawn", len(service.minter.tokens))

@@ -120,20 +120,28 @@ class JoinServicer:
         self._ticket_limiter = ticket_limiter
         self._policy = policy
         self._flood_logged = 0.0
+        self._malformed = 0
+        self._malformed_logged = float("-inf")
 
     async def _admit(self, context, request, event: str, limiter: PeerLimiter, while_draining: bool = False) -> str:
         """The caller's address, once its request decoded, the service is not draining (unless ``while_draining``) and the
         address is within its rate. RESOURCE_EXHAUSTED for a flood is logged once per FLOOD_LOG_INTERVAL, not once per request.
         The address is the real client's, which the gate forwarded."""
         peer = self._gate.client_peer(context.peer()) if self._gate is not None else context.peer()
-        if isinstance(request, Undecodable):
-            message = bounded(str(request))
-            self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=peer)
-            context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
         if self._draining.is_set() and not while_draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the join service is shutting down; try another endpoint")
+        # A malformed request counts against its caller's rate like any other, and is logged once per FLOOD_LOG_INTERVAL.
         if limiter.allow(peer):
+            if isinstance(request, Undecodable):
+                self._malformed += 1
+                message = bounded(str(request))
+                now = time.monotonic()
+                if now - self._malformed_logged >= FLOOD_LOG_INTERVAL:
+                    self._malformed_logged = now
+                    self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=peer,
+                                      malformed_total=self._malformed)
+                context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
             return peer
         now = time.monotonic()
         if now - self._flood_logged >= FLOOD_LOG_INTERVAL:
