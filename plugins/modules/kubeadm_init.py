@@ -178,7 +178,7 @@ deleted_default_tokens:
 revoked_token_bindings:
   description:
     - kubeadm's ClusterRoleBindings deleted right after C(kubeadm init) because they give bootstrap tokens certificate
-      rights (C(kubeadm:node-autoapprove-bootstrap), C(kubeadm:kubelet-bootstrap)): with them, any token holder gets a
+      rights (C(kubeadm:node-autoapprove-bootstrap), C(kubeadm:kubelet-bootstrap)); with them, any token holder gets a
       kubelet client certificate for any node name. The join service signs each node's kubelet certificate itself; the
       kubelet's renewal of its own certificate (C(kubeadm:node-autoapprove-certificate-rotation)) is kept.
   returned: when kubeadm init ran

@@ -120,7 +120,7 @@ config_validated:
 revoked_token_bindings:
   description:
     - kubeadm's ClusterRoleBindings deleted (or, in check mode, to delete) because they give bootstrap tokens certificate
-      rights (C(kubeadm:node-autoapprove-bootstrap), C(kubeadm:kubelet-bootstrap)): with them, any token holder gets a
+      rights (C(kubeadm:node-autoapprove-bootstrap), C(kubeadm:kubelet-bootstrap)); with them, any token holder gets a
       kubelet client certificate for any node name. The join service signs each node's kubelet certificate itself; the
       kubelet's renewal of its own certificate (C(kubeadm:node-autoapprove-certificate-rotation)) is kept.
   returned: on control planes with C(/etc/kubernetes/admin.conf)
