@@ -78,8 +78,9 @@ def _p99_ms(latencies: list[float]) -> int:
 @pytest.mark.parametrize("family, source, listen", [(socket.AF_INET, "127.0.0.2", "127.0.0.1:0"),
                                                     (socket.AF_INET6, "::1", "[::]:0")], ids=["ipv4", "ipv6"])
 def test_one_client_holding_connections_shuts_out_no_node(join_lab, attack, flood_figures, family, source, listen):
-    service = join_lab.start("pcrs-only", listen=listen, max_connections_per_client=PER_CLIENT, handshake_timeout=3.0,
-                             first_rpc_timeout=30.0)
+    # The handshake timeout outlasts the genuine joins on a loaded machine: the flood holds its share while they run.
+    service = join_lab.start("pcrs-only", listen=listen, max_connections_per_client=PER_CLIENT, handshake_timeout=20.0,
+                             first_rpc_timeout=60.0)
     service.endpoint = f"127.0.0.1:{service.port}"
     started = time.monotonic()
     held = _hold(family, source, service.port, FLOOD)
@@ -93,7 +94,7 @@ def test_one_client_holding_connections_shuts_out_no_node(join_lab, attack, floo
         latencies, failures = _genuine_joins(join_lab, service, GENUINE_JOINS)
         assert sum(not _closed_by_service(sock) for sock in held) >= PER_CLIENT - 1, "the genuine joins ran after the flood"
         # Connections that send nothing lose their place after handshake_timeout.
-        assert wait_for(lambda: all(_closed_by_service(sock) for sock in held), timeout=10), "idle connections were kept"
+        assert wait_for(lambda: all(_closed_by_service(sock) for sock in held), timeout=40), "idle connections were kept"
     finally:
         for sock in held:
             sock.close()
@@ -106,7 +107,7 @@ def test_one_client_holding_connections_shuts_out_no_node(join_lab, attack, floo
 
 def test_tls_connections_that_make_no_rpc_are_closed(join_lab, attack):
     """TLS handshake and the HTTP/2 preface, then nothing: each connection is closed after first_rpc_timeout."""
-    service = join_lab.start("pcrs-only", max_connections_per_client=PER_CLIENT, first_rpc_timeout=1.0)
+    service = join_lab.start("pcrs-only", max_connections_per_client=PER_CLIENT, first_rpc_timeout=8.0)
     context = ssl.create_default_context(cadata=join_lab.ca_pem.decode())
     context.set_alpn_protocols(["h2"])
     context.check_hostname = False
@@ -133,7 +134,7 @@ def test_tls_connections_that_make_no_rpc_are_closed(join_lab, attack):
                         raise
             return True
 
-        assert wait_for(all_closed, timeout=15), "TLS connections without an RPC kept their place"
+        assert wait_for(all_closed, timeout=30), "TLS connections without an RPC kept their place"
     finally:
         for sock in held:
             sock.close()
