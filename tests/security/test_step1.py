@@ -120,4 +120,3 @@ def test_software_key_flood_from_eight_addresses_leaves_genuine_joins_served(joi
         f"{sum(outcomes.values())} forged step-1 requests from {len(ATTACKERS)} addresses ({dict(outcomes)}), at most {peak[0]} "
         f"challenges waiting; {len(latencies)}/{GENUINE_JOINS} genuine joins meanwhile, p50 {round(statistics.median(ordered) * 1000)} ms, "
         f"p99 {round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000)} ms")
-

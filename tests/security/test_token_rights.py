@@ -86,8 +86,8 @@ def test_the_kubelet_still_renews_its_own_certificate(kube_control_plane):
     approved for its own name only."""
     cluster = kube_control_plane
     key = ec.generate_private_key(ec.SECP256R1())
-    certificate = ClusterPki.load(str(cluster.pki)).sign_kubelet_client(key.public_key(), "worker-4",
-                                                                          datetime.datetime.now(datetime.timezone.utc))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = ClusterPki.load(str(cluster.pki)).sign_kubelet_client(key.public_key(), "worker-4", now)
     (cluster.root / "worker-4.crt").write_bytes(certificate)
     (cluster.root / "worker-4.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                                   serialization.NoEncryption()))

@@ -164,9 +164,10 @@ def test_a_failed_deletion_is_reported_without_a_token():
 
 
 def test_a_node_that_existed_already_counts_once_its_kubelet_reported_after_the_token():
-    minter = AnsweringMinter({("get", "nodes"): (0, "worker-1\t2025-01-01T00:00:00Z\t2026-11-21T10:00:05Z\n"
-                                                   "worker-2\t2025-01-01T00:00:00Z\t2026-11-21T09:59:00Z\n"
-                                                   "worker-3\t2025-01-01T00:00:00Z\t\n", "")})
+    nodes = ("worker-1\t2025-01-01T00:00:00Z\t2026-11-21T10:00:05Z\n"
+             "worker-2\t2025-01-01T00:00:00Z\t2026-11-21T09:59:00Z\n"
+             "worker-3\t2025-01-01T00:00:00Z\t\n")
+    minter = AnsweringMinter({("get", "nodes"): (0, nodes, "")})
     tokens = [_live("aaaaaa", "worker-1"), _live("bbbbbb", "worker-2"), _live("cccccc", "worker-3")]
     # worker-2's last report is older than its token (an earlier membership), worker-3 never reported.
     assert asyncio.run(minter.registered(tokens)) == ["aaaaaa"]
