@@ -4,8 +4,9 @@ The binaries are the lab's real Kubernetes build (``tests/lab/lab kubernetes``):
 ``$CK_LAB_CACHE/kubernetes/v1.20.2/bin``. The PKI and kubeconfigs are made by the real kubeadm
 (``init phase certs``/``kubeconfig``) with the ECDSA P-256 CAs the collection makes for kubeadm 1.20 on the lab's
 default (``init_ca_key_algorithm: ecdsa-p256``), the bootstrap-token RBAC and ``cluster-info`` by ``init phase
-bootstrap-token``, so what the tests meet is what a kubeadm cluster serves: Node authorizer, NodeRestriction,
-bootstrap-token authentication, the CSR approver and signer, the bootstrap signer and the token cleaner.
+bootstrap-token`` less the tokens' certificate rights (as ``kubeadm_init`` leaves them), so what the tests meet is what
+the collection's cluster serves: Node authorizer, NodeRestriction, bootstrap-token authentication, the CSR approver and
+signer, the bootstrap signer and the token cleaner.
 No kubelet and no scheduler: pods stay Pending.
 """
 
@@ -22,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import Kubeadm
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas
 
 KUBERNETES_VERSION = "v1.20.2"
@@ -138,14 +140,6 @@ class ControlPlane:
             f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.96.0.0/12"])
-        self._start("kube-controller-manager", [
-            str(self.bin / "kube-controller-manager"), f"--kubeconfig={self.root / 'controller-manager.conf'}",
-            f"--authentication-kubeconfig={self.root / 'controller-manager.conf'}",
-            f"--authorization-kubeconfig={self.root / 'controller-manager.conf'}",
-            "--controllers=*,bootstrapsigner,tokencleaner", "--leader-elect=false", "--port=0", "--secure-port=0",
-            "--use-service-account-credentials=true", f"--root-ca-file={pki / 'ca.crt'}",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}"])
         deadline = time.monotonic() + READY_TIMEOUT
         while not self._ready():
             exited = [name for name, process in self.processes.items() if process.poll() is not None]
@@ -155,8 +149,24 @@ class ControlPlane:
                                  for name in self.processes)
                 raise RuntimeError(f"the control plane did not become ready ({', '.join(exited) or 'timeout'}):\n{logs}")
             time.sleep(0.3)
-        # kubeadm's bootstrap-token RBAC, CSR auto-approval and cluster-info, as kubeadm init makes them.
+        # Started once the API server answers: it gives the API server 10 s, which a loaded machine can exceed.
+        self._start("kube-controller-manager", [
+            str(self.bin / "kube-controller-manager"), f"--kubeconfig={self.root / 'controller-manager.conf'}",
+            f"--authentication-kubeconfig={self.root / 'controller-manager.conf'}",
+            f"--authorization-kubeconfig={self.root / 'controller-manager.conf'}",
+            "--controllers=*,bootstrapsigner,tokencleaner", "--leader-elect=false", "--port=0", "--secure-port=0",
+            "--use-service-account-credentials=true", f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}"])
+        # kubeadm's bootstrap-token RBAC, CSR auto-approval and cluster-info, as kubeadm init makes them, then without
+        # the tokens' certificate rights, as kubeadm_init leaves them (CK_TOKEN_CSR_RIGHTS=kubeadm keeps kubeadm's).
         self.kubeadm("init", "phase", "bootstrap-token", f"--config={config}", f"--kubeconfig={self.admin_kubeconfig}")
+        if os.environ.get("CK_TOKEN_CSR_RIGHTS") != "kubeadm":
+            Kubeadm(str(self.bin / "kubeadm")).revoke_token_certificate_rights(str(self.admin_kubeconfig))
+        if self.processes["kube-controller-manager"].poll() is not None:
+            self.stop()
+            log = (self.root / "kube-controller-manager.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"kube-controller-manager exited:\n{log}")
         return self
 
     def stop(self) -> None:

@@ -20,6 +20,8 @@ description:
     complete (and the 24-hour token deleted), otherwise the task fails with V(needs_reset=true).
   - The 24-hour bootstrap token C(kubeadm init) mints is deleted again, because in this collection nodes join only with
     single-use tokens that the attested join service mints. Tokens and certificate keys are masked in all output.
+  - kubeadm's ClusterRoleBindings that let bootstrap tokens create node client CSRs and have them approved for any node
+    name are deleted as well (also when an interrupted init is completed); see RV(revoked_token_bindings).
   - If C(kubeadm init) fails, the task fails with kubeadm's error and V(needs_reset=true); a node that already took the
     node lock must be reset (C(kubeadm reset) and a reboot) before it can be initialised again.
   - With O(preflight=true) nothing is initialised; the module makes the checks the init role runs before the node
@@ -173,6 +175,16 @@ deleted_default_tokens:
   description: How many default bootstrap tokens of C(kubeadm init) were deleted.
   returned: when kubeadm init ran
   type: int
+revoked_token_bindings:
+  description:
+    - kubeadm's ClusterRoleBindings deleted right after C(kubeadm init) because they give bootstrap tokens certificate
+      rights (C(kubeadm:node-autoapprove-bootstrap), C(kubeadm:kubelet-bootstrap)); with them, any token holder gets a
+      kubelet client certificate for any node name. The join service signs each node's kubelet certificate itself; the
+      kubelet's renewal of its own certificate (C(kubeadm:node-autoapprove-certificate-rotation)) is kept.
+  returned: when kubeadm init ran
+  type: list
+  elements: str
+  sample: [kubeadm:node-autoapprove-bootstrap, kubeadm:kubelet-bootstrap]
 stdout:
   description: kubeadm's output, tokens and certificate keys masked.
   returned: when kubeadm init ran
@@ -225,8 +237,9 @@ def _finish_interrupted_init(module: AnsibleModule, kubeadm: Kubeadm, result: di
         module.fail_json(msg=f"{ADMIN_CONF} exists but kubeadm init never completed on this node ({INIT_RECORD} is missing) and the "
                              f"control plane does not answer: {exc}. An interrupted kubeadm init: {NEEDS_RESET} "
                              "before it can be initialised again.", needs_reset=True, **result)
+    result["revoked_token_bindings"] = kubeadm.revoke_token_certificate_rights(ADMIN_CONF)
     kubeadm.record_init_completed(result["ca_cert_hash"])
-    result["changed"] = result["deleted_default_tokens"] > 0
+    result["changed"] = result["deleted_default_tokens"] > 0 or bool(result["revoked_token_bindings"])
 
 
 def main() -> None:
@@ -299,6 +312,7 @@ def main() -> None:
             module.fail_json(msg=f"{exc}. Before it can be initialised again, {NEEDS_RESET}.",
                              needs_reset=True, **result)
         result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
+        result["revoked_token_bindings"] = kubeadm.revoke_token_certificate_rights(ADMIN_CONF)
         result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())
         kubeadm.record_init_completed(result["ca_cert_hash"])
     except (KubeadmError, CaError, OSError, ValueError) as exc:

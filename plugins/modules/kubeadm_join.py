@@ -17,7 +17,9 @@ description:
     and travels to kubeadm in a 0600 configuration file, never on the command line. Both files are deleted after the join.
   - Control planes join with C(controlPlane.localAPIEndpoint) and skip kubeadm's C(control-plane-prepare/download-certs)
     phase, because the join ticket already placed their PKI files.
-  - Nothing changes on a node that has joined (C(/etc/kubernetes/kubelet.conf) exists).
+  - Nothing changes on a node that has joined (C(/etc/kubernetes/kubelet.conf) exists), except that a control plane
+    deletes kubeadm's ClusterRoleBindings that give bootstrap tokens certificate rights wherever they exist (after
+    its join and on every later run; see RV(revoked_token_bindings)).
   - With O(preflight=true) nothing is joined; the module makes the checks the join role runs before the node has a
     ticket, and so before the node lock. The installed kubeadm's and kubelet's versions (C(kubeadm version -o short),
     C(kubelet --version)) must equal O(kubernetes_version) when it is set, and C(kubeadm join phase preflight) runs the
@@ -115,6 +117,16 @@ config_validated:
   description: Whether C(kubeadm config validate) checked the configuration before the join (kubeadm 1.26 and later).
   returned: when the node had not joined yet
   type: bool
+revoked_token_bindings:
+  description:
+    - kubeadm's ClusterRoleBindings deleted (or, in check mode, to delete) because they give bootstrap tokens certificate
+      rights (C(kubeadm:node-autoapprove-bootstrap), C(kubeadm:kubelet-bootstrap)); with them, any token holder gets a
+      kubelet client certificate for any node name. The join service signs each node's kubelet certificate itself; the
+      kubelet's renewal of its own certificate (C(kubeadm:node-autoapprove-certificate-rotation)) is kept.
+  returned: on control planes with C(/etc/kubernetes/admin.conf)
+  type: list
+  elements: str
+  sample: [kubeadm:node-autoapprove-bootstrap]
 stdout:
   description: kubeadm's output, tokens and certificate keys masked.
   returned: when kubeadm join ran
@@ -135,10 +147,12 @@ kubelet_version:
   type: str
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    KUBEADM_OPTIONS, TOKEN_FILE, JoinOptions, Kubeadm, KubeadmError, config_api_version, join_with_token_file)
+    ADMIN_CONF, KUBEADM_OPTIONS, TOKEN_FILE, JoinOptions, Kubeadm, KubeadmError, config_api_version, join_with_token_file)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS, preflight_join
 
 OPTION_NAMES = list(JoinOptions.__dataclass_fields__)
@@ -173,6 +187,9 @@ def main() -> None:
         result = join_with_token_file(kubeadm, options,
                                       params["token_file"], params["ignore_preflight_errors"], params["config_api_version"],
                                       module.check_mode)
+        if options.control_plane and os.path.exists(ADMIN_CONF):
+            result["revoked_token_bindings"] = kubeadm.revoke_token_certificate_rights(ADMIN_CONF, module.check_mode)
+            result["changed"] = result["changed"] or bool(result["revoked_token_bindings"])
     except KubeadmError as exc:
         module.fail_json(msg=str(exc), **exc.result)
     module.exit_json(**result)

@@ -30,8 +30,9 @@ DEFAULT_PKI_DIR = "/etc/kubernetes/pki"
 DEFAULT_ENROLMENT_FILE = "/etc/confidential-kubernetes/node-enrolment.json"
 DEFAULT_BINDINGS_FILE = "/etc/confidential-kubernetes/disk-bindings.json"
 _FLOATS = ("nonce_ttl", "grace_period", "policy_check_interval", "nonce_rate", "nonce_burst", "ticket_rate", "ticket_burst",
-           "registration_check_interval", "registry_sync_interval", "connection_idle_timeout")
-_COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections")
+           "registration_check_interval", "registry_sync_interval", "connection_idle_timeout", "handshake_timeout",
+           "first_rpc_timeout")
+_COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections", "max_connections_per_client")
 _POOL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,39}[a-z0-9])?")
 MAX_CONFIG_BYTES = 64 * 1024
 POLICY_CHECK_INTERVAL = 1.0
@@ -75,6 +76,13 @@ class ServiceConfig:
     max_concurrent_rpcs: int = 256
     max_connections: int = 1024
     connection_idle_timeout: float = 120.0
+    # Per client (an IPv4 address, an IPv6 prefix of client_ipv6_prefix bits): open connections, accepted by the service's
+    # gate before gRPC; a connection that sends nothing within handshake_timeout, or makes no RPC within first_rpc_timeout,
+    # is closed.
+    max_connections_per_client: int = 32
+    client_ipv6_prefix: int = 64
+    handshake_timeout: float = 5.0
+    first_rpc_timeout: float = 10.0
     # Processes for the CPU-bound steps of a join (verify, sign, seal): one per core beside the event loop's (which is busy
     # with gRPC and TLS when joins arrive faster than one core verifies them); 0 runs the steps in the event loop's thread.
     worker_processes: int = max(1, (os.cpu_count() or 1) - 1)
@@ -99,6 +107,8 @@ class ServiceConfig:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
             elif name in _COUNTS:
                 ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            elif name == "client_ipv6_prefix":
+                ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 128
             elif name == "worker_processes":
                 ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
             elif name == "pool_workers":

@@ -202,11 +202,14 @@ def apply(deployment: Deployment, systemd: Systemd, check_mode: bool, backup: Ca
         return result
     for action in actions:
         systemd.systemctl(action, *([] if action == "daemon-reload" else [systemd.unit]))
-    _wait_until_loaded(deployment, backups, result)
+    _wait_until_loaded(deployment, backups, result, systemd if actions and actions[-1] in ("start", "restart") else None)
     return result
 
 
-def _wait_until_loaded(deployment: Deployment, backups: dict[str, str], result: dict) -> None:
+def _wait_until_loaded(deployment: Deployment, backups: dict[str, str], result: dict, started: Systemd | None = None) -> None:
+    """Wait until the service serves what was pushed. A file it refuses is put back from its backup; when the service
+    was (re)started and does not come up, the policy and enrolment pushed with the restart are put back, the service is
+    restarted once more on the last good ones, and the task fails saying so."""
     # The service reports the digests of the files it re-reads (``policy`` and ``enrolment``, see health.loaded).
     watched = {f.what: f for f in deployment.files if f.watched}
     expected = {what: hashlib.sha256(f.content).hexdigest() for what, f in watched.items()}
@@ -217,7 +220,22 @@ def _wait_until_loaded(deployment: Deployment, backups: dict[str, str], result: 
     except OSError as exc:
         raise JoinServiceError(f"cannot read the cluster CA to reach the join service: {exc}", result) from None
     except NotServing as exc:
-        raise JoinServiceError(str(exc), result) from None
+        pushed = [what for what in watched if what in backups]
+        if started is None or not pushed:
+            raise JoinServiceError(str(exc), result) from None
+        for what in pushed:
+            _restore(watched[what], backups[what])
+            with open(backups[what], "rb") as handle:
+                expected[what] = hashlib.sha256(handle.read()).hexdigest()
+        started.systemctl("restart", started.unit)
+        put_back = ", ".join(f"{watched[what].path} from {backups[what]}" for what in pushed)
+        try:
+            wait_until_loaded(deployment.endpoint, ca_pem, expected, deployment.health_timeout)
+        except (NotServing, LoadRefused) as again:
+            raise JoinServiceError(f"join service {deployment.endpoint} did not start with the files pushed with its restart ({exc}); "
+                                   f"put back {put_back}, and it does not serve with those either: {again}", result) from None
+        raise JoinServiceError(f"join service {deployment.endpoint} did not start with the files pushed with its restart ({exc}); "
+                               f"put back {put_back}: it serves again with the last good ones", result) from None
     except LoadRefused as exc:
         message = f"join service {deployment.endpoint}: {exc}"
         if exc.what in backups:

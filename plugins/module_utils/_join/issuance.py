@@ -4,12 +4,15 @@
 
 Step 1 (``begin``, for a join or a rejoin): check the nonce (a MAC, its age, not used); verify the evidence against the
 current measurement policy (PCR 15 zero for a join, zero or this cluster's mark for a rejoin); check that the quote
-covers what the node asks for (``request.py``); mark the nonce used; identify the node by the evidence's EK; let the
-registry grant name, role and disk; answer with a credential for the evidence's EK and AK. Nothing is signed, sealed or
-registered.
+covers what the node asks for (``request.py``); identify the node by the evidence's EK; let the registry grant name,
+role and disk; answer with a credential for the evidence's EK and AK, and nothing else (the grant is disclosed in the
+ticket only). Nothing is signed, sealed or registered, and the nonce is not used up: a software key that claims TPM
+attributes passes step 1, so what it leaves behind is bounded - a challenge lives ``PENDING_TTL`` seconds, a client
+has at most ``MAX_PENDING_PER_CLIENT`` waiting, and one per EK (a node's new challenge replaces its old one).
 
 Step 2 (``activate``): the node proves it activated the credential (only the TPM holding the EK, with the AK loaded,
-can). Only then: claim a first disk binding in the cluster's API, take the control-plane slot, derive the disk key,
+can). Only then: the nonce is used, the registry's grant is checked again (an enrolment changed in between counts), then
+claim a first disk binding in the cluster's API, take the control-plane slot, derive the disk key,
 sign the kubelet certificate for the granted name, seal the ticket to the evidence's ephemeral key, and register the
 bootstrap token last. Every refusal is a ``Refusal`` raised before a token is registered.
 """
@@ -39,8 +42,11 @@ from .registry import Grant, NodeIdentity, NodeRegistry, RegistryRefusal
 from .tokens import LiveToken, TokenMinter, TokenMintError, generate_token
 
 TICKET_VERSION = 1
-# Challenges answered by nobody are forgotten after a nonce lifetime; at most this many wait at once.
+# Challenges answered by nobody are forgotten after PENDING_TTL seconds; at most MAX_PENDING wait at once, at most
+# MAX_PENDING_PER_CLIENT of one client (a site behind one address may join a few nodes at once).
 MAX_PENDING = 4096
+MAX_PENDING_PER_CLIENT = 16
+PENDING_TTL = 10.0
 CONTROL_PLANE_BUSY = "another control-plane join is in progress"
 
 
@@ -87,6 +93,14 @@ class Pending:
     secret: bytes
     expires: float
     kubelet_key: bytes = b""
+    # Who asked and for what, to check the grant again at step 2; the client (its rate-limit key) whose slot it holds.
+    identity: NodeIdentity | None = None
+    requested: tuple = ()
+    client: str = ""
+
+    @property
+    def key(self) -> tuple[bytes, str, str]:
+        return (self.nonce, self.grant.ek, self.client)
 
 
 @dataclass(frozen=True, repr=False)
@@ -170,8 +184,12 @@ class TicketIssuer:
         # The CPU-bound steps, for the calls that run a whole step here and a service without worker processes; workers hold their own.
         self.crypto = JoinCrypto(pki, ek_cas, self.cluster_id, verifier_id)
         self._control_plane = threading.Lock()
-        # Oldest first: every challenge lives one nonce lifetime, so the expired ones are at the front.
-        self._pending: OrderedDict[bytes, Pending] = OrderedDict()
+        # Oldest first: every challenge lives PENDING_TTL, so the expired ones are at the front. Indexed by nonce (step
+        # 2), by EK and client (one each), and counted per client.
+        self._pending: OrderedDict[tuple, Pending] = OrderedDict()
+        self._by_nonce: dict[bytes, set[tuple]] = {}
+        self._by_slot: dict[tuple[str, str], tuple] = {}
+        self._per_client: dict[str, int] = {}
         self._pending_lock = threading.Lock()
         # Tokens registered and not yet retired, by token ID (the service retires them once their node registered).
         self.live_tokens: dict[str, LiveToken] = {}
@@ -187,13 +205,13 @@ class TicketIssuer:
 
     # --- step 1 -------------------------------------------------------------------------------------------------
 
-    def begin_join(self, request: JoinRequest) -> Challenge:
+    def begin_join(self, request: JoinRequest, client: str = "") -> Challenge:
         check = self.join_check(request)
-        return self.accept(check, self.crypto.check(check))
+        return self.accept(check, self.crypto.check(check), client)
 
-    def begin_rejoin(self, request: RejoinRequest) -> Challenge:
+    def begin_rejoin(self, request: RejoinRequest, client: str = "") -> Challenge:
         check = self.rejoin_check(request)
-        return self.accept(check, self.crypto.check(check))
+        return self.accept(check, self.crypto.check(check), client)
 
     def join_check(self, request: JoinRequest) -> CheckRequest:
         """What ``JoinCrypto.check`` verifies, once the nonce is known to be this service's, fresh and unused."""
@@ -211,32 +229,57 @@ class TicketIssuer:
             raise Refusal.of(exc.reason, str(exc)) from None
         return check
 
-    def accept(self, check: CheckRequest, checked: Checked) -> Challenge:
-        """Use the nonce (once, however many requests race with it), let the registry grant, remember the challenge."""
+    def accept(self, check: CheckRequest, checked: Checked, client: str = "") -> Challenge:
+        """Let the registry grant and remember the challenge of ``client`` (its rate-limit key). The nonce stays unused
+        until step 2: a step 1 that nobody activates cannot burn it."""
         try:
-            self._nonces.consume(check.nonce)
+            self._nonces.check(check.nonce)
         except VerificationError as exc:
             raise Refusal.of(exc.reason, str(exc)) from None
-        except NonceLimitError as exc:
-            raise Refusal.of("nonce-limit", str(exc)) from None
         identity = NodeIdentity(checked.ek, checked.ek_certificate)
+        requested = (check.node_name, check.control_plane, check.disk_uuid)
         try:
-            grant = self.registry.grant(identity, check.flow, check.node_name, check.control_plane, check.disk_uuid)
+            grant = self.registry.grant(identity, check.flow, *requested)
         except RegistryRefusal as refusal:
             raise Refusal.of(refusal.reason, str(refusal)) from None
         self._remember(Pending(check.flow, check.nonce, checked.ak_trust_level, checked.warnings, grant, checked.ephemeral_key,
-                               checked.secret, self._clock() + self._nonces.ttl, checked.kubelet_key))
+                               checked.secret, self._clock() + PENDING_TTL, checked.kubelet_key, identity, requested, client))
         return Challenge(checked.credential.blob, checked.credential.encrypted_seed, grant.node_name, grant.control_plane,
                          checked.ak_trust_level, checked.warnings)
 
     def _remember(self, pending: Pending) -> None:
         with self._pending_lock:
-            now = self._clock()
-            while self._pending and next(iter(self._pending.values())).expires < now:
-                self._pending.popitem(last=False)
+            self._expire(self._clock())
+            previous = self._by_slot.get((pending.grant.ek, pending.client))
+            if previous is not None:
+                self._drop(previous)
+            if self._per_client.get(pending.client, 0) >= MAX_PENDING_PER_CLIENT:
+                raise Refusal.of("busy", f"{MAX_PENDING_PER_CLIENT} challenges of this client wait for their activation; retry in "
+                                         "a few seconds")
             if len(self._pending) >= MAX_PENDING:
                 raise Refusal.of("busy", f"{len(self._pending)} challenges wait for their activation; retry in a few seconds")
-            self._pending[pending.nonce] = pending
+            key = pending.key
+            self._pending[key] = pending
+            self._by_nonce.setdefault(pending.nonce, set()).add(key)
+            self._by_slot[(pending.grant.ek, pending.client)] = key
+            self._per_client[pending.client] = self._per_client.get(pending.client, 0) + 1
+
+    def _expire(self, now: float) -> None:
+        while self._pending and next(iter(self._pending.values())).expires < now:
+            self._drop(next(iter(self._pending)))
+
+    def _drop(self, key: tuple) -> Pending:
+        pending = self._pending.pop(key)
+        keys = self._by_nonce[pending.nonce]
+        keys.discard(key)
+        if not keys:
+            del self._by_nonce[pending.nonce]
+        if self._by_slot.get((pending.grant.ek, pending.client)) == key:
+            del self._by_slot[(pending.grant.ek, pending.client)]
+        self._per_client[pending.client] -= 1
+        if not self._per_client[pending.client]:
+            del self._per_client[pending.client]
+        return pending
 
     def pending(self) -> int:
         with self._pending_lock:
@@ -245,18 +288,44 @@ class TicketIssuer:
     # --- step 2 -------------------------------------------------------------------------------------------------
 
     def take(self, nonce: bytes, proof: bytes) -> Pending:
-        """The pending request of this nonce, once: a wrong proof forgets it as well."""
+        """The pending request of this nonce whose credential the proof answers, once; then the nonce is used and the
+        grant checked again. A wrong proof forgets the nonce's challenges as well."""
         with self._pending_lock:
-            pending = self._pending.pop(nonce, None) if isinstance(nonce, bytes) else None
-        if pending is None:
+            keys = list(self._by_nonce.get(nonce, ())) if isinstance(nonce, bytes) else []
+            candidates = [self._drop(key) for key in keys]
+        if not candidates:
             raise Refusal.of("activation-unknown", "no challenge waits for this nonce: it was answered, it expired, or step 1 did not "
                                                    "succeed; start again with a new nonce")
-        if pending.expires < self._clock():
+        now = self._clock()
+        live = [pending for pending in candidates if pending.expires >= now]
+        if not live:
             raise Refusal.of("activation-unknown", "the challenge expired before its activation proof arrived; start again with a new nonce")
-        if not proof_matches(pending.secret, pending.nonce, proof):
+        matching = [pending for pending in live if proof_matches(pending.secret, pending.nonce, proof)]
+        if not matching:
             raise Refusal.of("credential-activation", "the activation proof does not match: the caller's TPM does not hold both the EK "
                                                       "and the AK of the evidence")
+        pending = matching[0]
+        try:
+            self._nonces.consume(nonce)
+        except VerificationError as exc:
+            raise Refusal.of(exc.reason, str(exc)) from None
+        except NonceLimitError as exc:
+            raise Refusal.of("nonce-limit", str(exc)) from None
+        self._recheck(pending)
         return pending
+
+    def _recheck(self, pending: Pending) -> None:
+        """The registry's grant again, now: an enrolment changed since step 1 (a control plane removed) counts."""
+        if pending.identity is None:
+            return
+        try:
+            grant = self.registry.grant(pending.identity, pending.flow, *pending.requested)
+        except RegistryRefusal as refusal:
+            raise Refusal.of(refusal.reason, f"{refusal} (checked again at activation)") from None
+        before = pending.grant
+        if (grant.node_name, grant.control_plane, grant.disk_uuid) != (before.node_name, before.control_plane, before.disk_uuid):
+            raise Refusal.of("grant-changed", f"the registry's grant changed since step 1 (now node {grant.node_name}, control plane: "
+                                              f"{grant.control_plane}); start again with a new nonce")
 
     async def claim_disk(self, pending: Pending) -> None:
         """A first binding becomes the node's only in the cluster's API, before anything is issued for it."""

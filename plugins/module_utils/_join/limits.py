@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Per-peer rate limits of the join service: one token bucket per client address and kind of request.
 
-A peer is an IPv4 address or an IPv6 /64 (one host usually owns a whole /64); IPv4-mapped IPv6 addresses count as
+A peer is an IPv4 address or an IPv6 prefix (a /64 by default); IPv4-mapped IPv6 addresses count as
 their IPv4 address. Buckets of peers idle for a minute are dropped, and at most ``max_peers`` are kept (the longest
 idle go first), so a spray of source addresses cannot grow the table without bound.
 """
@@ -11,34 +11,42 @@ from __future__ import annotations
 
 import ipaddress
 import time
+import urllib.parse
 from collections import OrderedDict
 
 MAX_PEERS = 65_536
 IDLE_SECONDS = 60.0
+# One host usually owns a whole /64.
+IPV6_PREFIX = 64
 
 
-def peer_key(peer: str) -> str:
-    """'ipv4:10.0.0.5:4711' -> '10.0.0.5'; 'ipv6:[2001:db8::1]:4711' -> '2001:db8::/64'; anything else as given."""
+def peer_key(peer: str, ipv6_prefix: int = IPV6_PREFIX) -> str:
+    """'ipv4:10.0.0.5:4711' -> '10.0.0.5'; 'ipv6:%5B2001:db8::1%5D:4711' (gRPC's form) or 'ipv6:[2001:db8::1]:4711'
+    -> '2001:db8::/64' (``ipv6_prefix``); anything else as given."""
     kind, dummy, rest = peer.partition(":")
     if kind == "ipv4":
         return rest.rsplit(":", 1)[0]
     if kind == "ipv6":
-        host = rest.rsplit(":", 1)[0].strip("[]").split("%", 1)[0]
+        # gRPC percent-encodes the brackets; the port follows the closing one.
+        host = urllib.parse.unquote(rest).rsplit(":", 1)[0]
+        if not (host.startswith("[") and host.endswith("]")):
+            return peer
         try:
-            address = ipaddress.IPv6Address(host)
+            address = ipaddress.IPv6Address(host[1:-1].split("%", 1)[0])
         except ValueError:
             return peer
         if address.ipv4_mapped is not None:
             return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
+        return str(ipaddress.IPv6Network(f"{address}/{ipv6_prefix}", strict=False))
     return peer
 
 
 class PeerLimiter:
     """``rate`` requests per second with bursts of ``burst`` for each peer (``clock`` is a seam for tests)."""
 
-    def __init__(self, rate: float, burst: float, clock=time.monotonic, max_peers: int = MAX_PEERS):
+    def __init__(self, rate: float, burst: float, clock=time.monotonic, max_peers: int = MAX_PEERS, ipv6_prefix: int = IPV6_PREFIX):
         self.rate = rate
+        self.ipv6_prefix = ipv6_prefix
         self.burst = burst
         self._clock = clock
         self._max_peers = max_peers
@@ -47,7 +55,7 @@ class PeerLimiter:
 
     def allow(self, peer: str) -> bool:
         now = self._clock()
-        key = peer_key(peer)
+        key = peer_key(peer, self.ipv6_prefix)
         bucket = self._buckets.pop(key, None)
         if bucket is None:
             bucket = [self.burst, now]

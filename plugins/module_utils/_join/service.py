@@ -34,7 +34,8 @@ from .._kubeadm import scrub
 from .bindings import BindingConflict, KubectlDiskBindings
 from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load_root_secrets, read_private_file
 from .issuance import Challenge, JoinRequest, Refusal, RejoinRequest, TicketIssuer
-from .limits import PeerLimiter
+from .gate import ConnectionGate
+from .limits import PeerLimiter, peer_key
 from .log import StructuredLog
 from .nonces import MacNonces
 from .pki import ClusterPki, PkiError
@@ -109,8 +110,9 @@ class JoinServicer:
     """
 
     def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event, workers: WorkerPool,
-                 nonce_limiter: PeerLimiter, ticket_limiter: PeerLimiter, policy: PolicyWatcher):
+                 nonce_limiter: PeerLimiter, ticket_limiter: PeerLimiter, policy: PolicyWatcher, gate: ConnectionGate | None = None):
         self._issuer = issuer
+        self._gate = gate
         self._log = log
         self._draining = draining
         self._workers = workers
@@ -118,19 +120,28 @@ class JoinServicer:
         self._ticket_limiter = ticket_limiter
         self._policy = policy
         self._flood_logged = 0.0
+        self._malformed = 0
+        self._malformed_logged = float("-inf")
 
     async def _admit(self, context, request, event: str, limiter: PeerLimiter, while_draining: bool = False) -> str:
         """The caller's address, once its request decoded, the service is not draining (unless ``while_draining``) and the
-        address is within its rate. RESOURCE_EXHAUSTED for a flood is logged once per FLOOD_LOG_INTERVAL, not once per request."""
-        peer = context.peer()
-        if isinstance(request, Undecodable):
-            message = bounded(str(request))
-            self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=peer)
-            context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
+        address is within its rate. RESOURCE_EXHAUSTED for a flood is logged once per FLOOD_LOG_INTERVAL, not once per request.
+        The address is the real client's, which the gate forwarded."""
+        peer = self._gate.client_peer(context.peer()) if self._gate is not None else context.peer()
         if self._draining.is_set() and not while_draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the join service is shutting down; try another endpoint")
+        # A malformed request counts against its caller's rate like any other, and is logged once per FLOOD_LOG_INTERVAL.
         if limiter.allow(peer):
+            if isinstance(request, Undecodable):
+                self._malformed += 1
+                message = bounded(str(request))
+                now = time.monotonic()
+                if now - self._malformed_logged >= FLOOD_LOG_INTERVAL:
+                    self._malformed_logged = now
+                    self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=peer,
+                                      malformed_total=self._malformed)
+                context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
             return peer
         now = time.monotonic()
         if now - self._flood_logged >= FLOOD_LOG_INTERVAL:
@@ -149,14 +160,14 @@ class JoinServicer:
     async def IssueJoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         peer = await self._admit(context, request, "join", self._ticket_limiter)
         join = JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane, request.kubelet_csr, request.disk_uuid)
-        challenge = await self._outcome(context, peer, "join", request.node_name, self._begin(self._issuer.join_check, join),
+        challenge = await self._outcome(context, peer, "join", request.node_name, self._begin(self._issuer.join_check, join, peer),
                                         "challenged", control_plane=request.control_plane)
         return _challenge_message(challenge)
 
     async def IssueRejoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         peer = await self._admit(context, request, "rejoin", self._ticket_limiter)
         rejoin = RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
-        challenge = await self._outcome(context, peer, "rejoin", request.node_name, self._begin(self._issuer.rejoin_check, rejoin),
+        challenge = await self._outcome(context, peer, "rejoin", request.node_name, self._begin(self._issuer.rejoin_check, rejoin, peer),
                                         "challenged")
         return _challenge_message(challenge)
 
@@ -196,10 +207,11 @@ class JoinServicer:
                                   enrolment_digest=enrolment.digest, enrolment_rejected_digest=enrolment.rejected_digest,
                                   enrolment_error=bounded(enrolment.error))
 
-    async def _begin(self, make_check, request) -> Challenge:
-        """Step 1: the nonce checked here, the evidence and request in a worker, the nonce used and the grant made here."""
+    async def _begin(self, make_check, request, peer: str) -> Challenge:
+        """Step 1: the nonce checked here, the evidence and request in a worker, the grant made and the challenge kept here
+        (counted against the client's rate-limit key)."""
         check = make_check(request)
-        return self._issuer.accept(check, await self._workers.check(check))
+        return self._issuer.accept(check, await self._workers.check(check), peer_key(peer, self._ticket_limiter.ipv6_prefix))
 
     async def _outcome(self, context, peer: str, event: str, node_name: str, work, result: str, **fields: object):
         started = time.monotonic()
@@ -230,8 +242,9 @@ class JoinServicer:
 
 
 def _challenge_message(challenge: Challenge):
-    return pb2.Challenge(credential_blob=challenge.credential_blob, credential_encrypted_seed=challenge.credential_encrypted_seed,
-                         node_name=challenge.node_name, control_plane=challenge.control_plane)
+    """The credential only: what the registry granted (name, role, disk) is disclosed in the sealed ticket, to the TPM
+    that activated the credential, never to whoever can produce step 1's evidence."""
+    return pb2.Challenge(credential_blob=challenge.credential_blob, credential_encrypted_seed=challenge.credential_encrypted_seed)
 
 
 def bounded(message: str) -> str:
@@ -248,10 +261,10 @@ def _elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
-def grpc_server(config: ServiceConfig, servicer, tls_cert_pem: bytes, tls_key_pem: bytes):
+def grpc_server(config: ServiceConfig, servicer, tls_cert_pem: bytes, tls_key_pem: bytes, listen: str | None = None):
     """The service's gRPC server around ``servicer`` (TLS, flood limits, the tolerant registration), not started, and the
-    port it listens on (0: it cannot). Called on the event loop that will serve it. The benchmark measures the transport
-    alone through it (a servicer of fixed answers)."""
+    port it listens on (0: it cannot), on ``listen`` (default ``config.listen``). Called on the event loop that will serve
+    it. The benchmark measures the transport alone through it (a servicer of fixed answers)."""
     options = [
         # No SO_REUSEPORT: a second service on the same port must fail to start, not share it silently.
         ("grpc.so_reuseport", 0),
@@ -272,7 +285,7 @@ def grpc_server(config: ServiceConfig, servicer, tls_cert_pem: bytes, tls_key_pe
     ]
     server = grpc_aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
     pb2_grpc.add_JoinServiceServicer_to_server(servicer, _TolerantRegistration(server))
-    return server, server.add_secure_port(config.listen, grpc.ssl_server_credentials([(tls_key_pem, tls_cert_pem)]))
+    return server, server.add_secure_port(listen or config.listen, grpc.ssl_server_credentials([(tls_key_pem, tls_cert_pem)]))
 
 
 class JoinService:
@@ -297,8 +310,9 @@ class JoinService:
         ek_ca_pem = b"".join(certificate.public_bytes(serialization.Encoding.PEM) for certificate in issuer.ek_cas)
         self.workers = WorkerPool(self.config.worker_processes, issuer.crypto,
                                   (issuer.pki_dir, ek_ca_pem, issuer.cluster_id, issuer.verifier_id), log)
-        self.nonce_limiter = PeerLimiter(self.config.nonce_rate, self.config.nonce_burst)
-        self.ticket_limiter = PeerLimiter(self.config.ticket_rate, self.config.ticket_burst)
+        self.nonce_limiter = PeerLimiter(self.config.nonce_rate, self.config.nonce_burst, ipv6_prefix=self.config.client_ipv6_prefix)
+        self.ticket_limiter = PeerLimiter(self.config.ticket_rate, self.config.ticket_burst, ipv6_prefix=self.config.client_ipv6_prefix)
+        self.gate: ConnectionGate | None = None
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._background: list[asyncio.Task] = []
@@ -314,9 +328,21 @@ class JoinService:
             raise ConfigError(f"cannot listen on {self.listen} (address in use or not local)")
 
     async def _bind(self, tls_cert_pem: bytes, tls_key_pem: bytes) -> int:
-        servicer = JoinServicer(self.issuer, self._log, self.draining, self.workers, self.nonce_limiter, self.ticket_limiter, self._policy)
-        self._server, port = grpc_server(self.config, servicer, tls_cert_pem, tls_key_pem)
-        return port
+        """gRPC on a loopback port of its own, the gate on the service's address in front of it; the gate's port."""
+        config = self.config
+        self.gate = ConnectionGate(0, self._log, config.max_connections_per_client, config.max_connections, config.client_ipv6_prefix,
+                                   config.handshake_timeout, config.first_rpc_timeout)
+        servicer = JoinServicer(self.issuer, self._log, self.draining, self.workers, self.nonce_limiter, self.ticket_limiter, self._policy,
+                                self.gate)
+        self._server, upstream_port = grpc_server(config, servicer, tls_cert_pem, tls_key_pem, listen="127.0.0.1:0")
+        if not upstream_port:
+            return 0
+        self.gate.upstream_port = upstream_port
+        host, port = config.listen.rsplit(":", 1)
+        try:
+            return await self.gate.start(host, int(port))
+        except OSError as exc:
+            raise RuntimeError(exc.strerror or str(exc)) from None
 
     def on_loop(self, coroutine):
         """Run ``coroutine`` on the service's event loop (from another thread) and return its result."""
@@ -402,7 +428,9 @@ class JoinService:
             return
         self._stopped = True
         if self._thread is not None:
+            self.on_loop(self.gate.stop_accepting())
             self.on_loop(self._server.stop(grace))
+            self.on_loop(self.gate.close())
             self.on_loop(_cancel_remaining_tasks())
             self.on_loop(self.workers.close())
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -9,8 +9,9 @@ through ``kubectl create --filename=-`` with the manifest on stdin, because
 it in /proc/<pid>/cmdline for every local user to read. The token travels only in
 the pipe to kubectl; it is never logged, and no exception raised here carries it.
 
-A token serves one join: once its node's kubelet has registered - a Node of the granted name created after the token,
-or a certificate signing request made with the token (user ``system:bootstrap:<id>``) approved - the service deletes
+A token serves one join: once its node's kubelet has registered - a Node of the granted name created after the token, a
+Node of that name that existed already whose Ready condition was reported after the token (the kubelet's status at
+start), or a certificate signing request made with the token (user ``system:bootstrap:<id>``) approved - the service deletes
 the Secret (``retire``), through the same kubectl seam. Its 15-minute expiry is the backstop.
 """
 
@@ -38,7 +39,8 @@ DESCRIPTION_PREFIX = "confidential.kubernetes join of "
 MINT_TIMEOUT = KUBECTL_TIMEOUT
 # A Node older than its token (by more than the clocks of two control planes may differ) is from an earlier membership.
 CLOCK_SKEW = datetime.timedelta(minutes=2)
-_NODES = '{range .items[*]}{.metadata.name}{"\\t"}{.metadata.creationTimestamp}{"\\n"}{end}'
+_NODES = ('{range .items[*]}{.metadata.name}{"\\t"}{.metadata.creationTimestamp}{"\\t"}'
+          '{.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}{"\\n"}{end}')
 _CSRS = '{range .items[*]}{.spec.username}{"\\t"}{.status.conditions[*].type}{"\\n"}{end}'
 _SECRETS = '{range .items[*]}{.metadata.name}{"\\t"}{.data.description}{"\\t"}{.metadata.creationTimestamp}{"\\n"}{end}'
 
@@ -176,14 +178,16 @@ class KubectlTokenMinter(Kubectl, TokenMinter):
             csrs = await self.kubectl(["get", "certificatesigningrequests", f"--output=jsonpath={_CSRS}"])
         except KubectlError as exc:
             raise TokenMintError(f"looking for registered nodes failed ({exc})") from None
-        created = {}
+        created, heartbeat = {}, {}
         for line in nodes.splitlines():
-            name, timestamp = (line.split("\t") + [""])[:2]
-            created[name] = _timestamp(timestamp)
+            name, timestamp, beat = (line.split("\t") + ["", ""])[:3]
+            created[name], heartbeat[name] = _timestamp(timestamp), _timestamp(beat)
         approved = {line.partition("\t")[0] for line in csrs.splitlines() if "Approved" in line.partition("\t")[2].split()}
         done = []
         for token in tokens:
-            node_created = created.get(token.node_name)
-            if f"system:bootstrap:{token.token_id}" in approved or (node_created is not None and node_created >= token.issued - CLOCK_SKEW):
+            node_created, node_beat = created.get(token.node_name), heartbeat.get(token.node_name)
+            if (f"system:bootstrap:{token.token_id}" in approved or (node_created is not None and node_created >= token.issued - CLOCK_SKEW)
+                    # A Node that existed already (an earlier membership of the name): its kubelet reported after the token.
+                    or (node_beat is not None and node_beat >= token.issued.replace(microsecond=0))):
                 done.append(token.token_id)
         return done

@@ -126,6 +126,7 @@ class FakeApi:
         self.secrets: dict[str, dict] = {}
         self.configmaps: dict[str, dict] = {}
         self.nodes: dict[str, str] = {}
+        self.heartbeats: dict[str, str] = {}
         self.csrs: list[tuple[str, str]] = []
         self.calls: list[list[str]] = []
         self.delay = delay
@@ -148,6 +149,10 @@ class FakeApi:
     def register_node(self, name: str, created: datetime.datetime | None = None) -> None:
         """The node's kubelet registered its Node object."""
         self.nodes[name] = (created or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def report_ready(self, name: str) -> None:
+        """The node's kubelet reported its status (the Ready condition's heartbeat) now."""
+        self.heartbeats[name] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def authenticates(self, token: str) -> bool:
         """Whether the API server would accept this bootstrap token now (its Secret exists and matches)."""
@@ -206,7 +211,7 @@ class FakeApi:
         if what == "configmaps":
             return 0, json.dumps({"items": list(self.configmaps.values())}), ""
         if what == "nodes":
-            return 0, "".join(f"{name}\t{created}\n" for name, created in self.nodes.items()), ""
+            return 0, "".join(f"{name}\t{created}\t{self.heartbeats.get(name, '')}\n" for name, created in self.nodes.items()), ""
         if what == "certificatesigningrequests":
             return 0, "".join(f"{user}\t{conditions}\n" for user, conditions in self.csrs), ""
         if what == "secrets":

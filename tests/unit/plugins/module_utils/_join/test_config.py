@@ -64,6 +64,10 @@ def test_yaml_is_read(tmp_path):
     ({"pool_name_prefix": "p" * 42}, "pool_name_prefix"),
     ({"nonce_rate": -1}, "nonce_rate"),
     ({"max_connections": 0}, "max_connections"),
+    ({"max_connections_per_client": 0}, "max_connections_per_client"),
+    ({"client_ipv6_prefix": 0}, "client_ipv6_prefix"),
+    ({"client_ipv6_prefix": 129}, "client_ipv6_prefix"),
+    ({"first_rpc_timeout": -1}, "first_rpc_timeout"),
     ({"worker_processes": -1}, "worker_processes"),
     ({"worker_processes": True}, "worker_processes"),
 ])

@@ -17,7 +17,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.regi
 
 from join_harness import API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeApi
 
-TTL = 60.0
+TTL = issuance.PENDING_TTL
 
 
 @pytest.fixture
@@ -31,14 +31,15 @@ def waiting(join_lab, monkeypatch):
     policy = PolicyWatcher(str(join_lab.policy_file), join_lab.log, interval=0)
     registry = NodeRegistry(EnrolmentWatcher(str(join_lab.enrolment_file), join_lab.log, interval=0),
                             BindingMirror(str(join_lab.dir / "disk-bindings.json")), [], None)
-    nonces = MacNonces(ttl=TTL, clock=wall)
+    nonces = MacNonces(ttl=60, clock=wall)
     issuer = TicketIssuer(load_root_secrets(str(join_lab.secrets_file)), ClusterPki.load(str(join_lab.pki_dir)), policy.current, [],
                           api.minter(), nonces, registry, api.bindings(), API_SERVER, K8S_VERSION, "verifier", clock=monotonic)
 
-    def challenge() -> bytes:
+    def challenge(client: str | None = None) -> bytes:
         nonce = issuer.issue_nonce()
         check = CheckRequest(policy.current(), "join", b"", nonce, "", False, DISK_UUID, b"")
-        issuer.accept(check, Checked(1, [], b"", identity, None, b"", os.urandom(32), tpm2.Credential(b"blob", b"seed")))
+        issuer.accept(check, Checked(1, [], b"", identity, None, b"", os.urandom(32), tpm2.Credential(b"blob", b"seed")),
+                      client if client is not None else nonce.hex())
         return nonce
 
     def advance(seconds: float) -> None:
@@ -64,3 +65,44 @@ def test_challenges_waiting_are_capped_and_expired_ones_make_room(waiting):
             issuer.take(nonce, b"not the proof")
         assert refused.value.reason == reason
     assert issuer.pending() == 0
+
+
+def test_one_challenge_per_ek_and_client_the_new_one_replaces_the_old(waiting):
+    issuer, challenge, _advance = waiting
+    old = challenge("10.0.0.1")
+    new = challenge("10.0.0.1")
+    other_client = challenge("10.0.0.2")
+    assert issuer.pending() == 2
+    with pytest.raises(Refusal) as refused:
+        issuer.take(old, b"not the proof")
+    assert refused.value.reason == "activation-unknown"
+    for nonce in (new, other_client):
+        with pytest.raises(Refusal) as refused:
+            issuer.take(nonce, b"not the proof")
+        assert refused.value.reason == "credential-activation"
+
+
+def test_challenges_of_one_client_are_capped(waiting, monkeypatch):
+    issuer, challenge, _advance = waiting
+    monkeypatch.setattr(issuance, "MAX_PENDING", 100)
+    monkeypatch.setattr(issuance, "MAX_PENDING_PER_CLIENT", 3)
+    # Another EK each time, as a software key naming several EKs would: the client's cap holds.
+    for index in range(3):
+        issuer._by_slot.clear()
+        challenge("10.0.0.9")
+        assert issuer.pending() == index + 1
+    issuer._by_slot.clear()
+    with pytest.raises(Refusal) as refused:
+        challenge("10.0.0.9")
+    assert (refused.value.code, refused.value.reason) == ("RESOURCE_EXHAUSTED", "busy") and "of this client" in str(refused.value)
+    challenge("10.0.0.10")
+    assert issuer.pending() == 4
+
+
+def test_step_1_does_not_use_the_nonce(waiting):
+    issuer, challenge, _advance = waiting
+    nonce = challenge()
+    assert issuer._nonces.used() == 0
+    with pytest.raises(Refusal):
+        issuer.take(nonce, b"not the proof")
+    assert issuer._nonces.used() == 0

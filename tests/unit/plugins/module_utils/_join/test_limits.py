@@ -13,10 +13,25 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.limi
     ("ipv6:[2001:db8::ffff:1]:1", "2001:db8::/64"),
     ("ipv6:[::ffff:127.0.0.1]:50000", "127.0.0.1"),
     ("ipv6:[fe80::1%eth0]:1", "fe80::/64"),
+    # What gRPC reports (brackets percent-encoded): the port must not stay in the key.
+    ("ipv6:%5B::1%5D:50312", "::/64"),
+    ("ipv6:%5B2001:db8::7%5D:4711", "2001:db8::/64"),
+    ("ipv6:%5B::ffff:10.0.0.5%5D:4711", "10.0.0.5"),
+    ("ipv6:%5Bfe80::1%25eth0%5D:1", "fe80::/64"),
     ("unix:/run/x.sock", "unix:/run/x.sock"),
 ])
 def test_peer_keys(peer, key):
     assert peer_key(peer) == key
+
+
+def test_ipv6_prefix_is_configurable():
+    assert peer_key("ipv6:%5B2001:db8:0:1::7%5D:4711", 48) == "2001:db8::/48"
+    assert peer_key("ipv6:%5B2001:db8:0:1::7%5D:4711", 128) == "2001:db8:0:1::7/128"
+
+
+def test_new_ipv6_connections_of_one_host_share_its_bucket():
+    limiter = PeerLimiter(rate=0.001, burst=2)
+    assert [limiter.allow(f"ipv6:%5B::1%5D:{port}") for port in range(50000, 50004)] == [True, True, False, False]
 
 
 class Clock:

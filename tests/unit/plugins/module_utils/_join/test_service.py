@@ -112,11 +112,13 @@ def test_nothing_is_issued_before_the_credential_is_activated(join_lab, ak_trust
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
         challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, key.public_bytes()))
         assert challenge.credential_blob and challenge.credential_encrypted_seed
-        assert (challenge.node_name, challenge.control_plane) == ("worker-1", False)
-        assert service.minter.tokens == [] and service.issuer.pending() == 1
+        # The grant is disclosed in the ticket only.
+        assert (challenge.node_name, challenge.control_plane) == ("", False)
+        assert service.minter.tokens == [] and service.issuer.pending() == 1 and service.issuer._nonces.used() == 0
         response = activate(stub, join_lab.swtpm.tcti, challenge, nonce)
     payload = open_ticket(key, response.sealed_ticket, "join", nonce, service.issuer.verifier_id)
     assert [t for n, t in service.minter.tokens] == [payload["bootstrap_token"]] and service.issuer.pending() == 0
+    assert (payload["node_name"], payload["control_plane"]) == ("worker-1", False) and service.issuer._nonces.used() == 1
 
 
 def test_a_challenge_is_answered_once(join_lab):

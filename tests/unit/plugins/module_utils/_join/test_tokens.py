@@ -161,3 +161,14 @@ def test_a_failed_deletion_is_reported_without_a_token():
     minter = AnsweringMinter({("delete", "secret"): (1, "", "Error from server (Forbidden): secrets is forbidden")})
     with pytest.raises(TokenMintError, match="deleting the bootstrap token aaaaaa failed .*Forbidden"):
         asyncio.run(minter.retire("aaaaaa"))
+
+
+def test_a_node_that_existed_already_counts_once_its_kubelet_reported_after_the_token():
+    nodes = ("worker-1\t2025-01-01T00:00:00Z\t2026-11-21T10:00:05Z\n"
+             "worker-2\t2025-01-01T00:00:00Z\t2026-11-21T09:59:00Z\n"
+             "worker-3\t2025-01-01T00:00:00Z\t\n")
+    minter = AnsweringMinter({("get", "nodes"): (0, nodes, "")})
+    tokens = [_live("aaaaaa", "worker-1"), _live("bbbbbb", "worker-2"), _live("cccccc", "worker-3")]
+    # worker-2's last report is older than its token (an earlier membership), worker-3 never reported.
+    assert asyncio.run(minter.registered(tokens)) == ["aaaaaa"]
+    assert '?(@.type=="Ready")].lastHeartbeatTime' in minter.calls[0][3]

@@ -139,3 +139,37 @@ def test_kubeadm_inits_own_tokens_are_deleted_with_or_without_a_description():
 
     assert Scripted().delete_default_tokens("/etc/kubernetes/admin.conf") == 2
     assert deleted == ["aaaaaa", "bbbbbb"]
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_token_certificate_bindings_are_deleted_where_present_and_only_reported_in_check_mode(check_mode):
+    """The real API server's side is in tests/security/test_token_rights.py; here the commands and check mode."""
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import Kubeadm
+
+    calls = []
+
+    class Scripted(Kubeadm):
+        def _run_command(self, argv, stdin=None):
+            calls.append(argv)
+            if argv[2] == "get":
+                present = argv[4] == "kubeadm:node-autoapprove-bootstrap"
+                return 0, f"clusterrolebinding.rbac.authorization.k8s.io/{argv[4]}\n" if present else "", ""
+            return 0, "", ""
+
+    kubeadm = Scripted("/usr/local/bin/kubeadm")
+    assert kubeadm.revoke_token_certificate_rights("/etc/kubernetes/admin.conf", check_mode) == ["kubeadm:node-autoapprove-bootstrap"]
+    deletes = [argv for argv in calls if argv[2] == "delete"]
+    assert all(argv[:2] == ["/usr/local/bin/kubectl", "--kubeconfig=/etc/kubernetes/admin.conf"] for argv in calls)
+    assert deletes == ([] if check_mode else [["/usr/local/bin/kubectl", "--kubeconfig=/etc/kubernetes/admin.conf", "delete",
+                                               "clusterrolebinding", "kubeadm:node-autoapprove-bootstrap", "--ignore-not-found"]])
+
+
+def test_a_failed_binding_lookup_fails_with_kubectls_words():
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import Kubeadm, KubeadmError
+
+    class Unreachable(Kubeadm):
+        def _run_command(self, argv, stdin=None):
+            return 1, "", "The connection to the server 10.0.0.1:6443 was refused"
+
+    with pytest.raises(KubeadmError, match="reading ClusterRoleBinding kubeadm:node-autoapprove-bootstrap failed .*was refused"):
+        Unreachable().revoke_token_certificate_rights("/etc/kubernetes/admin.conf")
