@@ -4,7 +4,7 @@ Written with the build (`ensure_kubernetes`, under the cache lock) next to the b
 
     v1.20.2/mirror/<URL path>     the artefacts under upstream's URL paths (release/v1.20.2/bin/linux/amd64/kubeadm,
                                   helm-v3.17.2-linux-amd64.tar.gz), served as they are
-    v1.20.2/versions-row.json     {"1.20.2": row}: the row in the format of roles/node/vars/kubernetes_versions.yml
+    v1.20.2/versions-row.json     {"1.20.2": row}: the row in the format of plugins/module_utils/_versions/kubernetes_versions.yml
     v1.20.2/mirror-packed.json    which recorded binary each packed artefact was packed from
 
 A binary's sha256 is the one SHA256SUMS recorded when it was built; helm's tarball is packed deterministically from
