@@ -68,6 +68,9 @@ def test_the_row_is_written_with_the_build_from_its_recorded_checksums(tmp_path)
     chart = {"version": "1.18.0-standin", "url": f"{mirror.ROW_BASE_URL}/charts/cilium-1.18.0-standin.tgz", "sha256": "b" * 64}
     assert _versions.row_problems("1.20.2", {**row, "artifacts": {**row["artifacts"], "cilium": chart}}, shipped=False) == []
     assert sorted(name for name, entry in row["artifacts"].items() if entry is None) == sorted(mirror.NOT_PROVIDED)
+    # kubeadm 1.20's preflight checks: the row names their packages, the shared build's file does not carry them.
+    assert row["host_packages"] == ["conntrack", "iptables", "iproute2", "ethtool", "socat", "ebtables"]
+    assert "host_packages" not in json.loads(mirror.row_file(version_dir).read_text())["1.20.2"]
     for name in ("kubeadm", "kubelet", "kubectl", "helm"):
         item = row["artifacts"][name]["amd64"]
         served = mirror.tree_dir(version_dir) / urllib.parse.urlsplit(item["url"]).path.lstrip("/")
