@@ -181,4 +181,3 @@ def fetch_all(artifacts: list[Artifact], cache_dir: str, **options) -> tuple[dic
         if was_fetched:
             fetched.append(artifact.label)
     return paths, fetched
-
