@@ -24,7 +24,7 @@ NEWEST = VERSIONS[-1]
 # upstream supported when it branched (Cilium's rule; its page was not reachable when this was written).
 CILIUM_TESTED = {"1.18": ("1.30", "1.33"), "1.19": ("1.32", "1.35"), "1.20": ("1.33", "1.36")}
 # kubernetes.io/releases: the end of life of each minor.
-END_OF_LIFE = {"1.31": "2025-10-28", "1.32": "2026-02-28", "1.33": "2026-06-28", "1.34": "2026-10-27",
+END_OF_LIFE = {"1.31": "2025-11-11", "1.32": "2026-02-28", "1.33": "2026-06-28", "1.34": "2026-10-27",
                "1.35": "2027-02-28", "1.36": "2027-06-28"}
 
 
