@@ -4,22 +4,25 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
 
 display = Display()
 
-SHIPPED_TABLE = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "node", "vars", "kubernetes_versions.yml")
 ARGUMENT_SPEC = dict(
     kubernetes_version=dict(type="str", required=True),
     architectures=dict(type="list", elements="str", default=["x86_64"]),
-    artifacts=dict(type="list", elements="str", default=list(_artifacts.ARTIFACTS)),
-    versions_file=dict(type="path", default=SHIPPED_TABLE),
+    artifacts=dict(type="list", elements="str", default=list(_versions.ARTIFACTS)),
+    versions_file=dict(type="path", default=_versions.TABLE_FILE),
     versions_extra=dict(type="dict", default={}),
+    allow_end_of_life=dict(type="bool", default=False),
+    today=dict(type="str", default=""),
     cache_dir=dict(type="path", default="~/.cache/confidential-kubernetes/artifacts"),
     mirror_url=dict(type="str", default=""),
     source_dir=dict(type="path", default=""),
@@ -39,21 +42,27 @@ class ActionModule(ActionBase):
         if params["mirror_url"] and params["source_dir"]:
             result.update(failed=True, msg="mirror_url and source_dir are alternatives; set one of them")
             return result
-        names = _artifacts.ARTIFACTS + _artifacts.CHARTS
+        names = _versions.ARTIFACTS + _versions.CHARTS
         unknown = [name for name in params["artifacts"] if name not in names]
         if unknown:
             result.update(failed=True, msg=f"unknown artefacts {', '.join(unknown)}; the table has {', '.join(names)}")
             return result
         wanted = tuple(name for name in names if name in params["artifacts"])
         try:
-            shipped = _artifacts.load_table(params["versions_file"])
-            table = _artifacts.merged_table(shipped, params["versions_extra"])
+            today = datetime.date.fromisoformat(params["today"]) if params["today"] else datetime.date.today()
+        except ValueError:
+            result.update(failed=True, msg=f"today is {params['today']!r}, not a date YYYY-MM-DD")
+            return result
+        try:
+            shipped = _versions.load_table(params["versions_file"])
+            table = _versions.merged_table(shipped, params["versions_extra"])
             version = str(params["kubernetes_version"]).lstrip("v")
             strict = frozenset(shipped) - frozenset(str(v) for v in params["versions_extra"])
-            row = _artifacts.select_row(table, version, strict)
-            arches = sorted({_artifacts.node_arch(machine) for machine in params["architectures"]})
-            artifacts = _artifacts.row_artifacts(version, row, arches, wanted)
-        except _artifacts.VersionTableError as exc:
+            row = _versions.select_row(table, version, strict)
+            _versions.refuse_end_of_life(row, today, params["allow_end_of_life"])
+            arches = sorted({_versions.node_arch(machine) for machine in params["architectures"]})
+            artifacts = _versions.row_artifacts(row, arches, wanted)
+        except _versions.VersionTableError as exc:
             result.update(failed=True, msg=str(exc))
             return result
         host = task_vars.get("inventory_hostname", "controller")
@@ -63,9 +72,9 @@ class ActionModule(ActionBase):
             cached: dict = {}
             for artifact in artifacts:
                 cached.setdefault(artifact.name, {})[artifact.arch] = _artifacts.cache_path(cache_dir, artifact)
-            result.update(changed=bool(missing), fetched=[a.label for a in missing], version=version, images=row["images"],
-                          cache_dir=cache_dir, msg="check mode: nothing fetched",
-                          artifacts={name: _entry(row["artifacts"][name], paths) for name, paths in cached.items()
+            result.update(changed=bool(missing), fetched=[a.label for a in missing], cache_dir=cache_dir,
+                          msg="check mode: nothing fetched", **_row_facts(row),
+                          artifacts={name: _entry(row.artifacts[name], paths) for name, paths in cached.items()
                                      if name not in {a.name for a in missing}})
             return result
         try:
@@ -78,12 +87,18 @@ class ActionModule(ActionBase):
         result.update(
             changed=bool(fetched),
             fetched=fetched,
-            version=version,
             cache_dir=cache_dir,
-            images=row["images"],
-            artifacts={name: _entry(row["artifacts"][name], paths[name]) for name in wanted if row["artifacts"][name] is not None},
+            artifacts={name: _entry(row.artifacts[name], paths[name])
+                       for name in wanted if row.artifacts[name] is not None},
+            **_row_facts(row),
         )
         return result
+
+
+def _row_facts(row: _versions.Row) -> dict:
+    """What the roles read of the row besides its artefacts."""
+    return dict(version=row.version, images=row.images, host_packages=list(row.host_packages),
+                end_of_life=row.end_of_life.isoformat() if row.end_of_life else None)
 
 
 def _entry(table_entry: dict, paths: dict) -> dict:

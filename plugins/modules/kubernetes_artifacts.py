@@ -10,9 +10,9 @@ short_description: Fetch and verify the binaries of one Kubernetes version into 
 version_added: 0.2.0
 description:
   - Runs on the controller. Selects the row of O(kubernetes_version) in the versions table (the collection's
-    C(roles/node/vars/kubernetes_versions.yml), with O(versions_extra) merged over it) and fetches the artefacts
-    O(artifacts) of that row for the given architectures - by default the node binaries kubeadm, kubelet, kubectl,
-    crictl, containerd, runc, the CNI plugins and helm - into O(cache_dir).
+    C(plugins/module_utils/_versions/kubernetes_versions.yml), with O(versions_extra) merged over it) and fetches the
+    artefacts O(artifacts) of that row for the given architectures - by default the node binaries kubeadm, kubelet,
+    kubectl, crictl, containerd, runc, the CNI plugins and helm - into O(cache_dir).
   - A row also pins the CNI's Helm chart (C(cilium)), one file for every architecture, which the C(cni) entry point
     of the role C(confidential.kubernetes.upgrade) fetches with O(artifacts=[cilium]).
   - Each artefact is hashed while it streams into a temporary file beside its cache entry and renamed into
@@ -31,7 +31,10 @@ description:
   - Sources, one of - upstream's URL from the table; O(mirror_url), the same URL path under another base URL; or
     O(source_dir), a directory holding a mirror's tree (C(<source_dir>/<URL path>)) for air-gapped sites.
   - Prints one line per artefact fetched and a progress line every few seconds while a download runs.
-  - An unknown version fails with the list of supported ones; a malformed row fails listing every problem.
+  - An unknown version fails with the list of supported ones; a malformed row fails listing every problem (a runc
+    without the fixes of CVE-2025-31133, CVE-2025-52565 and CVE-2025-52881 is one).
+  - A row whose Kubernetes minor is past its end of life (the row's C(end_of_life)) fails naming the date, unless
+    O(allow_end_of_life); nothing is fetched.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
@@ -49,7 +52,7 @@ attributes:
     support: full
 options:
   kubernetes_version:
-    description: The Kubernetes version whose row pins every artefact, for example C(1.34.4) (a leading C(v) is ignored).
+    description: The Kubernetes version whose row pins every artefact, for example C(1.36.4) (a leading C(v) is ignored).
     type: str
     required: true
   architectures:
@@ -77,6 +80,15 @@ options:
         the row provides none (for example a local build without crictl); shipped rows must be complete and C(https).
     type: dict
     default: {}
+  allow_end_of_life:
+    description:
+      - Use a row whose Kubernetes minor is past its end of life. The roles set it from C(kubernetes_allow_end_of_life).
+    type: bool
+    default: false
+  today:
+    description: The day end of life is judged on (C(YYYY-MM-DD)); the controller's date when empty.
+    type: str
+    default: ""
   cache_dir:
     description: The controller directory holding verified artefacts.
     type: path
@@ -99,23 +111,23 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Fetch the binaries of Kubernetes 1.34.4 for the play's nodes
+- name: Fetch the binaries of Kubernetes 1.36.4 for the play's nodes
   confidential.kubernetes.kubernetes_artifacts:
-    kubernetes_version: 1.34.4
+    kubernetes_version: 1.36.4
     architectures: "{{ ansible_play_hosts | map('extract', hostvars, 'ansible_architecture') | unique }}"
   run_once: true
   register: artifacts
 
 - name: The CNI's chart pinned by the same row
   confidential.kubernetes.kubernetes_artifacts:
-    kubernetes_version: 1.34.4
+    kubernetes_version: 1.36.4
     artifacts: [cilium]
   run_once: true
   register: cni_chart
 
 - name: The same from a site mirror
   confidential.kubernetes.kubernetes_artifacts:
-    kubernetes_version: 1.34.4
+    kubernetes_version: 1.36.4
     mirror_url: https://mirror.example.com/kubernetes
   run_once: true
 """
@@ -125,17 +137,28 @@ version:
   description: The selected Kubernetes version.
   returned: success
   type: str
-  sample: 1.34.4
+  sample: 1.36.4
 fetched:
   description: The artefacts fetched by this run (empty on a verified cache hit).
   returned: always
   type: list
   elements: str
-  sample: ["kubeadm 1.34.4 (amd64)"]
+  sample: ["kubeadm 1.36.4 (amd64)"]
 cache_dir:
   description: The absolute cache directory.
   returned: success
   type: str
+host_packages:
+  description: The Debian packages kubeadm's preflight checks for in this version (the row's C(host_packages)).
+  returned: success
+  type: list
+  elements: str
+  sample: [iptables, iproute2, ethtool]
+end_of_life:
+  description: The day the row's Kubernetes minor leaves upstream support; null for a row that records none.
+  returned: success
+  type: str
+  sample: "2027-06-28"
 images:
   description: The images of the row, by name (C(kube-apiserver), C(etcd), C(coredns), C(pause), ...).
   returned: success

@@ -52,6 +52,13 @@ options:
     type: list
     elements: str
     default: []
+  packages:
+    description:
+      - Debian packages the node must have (the versions table row's C(host_packages)); reported as RV(packages), read
+        with C(dpkg-query). Nothing is installed.
+    type: list
+    elements: str
+    default: []
   swap_off:
     description:
       - Turn swap off (C(swapoff --all)) when C(/proc/swaps) lists any, and comment out (C(# )) every swap line of O(fstab).
@@ -193,6 +200,11 @@ tools:
   returned: always
   type: dict
   sample: {cryptsetup: /usr/sbin/cryptsetup}
+packages:
+  description: Each package of O(packages) and whether it is installed; all false where dpkg cannot say.
+  returned: always
+  type: dict
+  sample: {conntrack: true, iptables: false}
 stamps:
   description: Each stamp O(stamps) matches, and whether it verifies.
   returned: always
@@ -228,6 +240,7 @@ def main() -> None:
             venv=dict(type="path"),
             venv_imports=dict(type="list", elements="str", default=[]),
             tools=dict(type="list", elements="str", default=[]),
+            packages=dict(type="list", elements="str", default=[]),
             swap_off=dict(type="bool", default=False),
             fstab=dict(type="path", default="/etc/fstab"),
             kernel_modules=dict(type="list", elements="str", default=[]),
@@ -253,7 +266,11 @@ def main() -> None:
         kernel_modules=tuple(params["kernel_modules"]), modules_load_file=params["modules_load_file"],
         sysctls=tuple((str(key), str(value)) for key, value in params["sysctls"].items()), sysctl_file=params["sysctl_file"])
     node = NodeState(check_mode=module.check_mode)
-    result = dict(architecture=node.architecture(), tools=node.tools(params["tools"]),
+    try:
+        packages = node.packages(params["packages"])
+    except NodeStateError as exc:
+        module.fail_json(msg=str(exc))
+    result = dict(architecture=node.architecture(), tools=node.tools(params["tools"]), packages=packages,
                   stamps=node.stamps(params["stamps"]) if params["stamps"] else {}, services=node.services(params["services"]))
     if params["venv"]:
         result["venv"] = node.venv(params["venv"], params["venv_imports"])

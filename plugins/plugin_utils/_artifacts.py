@@ -1,6 +1,6 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Kubernetes versions table and the controller's verified artefact cache.
+"""The controller's verified artefact cache of the Kubernetes versions table's rows (``module_utils/_versions``).
 
 One row of the table pins every binary a node runs (Constellation: the Kubernetes version sent at init controls
 every download). Each artefact is fetched once, from upstream, a mirror (same paths under another base URL) or a
@@ -22,9 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import yaml
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
 
@@ -34,17 +32,8 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._files imp
     file_digest,
     write_file_atomically,
 )
+from ansible_collections.confidential.kubernetes.plugins.module_utils._versions import Artifact
 
-ARTIFACTS = ("kubeadm", "kubelet", "kubectl", "crictl", "containerd", "runc", "cni_plugins", "helm")
-# Artefacts that are the same file on every architecture (Helm charts): version, url and sha256 in the entry itself.
-CHARTS = ("cilium",)
-IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "coredns", "pause")
-ARCHITECTURES = ("amd64", "arm64")
-# Ansible's ansible_architecture (uname -m) to the architecture names release URLs use.
-MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
-# An image reference with an explicit tag: registry/path:tag.
-IMAGE_REF = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 CHUNK = 1 << 20
 PROGRESS_SECONDS = 5.0
 # Beside a cached file: its sha256, mode and fingerprint when it was last hashed and found to be the table's.
@@ -52,145 +41,8 @@ VERIFIED_SUFFIX = ".verified"
 VERIFIED_RECORD = re.compile(r"^([0-9a-f]{64}) ([0-7]{4}) ([0-9]+ [0-9]+ [0-9]+ [0-9]+)\n$")
 
 
-class VersionTableError(ValueError):
-    """The versions table is malformed, or the requested version is not in it."""
-
-
 class ArtifactError(RuntimeError):
     """An artefact cannot be fetched, or its sha256 is not the table's."""
-
-
-@dataclass(frozen=True)
-class Artifact:
-    name: str
-    version: str
-    arch: str | None  # None: the same file on every architecture (a chart)
-    url: str
-    sha256: str
-
-    @property
-    def filename(self) -> str:
-        return os.path.basename(urllib.parse.urlsplit(self.url).path)
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} {self.version} ({self.arch or 'chart'})"
-
-
-def load_table(path: str) -> dict:
-    """The shipped table: the mapping under ``node_kubernetes_versions``."""
-    try:
-        with open(path, encoding="utf-8") as stream:
-            document = yaml.safe_load(stream)
-    except (OSError, yaml.YAMLError) as exc:
-        raise VersionTableError(f"cannot read the versions table {path}: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("node_kubernetes_versions"), dict):
-        raise VersionTableError(f"{path} has no 'node_kubernetes_versions' mapping")
-    return {str(version): row for version, row in document["node_kubernetes_versions"].items()}
-
-
-def merged_table(shipped: dict, extra: dict | None) -> dict:
-    """The shipped rows with the inventory's rows merged over them (an extra row replaces a shipped one whole)."""
-    table = dict(shipped)
-    table.update({str(version): row for version, row in (extra or {}).items()})
-    return table
-
-
-def row_problems(version: str, row, shipped: bool = True) -> list[str]:
-    """Every problem of one row, not just the first: missing artefacts and arches, bad URLs, bad sha256, bad images.
-
-    A shipped row must be complete and use https. An inventory's extra row may point at a plain-http mirror and
-    may set an artefact to null, saying explicitly that it provides none (a lab build without crictl).
-    """
-    problems: list[str] = []
-    if not isinstance(row, dict):
-        return [f"{version}: the row is not a mapping"]
-    artifacts = row.get("artifacts")
-    if not isinstance(artifacts, dict):
-        return [f"{version}: no 'artifacts' mapping"]
-    for name in ARTIFACTS + CHARTS:
-        entry = artifacts.get(name)
-        if entry is None and name in artifacts and not shipped:
-            continue
-        if not isinstance(entry, dict):
-            problems.append(f"{version}: artefact {name} is missing")
-            continue
-        if not str(entry.get("version") or ""):
-            problems.append(f"{version}: artefact {name} has no version")
-        if name in CHARTS:
-            unknown = sorted(str(key) for key in entry if key not in ("version", "url", "sha256"))
-            if unknown:
-                problems.append(f"{version}: artefact {name} is the same on every architecture; unknown keys {unknown}")
-            problems += _item_problems(version, name, entry, shipped)
-            continue
-        arches = [arch for arch in entry if arch != "version"]
-        if not arches:
-            problems.append(f"{version}: artefact {name} has no architecture")
-        for arch in arches:
-            if arch not in ARCHITECTURES:
-                problems.append(f"{version}: artefact {name} has an unknown architecture {arch!r}")
-                continue
-            problems += _item_problems(version, f"{name} {arch}", entry[arch], shipped)
-    images = row.get("images")
-    if not isinstance(images, dict):
-        problems.append(f"{version}: no 'images' mapping")
-    else:
-        for image in IMAGES:
-            if not IMAGE_REF.match(str(images.get(image) or "")):
-                problems.append(f"{version}: image {image} is missing or has no tag ({images.get(image)!r})")
-    return problems
-
-
-def _item_problems(version: str, label: str, item, shipped: bool) -> list[str]:
-    """The problems of one file's url and sha256."""
-    if not isinstance(item, dict):
-        return [f"{version}: {label} is not a mapping"]
-    problems = []
-    url = str(item.get("url") or "")
-    scheme = urllib.parse.urlsplit(url).scheme
-    if scheme not in (("https",) if shipped else ("https", "http")) or not urllib.parse.urlsplit(url).path:
-        problems.append(f"{version}: {label} url {url!r} is not an {'https' if shipped else 'http(s)'} URL")
-    if not SHA256.match(str(item.get("sha256") or "")):
-        problems.append(f"{version}: {label} sha256 is not 64 lower-case hex digits")
-    return problems
-
-
-def select_row(table: dict, version: str, shipped_versions: frozenset[str] = frozenset()) -> dict:
-    """The row for ``version``, checked; an unknown version fails with the list of supported ones."""
-    version = str(version).lstrip("v")
-    if version not in table:
-        supported = ", ".join(sorted(table, key=_version_key)) or "none"
-        raise VersionTableError(f"Kubernetes {version or '(empty)'} is not in the versions table; supported: {supported}")
-    problems = row_problems(version, table[version], shipped=version in shipped_versions)
-    if problems:
-        raise VersionTableError("the versions table row is malformed: " + "; ".join(problems))
-    return table[version]
-
-
-def row_artifacts(version: str, row: dict, arches: list[str], names: tuple[str, ...] = ARTIFACTS) -> list[Artifact]:
-    """The artefacts ``names`` of a row (the node binaries by default) for the given arches, in table order; a chart
-    once, whatever the arches. An arch the row lacks is an error; an artefact the row sets to null is left out."""
-    result = []
-    for name in (name for name in CHARTS if name in names):
-        entry = row["artifacts"][name]
-        if entry is not None:
-            result.append(Artifact(name, str(entry["version"]), None, entry["url"], entry["sha256"]))
-    for arch in arches:
-        for name in (name for name in ARTIFACTS if name in names):
-            entry = row["artifacts"][name]
-            if entry is None:
-                continue
-            if arch not in entry:
-                raise VersionTableError(f"Kubernetes {version} has no {name} for {arch}")
-            result.append(Artifact(name, str(entry["version"]), arch, entry[arch]["url"], entry[arch]["sha256"]))
-    return result
-
-
-def node_arch(machine: str) -> str:
-    try:
-        return MACHINE_ARCH[machine]
-    except KeyError:
-        raise VersionTableError(f"no Kubernetes builds for the node architecture {machine!r} (supported: x86_64, aarch64)") from None
 
 
 def source_url(artifact: Artifact, mirror_url: str | None) -> str:
@@ -329,7 +181,3 @@ def fetch_all(artifacts: list[Artifact], cache_dir: str, **options) -> tuple[dic
         if was_fetched:
             fetched.append(artifact.label)
     return paths, fetched
-
-
-def _version_key(version: str) -> tuple:
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"[.+-]", version))

@@ -21,6 +21,8 @@ from .._files import file_digest, write_file_atomically
 FSTAB_SWAP = re.compile(r"^[^#\s]\S*\s+\S+\s+swap(\s|$)")
 MODULE_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 SYSCTL_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
+# A Debian package name (Debian policy 5.6.7).
+PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 IMPORT_PROGRAM = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
 _CHUNK = 1 << 20
 
@@ -136,6 +138,20 @@ class NodeState:
     def tools(names: list[str]) -> dict[str, str | None]:
         """Each tool's path, None for a missing one."""
         return {name: find_binary(name) for name in names}
+
+    def packages(self, names: list[str]) -> dict[str, bool]:
+        """Whether each Debian package is installed (dpkg status "ii"); every one False where dpkg cannot say."""
+        if not names:
+            return {}
+        wrong = [name for name in names if not PACKAGE_NAME.match(name)]
+        if wrong:
+            raise NodeStateError(f"not Debian package names: {', '.join(wrong)}")
+        # Exit 1 when a package is unknown to dpkg; the others are listed all the same.
+        dummy, out, dummy = self._run_command(
+            ["dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\n", "--", *names])
+        installed = {fields[0] for fields in (line.split() for line in out.splitlines())
+                     if len(fields) >= 2 and fields[1] == "ii"}
+        return {name: name in installed for name in names}
 
     @staticmethod
     def stamps(pattern: str) -> dict[str, bool]:

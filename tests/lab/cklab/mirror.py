@@ -4,7 +4,7 @@ Written with the build (`ensure_kubernetes`, under the cache lock) next to the b
 
     v1.20.2/mirror/<URL path>     the artefacts under upstream's URL paths (release/v1.20.2/bin/linux/amd64/kubeadm,
                                   helm-v3.17.2-linux-amd64.tar.gz), served as they are
-    v1.20.2/versions-row.json     {"1.20.2": row}: the row in the format of roles/node/vars/kubernetes_versions.yml
+    v1.20.2/versions-row.json     {"1.20.2": row}: the row in the format of plugins/module_utils/_versions/kubernetes_versions.yml
     v1.20.2/mirror-packed.json    which recorded binary each packed artefact was packed from
 
 A binary's sha256 is the one SHA256SUMS recorded when it was built; helm's tarball is packed deterministically from
@@ -89,6 +89,10 @@ IMAGES = {
     "coredns": "k8s.gcr.io/coredns:1.7.0",
     "pause": "k8s.gcr.io/pause:3.2",
 }
+# The Debian packages kubeadm 1.20's preflight checks for beside the base system's (conntrack, iptables and ip are
+# errors when missing; ethtool, socat, ebtables and tc warnings). The lab's base has them all: the node role finds
+# nothing to install.
+HOST_PACKAGES = ("conntrack", "iptables", "iproute2", "ethtool", "socat", "ebtables")
 
 
 def tree_dir(version_dir: Path) -> Path:
@@ -150,11 +154,13 @@ def ensure_mirror(version_dir: Path, recorded: Mapping[str, str], log: Callable[
 
 
 def load_row(version_dir: Path) -> dict:
-    """{"1.20.2": row} as the build wrote it; a missing row means the build has not written the mirror yet."""
+    """{"1.20.2": row} as the build wrote it, with the host packages its kubeadm checks for; a missing row means the
+    build has not written the mirror yet. (The packages are added here, not written into the shared build's row.)"""
     try:
-        return json.loads(row_file(version_dir).read_text())
+        rows = json.loads(row_file(version_dir).read_text())
     except (OSError, ValueError) as exc:
         raise LabError(f"no lab versions row at {row_file(version_dir)} ({exc}): run tests/lab/lab kubernetes") from exc
+    return {version: {**row, "host_packages": list(HOST_PACKAGES)} for version, row in rows.items()}
 
 
 def _sha256_or_none(path: Path) -> str | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
 from cklab import LabError, __main__ as cli, base, cni, host, lab as lab_commands, measure, mirror, plan, tpm
 from cklab.inventory import render_inventory, ssh_options
 from cklab.paths import LabPaths
@@ -242,7 +242,7 @@ def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha
     assert {**row["artifacts"], "cilium": None} == {**lab_rows["1.20.2"]["artifacts"], "cilium": None}
     # Packaged once: a second up keeps the archive and its sha256.
     assert cni.with_chart(lab_rows, paths, tmp_path / "tree") == rows
-    assert _artifacts.row_problems("1.20.2", row, shipped=False) == []
+    assert _versions.row_problems("1.20.2", row, shipped=False) == []
 
 
 def test_inventory_ssh_trusts_only_the_lab_known_hosts(tmp_path):

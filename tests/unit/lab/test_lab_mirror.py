@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
 from cklab import LabError, lab as lab_commands, mirror
 from cklab.base import STANDIN_KUBELET
 from cklab.paths import LabPaths
@@ -66,8 +66,11 @@ def test_the_row_is_written_with_the_build_from_its_recorded_checksums(tmp_path)
     # The CNI chart is entered by lab up (cni.with_chart, which packages it with the real helm); with it the row is whole.
     assert "cilium" not in row["artifacts"]
     chart = {"version": "1.18.0-standin", "url": f"{mirror.ROW_BASE_URL}/charts/cilium-1.18.0-standin.tgz", "sha256": "b" * 64}
-    assert _artifacts.row_problems("1.20.2", {**row, "artifacts": {**row["artifacts"], "cilium": chart}}, shipped=False) == []
+    assert _versions.row_problems("1.20.2", {**row, "artifacts": {**row["artifacts"], "cilium": chart}}, shipped=False) == []
     assert sorted(name for name, entry in row["artifacts"].items() if entry is None) == sorted(mirror.NOT_PROVIDED)
+    # kubeadm 1.20's preflight checks: the row names their packages, the shared build's file does not carry them.
+    assert row["host_packages"] == ["conntrack", "iptables", "iproute2", "ethtool", "socat", "ebtables"]
+    assert "host_packages" not in json.loads(mirror.row_file(version_dir).read_text())["1.20.2"]
     for name in ("kubeadm", "kubelet", "kubectl", "helm"):
         item = row["artifacts"][name]["amd64"]
         served = mirror.tree_dir(version_dir) / urllib.parse.urlsplit(item["url"]).path.lstrip("/")
@@ -187,7 +190,8 @@ def test_an_unknown_version_is_refused_with_the_supported_list(lab):
     before = lab.installed()
     run = lab.stack(kubernetes_version="1.19.0")
     assert run.returncode != 0
-    assert "Kubernetes 1.19.0 is not in the versions table; supported: 1.20.2, 1.31.9, 1.32.10, 1.33.8, 1.34.4" in run.stdout
+    supported = ", ".join(_versions.supported(_versions.merged_table(_versions.load_table(), {"1.20.2": {}})))
+    assert f"Kubernetes 1.19.0 is not in the versions table; supported: {supported}" in run.stdout
     assert lab.installed() == before
 
 

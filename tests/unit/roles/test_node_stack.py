@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
 
 REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
@@ -49,7 +49,7 @@ def _offline_tree(root: Path) -> dict:
         "cni_plugins": _tgz({"./bridge": b"bridge", "./loopback": b"loopback", "./host-local": b"host-local"}),
         "helm": _tgz({f"linux-{ARCH}/helm": b"helm", f"linux-{ARCH}/LICENSE": b"license"}),
     }
-    row = copy.deepcopy(_artifacts.load_table(str(REPO / "roles" / "node" / "vars" / "kubernetes_versions.yml"))["1.34.4"])
+    row = copy.deepcopy(_versions.load_table()[_versions.supported(_versions.load_table())[-1]])
     for name, content in files.items():
         url = row["artifacts"][name][ARCH]["url"]
         target = root / url.split("/", 3)[3]
@@ -110,7 +110,7 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert (bin_dir / "crictl").read_bytes() == b"crictl" and (tmp_path / "double").read_bytes() == b"a double"
     assert {p.name for p in (destdir / "opt/cni/bin").iterdir()} == {"bridge", "loopback", "host-local"}
     config = (destdir / "etc/containerd/config.toml").read_text()
-    assert "SystemdCgroup = true" in config and "sandbox = 'registry.k8s.io/pause:3.10.1'" in config and "version = 3" in config
+    assert "SystemdCgroup = true" in config and f"sandbox = '{row['images']['pause']}'" in config and "version = 3" in config
     assert "runtime-endpoint: unix:///run/containerd/containerd.sock" in (destdir / "etc/crictl.yaml").read_text()
     dropin = (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text()
     assert "ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS" in dropin

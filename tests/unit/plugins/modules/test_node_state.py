@@ -477,3 +477,24 @@ def test_a_failing_modprobe_still_reports_what_changed_before_it(node, monkeypat
     assert failed["changes"] == ["swapoff --all (active: /swapfile)", f"comment out 1 swap line(s) in {node.root}/etc/fstab",
                                  f"write {node.root}/etc/modules-load.d/kubernetes.conf", "modprobe br_netfilter"]
     assert node.sysctl("net.ipv4.ip_forward") == "0"
+
+
+def test_packages_are_read_from_the_real_dpkg_and_nothing_is_installed(node):
+    """This machine's dpkg: coreutils is installed, a made-up package is not; the probe only reads."""
+    if shutil.which("dpkg-query") is None:
+        pytest.skip("no dpkg on this machine")
+    result = run_module({"packages": ["coreutils", "confidential-kubernetes-no-such-package"], "_ansible_check_mode": True})
+    assert result["packages"] == {"coreutils": True, "confidential-kubernetes-no-such-package": False}
+    assert result["changed"] is False
+    assert node.commands[0][:2] == ["dpkg-query", "--show"] and len(node.commands) == 1
+
+
+def test_no_packages_asked_runs_no_dpkg(node):
+    assert run_module({})["packages"] == {}
+    assert node.commands == []
+
+
+def test_a_package_name_that_is_not_one_is_refused(node):
+    result = run_module({"packages": ["iptables", "--admindir=/tmp"]}, AnsibleFailJson)
+    assert result["msg"] == "not Debian package names: --admindir=/tmp"
+    assert node.commands == []

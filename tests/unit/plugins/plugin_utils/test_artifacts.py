@@ -1,8 +1,7 @@
-"""The versions table and the verified artefact cache, against a real HTTP server on 127.0.0.1."""
+"""The verified artefact cache, against a real HTTP server on 127.0.0.1 (the table: module_utils/test_versions.py)."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import time
@@ -11,127 +10,8 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils import _files
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _artifacts
-
-REPO = Path(__file__).resolve().parents[4]
-TABLE = REPO / "roles" / "node" / "vars" / "kubernetes_versions.yml"
-SUPPORTED_MINORS = {"1.31", "1.32", "1.33", "1.34"}
-
-
-@pytest.fixture(scope="module")
-def table() -> dict:
-    return _artifacts.load_table(str(TABLE))
-
-
-def test_the_table_covers_the_supported_minors(table):
-    assert {".".join(version.split(".")[:2]) for version in table} == SUPPORTED_MINORS
-
-
-@pytest.mark.parametrize("version", ["1.31.9", "1.32.10", "1.33.8", "1.34.4"])
-def test_every_row_is_complete_and_well_formed(table, version):
-    row = table[version]
-    assert _artifacts.row_problems(version, row) == []
-    for name in ("kubeadm", "kubelet", "kubectl"):
-        assert row["artifacts"][name]["version"] == version
-        for arch in _artifacts.ARCHITECTURES:
-            assert row["artifacts"][name][arch]["url"] == f"https://dl.k8s.io/release/v{version}/bin/linux/{arch}/{name}"
-    for name in _artifacts.ARTIFACTS:
-        entry = row["artifacts"][name]
-        assert set(entry) == {"version", *_artifacts.ARCHITECTURES}
-        for arch in _artifacts.ARCHITECTURES:
-            assert f"{arch}" in entry[arch]["url"] and f"{entry['version']}" in entry[arch]["url"]
-        assert entry["amd64"]["sha256"] != entry["arm64"]["sha256"]
-    cilium = row["artifacts"]["cilium"]
-    assert set(cilium) == {"version", "url", "sha256"}
-    assert cilium["url"] == f"https://helm.cilium.io/cilium-{cilium['version']}.tgz"
-    for image in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"):
-        assert row["images"][image] == f"registry.k8s.io/{image}:v{version}"
-    assert row["images"]["pause"].startswith("registry.k8s.io/pause:3.")
-
-
-def test_no_checksum_is_shared_by_two_different_files(table):
-    seen: dict[str, str] = {}
-    for version, row in table.items():
-        for name in _artifacts.ARTIFACTS:
-            for arch in _artifacts.ARCHITECTURES:
-                item = row["artifacts"][name][arch]
-                assert seen.setdefault(item["sha256"], item["url"]) == item["url"], f"{version} {name} {arch}"
-
-
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda row: row["artifacts"].pop("runc"), "artefact runc is missing"),
-    (lambda row: row["artifacts"]["helm"].pop("arm64"), None),
-    (lambda row: row["artifacts"]["kubelet"]["amd64"].update(sha256="ABC"), "kubelet amd64 sha256 is not 64"),
-    (lambda row: row["artifacts"]["kubeadm"]["amd64"].update(sha256="0" * 63 + "G"), "kubeadm amd64 sha256"),
-    (lambda row: row["artifacts"]["crictl"]["arm64"].update(url="http://example.com/crictl.tgz"), "crictl arm64 url"),
-    (lambda row: row["artifacts"]["containerd"]["amd64"].update(url="ftp://x/y"), "containerd amd64 url"),
-    (lambda row: row["images"].update(etcd="registry.k8s.io/etcd"), "image etcd"),
-    (lambda row: row["images"].pop("pause"), "image pause"),
-    (lambda row: row["artifacts"]["kubectl"].update(s390x={"url": "https://a/b", "sha256": "0" * 64}), "unknown architecture 's390x'"),
-    (lambda row: row["artifacts"].pop("cilium"), "artefact cilium is missing"),
-    (lambda row: row["artifacts"]["cilium"].update(sha256="0" * 63), "cilium sha256 is not 64"),
-    (lambda row: row["artifacts"]["cilium"].update(url="http://helm.cilium.io/cilium.tgz"), "cilium url"),
-    (lambda row: row["artifacts"]["cilium"].pop("version"), "artefact cilium has no version"),
-    (lambda row: row["artifacts"]["cilium"].update(amd64={"url": "https://a/b", "sha256": "0" * 64}),
-     "artefact cilium is the same on every architecture; unknown keys ['amd64']"),
-])
-def test_a_malformed_row_is_named(table, mutate, expected):
-    row = copy.deepcopy(table["1.34.4"])
-    mutate(row)
-    problems = _artifacts.row_problems("1.34.4", row)
-    if expected is None:  # one arch fewer is allowed: a row may serve only the arches it has
-        assert problems == []
-        with pytest.raises(_artifacts.VersionTableError, match="no helm for arm64"):
-            _artifacts.row_artifacts("1.34.4", row, ["amd64", "arm64"])
-    else:
-        assert any(expected in problem for problem in problems), problems
-
-
-def test_an_unknown_version_is_refused_with_the_supported_list(table):
-    with pytest.raises(_artifacts.VersionTableError) as error:
-        _artifacts.select_row(table, "1.30.0", frozenset(table))
-    assert "Kubernetes 1.30.0 is not in the versions table; supported: 1.31.9, 1.32.10, 1.33.8, 1.34.4" == str(error.value)
-
-
-def test_an_extra_row_is_merged_and_may_use_http(table):
-    lab = copy.deepcopy(table["1.34.4"])
-    for name in _artifacts.ARTIFACTS:
-        lab["artifacts"][name]["amd64"]["url"] = f"http://10.77.5.1:8080/{name}"
-    merged = _artifacts.merged_table(table, {"1.20.2": lab})
-    assert _artifacts.select_row(merged, "v1.20.2", frozenset(table)) is lab
-    with pytest.raises(_artifacts.VersionTableError, match="is not an https URL"):
-        _artifacts.select_row(merged, "1.20.2", frozenset(merged))
-    assert set(table) == {"1.31.9", "1.32.10", "1.33.8", "1.34.4"}
-
-
-def test_only_an_extra_row_may_say_explicitly_that_it_provides_no_artefact(table):
-    lab = copy.deepcopy(table["1.34.4"])
-    lab["artifacts"]["crictl"] = None
-    assert _artifacts.row_problems("1.20.2", lab, shipped=False) == []
-    assert [a.name for a in _artifacts.row_artifacts("1.20.2", lab, ["amd64"])] == [
-        "kubeadm", "kubelet", "kubectl", "containerd", "runc", "cni_plugins", "helm"]
-    assert "1.34.4: artefact crictl is missing" in _artifacts.row_problems("1.34.4", lab, shipped=True)
-    del lab["artifacts"]["crictl"]
-    assert "1.20.2: artefact crictl is missing" in _artifacts.row_problems("1.20.2", lab, shipped=False)
-
-
-def test_a_chart_is_one_file_for_every_architecture_and_only_fetched_when_named(table):
-    row = table["1.34.4"]
-    assert "cilium" not in [a.name for a in _artifacts.row_artifacts("1.34.4", row, ["amd64", "arm64"])]
-    charts = _artifacts.row_artifacts("1.34.4", row, ["amd64", "arm64"], ("cilium",))
-    assert charts == [_artifacts.Artifact("cilium", "1.18.0", None, "https://helm.cilium.io/cilium-1.18.0.tgz",
-                                          row["artifacts"]["cilium"]["sha256"])]
-    assert charts[0].label == "cilium 1.18.0 (chart)" and charts[0].filename == "cilium-1.18.0.tgz"
-    lab = dict(row, artifacts=dict(row["artifacts"], cilium=None))
-    assert _artifacts.row_problems("1.20.2", lab, shipped=False) == []
-    assert _artifacts.row_artifacts("1.20.2", lab, ["amd64"], ("cilium",)) == []
-
-
-def test_node_architectures():
-    assert _artifacts.node_arch("x86_64") == "amd64"
-    assert _artifacts.node_arch("aarch64") == "arm64"
-    with pytest.raises(_artifacts.VersionTableError, match="ppc64le"):
-        _artifacts.node_arch("ppc64le")
 
 
 def _publish(root: Path, path: str, content: bytes) -> None:
@@ -140,8 +20,8 @@ def _publish(root: Path, path: str, content: bytes) -> None:
     target.write_bytes(content)
 
 
-def _artifact(content: bytes, path: str = "/release/v1.34.4/bin/linux/amd64/kubeadm") -> _artifacts.Artifact:
-    return _artifacts.Artifact("kubeadm", "1.34.4", "amd64", "https://dl.k8s.io" + path, hashlib.sha256(content).hexdigest())
+def _artifact(content: bytes, path: str = "/release/v1.34.4/bin/linux/amd64/kubeadm") -> _versions.Artifact:
+    return _versions.Artifact("kubeadm", "1.34.4", "amd64", "https://dl.k8s.io" + path, hashlib.sha256(content).hexdigest())
 
 
 def test_a_good_file_is_cached_verified_and_a_rerun_touches_no_network(server, tmp_path):
