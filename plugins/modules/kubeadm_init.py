@@ -61,7 +61,7 @@ options:
     type: str
   kubernetes_version:
     description:
-      - The Kubernetes version, for example V(v1.34.4).
+      - The Kubernetes version, for example V(v1.36.4).
       - Omitted, the version of the installed kubeadm, so that kubeadm never looks a version up on the internet.
     type: str
   cluster_name:
@@ -139,7 +139,7 @@ EXAMPLES = r"""
   confidential.kubernetes.kubeadm_init:
     control_plane_endpoint: "{{ ansible_host }}:6443"
     advertise_address: "{{ ansible_host }}"
-    kubernetes_version: v1.34.4
+    kubernetes_version: v1.36.4
     pod_subnet: 10.244.0.0/16
     service_subnet: 10.96.0.0/12
     cert_sans: ["{{ ansible_host }}"]

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
+
 REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-TABLE_FILE = REPO / "roles" / "node" / "vars" / "kubernetes_versions.yml"
-TABLE = yaml.safe_load(TABLE_FILE.read_text())["node_kubernetes_versions"]
+TABLE = _versions.load_table()
 VERSION_KEYS = ("kubernetes_version", "init_kubernetes_version", "node_kubernetes_version")
 GROUP_KEYS = {"hosts", "children", "vars"}
 

@@ -115,7 +115,7 @@ DISK = {"device": "/dev/vdb", "state": "mounted"}
 
 
 def test_an_inventory_of_known_variables_passes_and_is_checked_once(tmp_path):
-    run = _run(tmp_path, {"confidential_state_disk": DISK, "kubernetes_version": "1.34.4", "init_kubeadm_timeout": 60},
+    run = _run(tmp_path, {"confidential_state_disk": DISK, "kubernetes_version": "1.36.4", "init_kubeadm_timeout": 60},
                [GROUPS, GROUPS, REACHED], "-e", "measurements_merge=true")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "REACHED" in run.stdout
@@ -124,7 +124,7 @@ def test_an_inventory_of_known_variables_passes_and_is_checked_once(tmp_path):
 
 
 @pytest.mark.parametrize(("variables", "extra", "message"), [
-    ({"kubernetes_verison": "1.34.4"}, [], "cp-0: kubernetes_verison is not a variable of confidential.kubernetes"),
+    ({"kubernetes_verison": "1.36.4"}, [], "cp-0: kubernetes_verison is not a variable of confidential.kubernetes"),
     ({"confidential_state_dsk": DISK}, [], "cp-0: confidential_state_dsk is not a variable"),
     ({}, ["-e", "measurements_golden_nod=cp-0"], "cp-0: measurements_golden_nod is not a variable"),
     ({"confidential_state_disk": {"device": "/dev/vdb", "stat": "mounted"}}, [],
