@@ -229,7 +229,3 @@ def test_every_playbook_a_command_names_exists():
     missing = [f"{where}: {name}" for where, name in named if name not in shipped]
     assert not missing, "commands naming playbooks the collection does not ship:\n" + "\n".join(missing)
 
-
-def test_the_readme_lists_the_table_s_versions():
-    listed = re.search(r"supported: \*\*([^*]+)\*\*", (REPO / "README.md").read_text()).group(1)
-    assert sorted(v.strip() for v in listed.split(",")) == sorted(TABLE)
