@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE))
 from drilllab import DrillLab, log  # noqa: E402 pylint: disable=wrong-import-position
 
 # The order matters: each drill starts from the healthy cluster the one before it left.
-ORDER = ("outage", "restore", "renew", "rollover")
+ORDER = ("reboot", "outage", "restore", "renew", "rollover")
 
 
 def available() -> list[str]:
