@@ -6,12 +6,34 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
+
+# Each stage's time, printed at the end (also when a stage fails: the table then ends with it).
+suite_started=$(date +%s)
+stage_names=()
+stage_starts=()
+stage() {
+  stage_names+=("$*")
+  stage_starts+=("$(date +%s)")
+  printf '\n=== %s ===\n' "$*"
+}
+stage_times() {
+  local rc=$? now i next
+  now=$(date +%s)
+  printf '\n=== stage times (exit %s) ===\n' "$rc"
+  for i in "${!stage_names[@]}"; do
+    next=${stage_starts[$((i + 1))]:-$now}
+    printf '%6ss  %s\n' "$((next - stage_starts[i]))" "${stage_names[$i]:0:100}"
+  done
+  printf '%6ss  total\n' "$((now - suite_started))"
+}
+trap stage_times EXIT
+
+stage "set-up: Debian packages and the project venv (scripts/setup.sh)"
 bash scripts/setup.sh
 export PATH="$repo/.venv/bin:$PATH"
 export ANSIBLE_COLLECTIONS_PATH="$repo/.venv/collections"
 bash scripts/link-collection.sh
 
-stage() { printf '\n=== %s ===\n' "$*"; }
 
 stage "real Kubernetes v1.20.2 for the lab and the tests (built once per machine, verified by sha256 before use)"
 tests/lab/lab kubernetes
@@ -48,6 +70,9 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
 
   stage "the collection as installed from its Galaxy tarball (site, idempotence, verify on the lab)"
   bash scripts/installed-collection.sh
+
+  stage "day-2 drills on one 3 + 2 lab (tests/drills/run)"
+  tests/drills/run
 
   stage "fault (kill -9) suite and secret hygiene suite on the lab (CI subset; tests/faults/run --full for every step)"
   tests/faults/run
