@@ -85,6 +85,13 @@ options:
     type: list
     elements: str
     default: []
+  tls_renew_before_days:
+    description:
+      - Issue the TLS certificate again (and restart the service) when fewer than this many days of it are left. The
+        certificate lasts 365 days (or until the cluster CA expires, if that is sooner). A value above 365 renews it on
+        every run (the renew playbook's forced renewal).
+    type: int
+    default: 30
   pki_dir:
     description: The cluster PKI directory (C(ca.crt), and C(ca.key) to issue the service certificate).
     type: path
@@ -152,6 +159,8 @@ service_actions:
   sample: [restart]
 """
 
+import datetime
+
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2, joinservice_pb2_grpc, servercert
@@ -180,6 +189,7 @@ def main() -> None:
             unit_name=dict(type="str", default="confidential-joinservice.service"),
             unit_dir=dict(type="path", default="/etc/systemd/system"),
             tls_names=dict(type="list", elements="str", default=[]),
+            tls_renew_before_days=dict(type="int", default=30),
             pki_dir=dict(type="path", default="/etc/kubernetes/pki"),
             port=dict(type="int", default=9290),
             health_timeout=dict(type="int", default=60),
@@ -200,7 +210,8 @@ def main() -> None:
     deployment = Deployment(config_dir=params["config_dir"], unit_path=unit_path, files=files,
                             tls_names=params["tls_names"], pki_dir=params["pki_dir"], endpoint=f"127.0.0.1:{params['port']}",
                             health_timeout=params["health_timeout"], restart=params["restart"],
-                            only_if_installed=params["only_if_installed"])
+                            only_if_installed=params["only_if_installed"],
+                            tls_renew_before=datetime.timedelta(days=params["tls_renew_before_days"]))
     try:
         result = apply(deployment, Systemd(params["unit_name"]), module.check_mode, module.backup_local, module._diff)
     except JoinServiceError as exc:

@@ -13,6 +13,7 @@ backup, so that a restart finds a file it can load, and the failure carries the 
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import subprocess
@@ -65,6 +66,8 @@ class Deployment:
     secrets_name: str = "cluster-secrets.json"
     tls_cert_name: str = "joinservice.crt"
     tls_key_name: str = "joinservice.key"
+    # Re-issue the TLS certificate when less than this is left of it.
+    tls_renew_before: datetime.timedelta = servercert.RENEW_BEFORE
 
     def path(self, name: str) -> str:
         return os.path.join(self.config_dir, name)
@@ -179,7 +182,8 @@ def apply(deployment: Deployment, systemd: Systemd, check_mode: bool, backup: Ca
     if deployment.tls_names:
         try:
             result["tls_certificate_changed"] = servercert.issue(deployment.pki_dir, deployment.path(deployment.tls_cert_name),
-                                                                 deployment.path(deployment.tls_key_name), deployment.tls_names, check_mode)
+                                                                 deployment.path(deployment.tls_key_name), deployment.tls_names, check_mode,
+                                                                 deployment.tls_renew_before)
         except (OSError, ValueError) as exc:
             raise JoinServiceError(f"cannot issue the join service certificate: {exc}", result) from None
     restart = deployment.restart or result["tls_certificate_changed"]

@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The join service's TLS certificate, issued from the cluster CA for this control plane's addresses.
 
-``issue`` issues it when it is missing, about to expire, not issued by the current CA, or lacks a wanted address (the
+``issue`` issues it when it is missing, about to expire (less than ``renew_before`` left: RENEW_BEFORE unless the caller
+says otherwise, the renew playbook's threshold), not issued by the current CA, or lacks a wanted address (the
 ``join_service`` module runs it on the control plane).
 """
 
@@ -39,7 +40,8 @@ def _san_entries(names: list[str]) -> list:
     return entries
 
 
-def needs_issue(cert_path: str, ca: x509.Certificate, names: list[str], now: datetime.datetime) -> bool:
+def needs_issue(cert_path: str, ca: x509.Certificate, names: list[str], now: datetime.datetime,
+                renew_before: datetime.timedelta = RENEW_BEFORE) -> bool:
     try:
         with open(cert_path, "rb") as handle:
             current = x509.load_pem_x509_certificate(handle.read())
@@ -48,15 +50,16 @@ def needs_issue(cert_path: str, ca: x509.Certificate, names: list[str], now: dat
     except (OSError, ValueError, TypeError, x509.ExtensionNotFound, Exception):  # noqa: BLE001 - any doubt means re-issue
         return True
     wanted = set(_san_entries(names))
-    return not wanted <= set(present) or current.not_valid_after_utc - now < RENEW_BEFORE
+    return not wanted <= set(present) or current.not_valid_after_utc - now < renew_before
 
 
-def issue(pki_dir: str, cert_path: str, key_path: str, names: list[str], check_mode: bool = False) -> bool:
+def issue(pki_dir: str, cert_path: str, key_path: str, names: list[str], check_mode: bool = False,
+          renew_before: datetime.timedelta = RENEW_BEFORE) -> bool:
     """Issue the certificate when needed; returns whether it did (would, in check mode). The key is written 0600."""
     now = datetime.datetime.now(datetime.timezone.utc)
     with open(os.path.join(pki_dir, "ca.crt"), "rb") as handle:
         ca = x509.load_pem_x509_certificate(handle.read())
-    if not needs_issue(cert_path, ca, names, now):
+    if not needs_issue(cert_path, ca, names, now, renew_before):
         return False
     if check_mode:
         return True

@@ -177,3 +177,54 @@ def test_a_tampered_artefact_installs_nothing(tmp_path):
     assert run.returncode != 0
     assert f"sha256 mismatch for helm 3.18.4 ({ARCH}) from {tmp_path}/offline/" in run.stdout
     assert not destdir.exists()
+
+
+def _versioned_rows(root: Path) -> dict:
+    """Rows 9.9.9 and 9.9.10 of the same offline tree, whose kubeadm binaries report their own version."""
+    base = _offline_tree(root)
+    rows = {}
+    for version in ("9.9.9", "9.9.10"):
+        row = copy.deepcopy(base)
+        content = f"#!/bin/sh\necho v{version}\n".encode()
+        url = row["artifacts"]["kubeadm"][ARCH]["url"].replace("/v1.34.4/", f"/v{version}/")
+        target = root / url.split("/", 3)[3]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        row["artifacts"]["kubeadm"] = {"version": version, ARCH: {"url": url, "sha256": hashlib.sha256(content).hexdigest()}}
+        rows[version] = row
+    return rows
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
+def test_another_version_is_refused_on_a_node_in_a_cluster_and_nothing_is_swapped(tmp_path):
+    rows = _versioned_rows(tmp_path / "offline")
+    destdir = tmp_path / "root"
+    other = ["-e", json.dumps({"kubernetes_version": "9.9.10", "kubernetes_versions_extra": rows})]
+    assert _play(tmp_path, rows["9.9.9"], destdir).returncode == 0
+    kubeadm = destdir / "usr/local/bin/kubeadm"
+    staging = destdir / "var/cache/confidential-kubernetes/artifacts"
+    stamps = {p.name for p in staging.glob("installed-*.sha256")}
+    (destdir / "etc/kubernetes").mkdir(parents=True)
+    (destdir / "etc/kubernetes/kubelet.conf").write_text("kind: Config\n")
+
+    refused = _play(tmp_path, rows["9.9.9"], destdir, "cache", *other)
+    # Only the controller's artefact cache took the new version.
+    assert refused.returncode != 0 and _recap(refused.stdout)["changed"] == 1, refused.stdout
+    message = " ".join(refused.stdout.split())
+    assert "runs Kubernetes v9.9.9, but kubernetes_version asks for 9.9.10" in message, refused.stdout
+    assert "not yet available" in message and "nothing was changed" in message
+    assert kubeadm.read_bytes() == b"#!/bin/sh\necho v9.9.9\n" and {p.name for p in staging.glob("installed-*.sha256")} == stamps
+
+    # The running version again: converged, nothing asked of kubeadm; a damaged file of it is repaired.
+    again = _play(tmp_path, rows["9.9.9"], destdir)
+    assert _recap(again.stdout)["changed"] == 0, again.stdout
+    assert re.search(r"TASK \[confidential.kubernetes.node : Learn the Kubernetes version[^\n]*\nskipping", again.stdout), again.stdout
+    (destdir / "usr/local/bin/kubectl").write_bytes(b"damaged")
+    repaired = _play(tmp_path, rows["9.9.9"], destdir)
+    assert repaired.returncode == 0 and (destdir / "usr/local/bin/kubectl").read_bytes() == b"#!/bin/sh\necho kubectl\n", repaired.stdout
+
+    # Out of the cluster (no kubelet.conf), a node takes another version's stack.
+    (destdir / "etc/kubernetes/kubelet.conf").unlink()
+    swapped = _play(tmp_path, rows["9.9.9"], destdir, "cache", *other)
+    assert swapped.returncode == 0, swapped.stdout
+    assert kubeadm.read_bytes() == b"#!/bin/sh\necho v9.9.10\n"

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import dump_policy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._files import file_sha256
@@ -195,6 +196,22 @@ def test_what_the_service_reads_only_at_start_restarts_it(node, change):
     assert not result["failed"], result.get("msg")
     assert result["changed"] and result["service_actions"] == ["restart"] and node.systemd.service is not service
     assert not any(entry["backup_file"] for entry in result["files"].values())
+
+
+def test_the_certificate_is_renewed_below_its_threshold_alone_and_the_service_restarted(node):
+    """The renew playbook's call: only the certificate's names and a threshold, no files; above 365 days it renews."""
+    node.run()
+    service, before = node.systemd.service, x509.load_pem_x509_certificate(node.file("joinservice.crt").read_bytes())
+    renewal = {"tls_names": node.args["tls_names"], "pki_dir": node.args["pki_dir"], "config_dir": node.args["config_dir"],
+               "unit_dir": node.args["unit_dir"], "port": node.port, "health_timeout": 10, "only_if_installed": True}
+    kept = run_main(join_service.main, dict(renewal, tls_renew_before_days=364))
+    assert not kept["failed"] and not kept["changed"] and node.systemd.service is service
+    renewed = run_main(join_service.main, dict(renewal, tls_renew_before_days=366))
+    assert not renewed["failed"], renewed.get("msg")
+    assert renewed["tls_certificate_changed"] and renewed["service_actions"] == ["restart"] and node.systemd.service is not service
+    after = x509.load_pem_x509_certificate(node.file("joinservice.crt").read_bytes())
+    assert after.serial_number != before.serial_number and after.not_valid_after_utc >= before.not_valid_after_utc
+    assert node.loaded().status == "SERVING"
 
 
 def test_a_changed_unit_is_reloaded_before_the_restart(node):
