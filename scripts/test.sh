@@ -54,6 +54,10 @@ done
 stage "generated gRPC code matches joinservice.proto"
 bash scripts/gen-proto.sh --check
 
+stage "generated docs match their sources (versions table, argument specs)"
+python scripts/gen-docs-versions.py --check
+python scripts/variables-page.py --check
+
 stage "ansible-lint (production profile)"
 ansible-lint --profile production --offline -q roles playbooks extensions/molecule
 
