@@ -13,6 +13,7 @@ import importlib.util
 import json
 import struct
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,15 +27,25 @@ EVENT_LOG_FILE = "binary_bios_measurements"
 _EVENTLOG_SOURCE = Path(__file__).resolve().parents[3] / "plugins" / "module_utils" / "_attestation" / "eventlog.py"
 
 
+_EVENTLOG_LOCK = threading.Lock()
+
+
 def eventlog():
-    """The collection's event log module, loaded from its file (the lab does not import the collection)."""
-    module = sys.modules.get("cklab_eventlog")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("cklab_eventlog", _EVENTLOG_SOURCE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["cklab_eventlog"] = module
-        spec.loader.exec_module(module)
-    return module
+    """The collection's event log module, loaded from its file (the lab does not import the collection). Nodes start in
+    threads: one loads it, the others wait, and none sees a half-loaded module."""
+    with _EVENTLOG_LOCK:
+        module = sys.modules.get("cklab_eventlog")
+        if module is None:
+            spec = importlib.util.spec_from_file_location("cklab_eventlog", _EVENTLOG_SOURCE)
+            module = importlib.util.module_from_spec(spec)
+            # Registered before it runs (its dataclasses look themselves up there); the lock keeps others out meanwhile.
+            sys.modules["cklab_eventlog"] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules["cklab_eventlog"]
+                raise
+        return module
 
 
 @dataclass(frozen=True)
