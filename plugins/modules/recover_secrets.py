@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: recover_secrets
 short_description: Attest a control plane that waits for keys and seal the key of its own state disk to it (controller)
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - The controller side of the recover hand-over (C(recover.yml)), for a control plane that was rebooted while no join
     service could serve its rejoin (every control plane lost power).

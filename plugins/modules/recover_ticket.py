@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: recover_ticket
 short_description: On a control plane that waits for keys, report where it stands, or open the recover hand-over
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - The node side of C(recover.yml). Without O(sealed), reports whether the node waits for the recover hand-over,
     that is a member whose PCR 15 a reboot reset (lock record and join record on the root disk) and whose boot-time join

@@ -222,8 +222,9 @@ class Verifier:
             values = "; ".join(f"PCR {m['pcr']} is {m['actual']}, the policy allows {', '.join(m['allowed'])}"
                                for m in mismatches)
             events = "; ".join(d["summary"] for m in mismatches for d in m.get("events", ()))
-            raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy ({values})"
-                                    + (f": {events}" if events else "") + f". {_PCR_POLICY_NEXT}", mismatches, warnings)
+            raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy"
+                                    + (f": {events}" if events else "") + f" ({values}). {_PCR_POLICY_NEXT}",
+                                    mismatches, warnings)
         return warnings
 
     def _explain(self, entries: list[dict], log: eventlog.EventLog) -> None:

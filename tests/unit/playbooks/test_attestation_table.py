@@ -49,7 +49,7 @@ def test_the_table_names_the_differing_event_and_the_pcrs_a_log_does_not_replay_
     assert run.returncode == 0, run.stdout + run.stderr
     lines = (tmp_path / "table.txt").read_text().splitlines()
     rows = {line.split()[0]: line for line in lines if line and not line.startswith(" ")}
-    assert rows["worker-0"].split() == ["worker-0", "worker", "FAILED", "unlocked", "8", "pcr-policy"]
+    assert rows["worker-0"].split() == ["worker-0", "worker", "FAILED", "unlocked", "8", "?", "pcr-policy"]
     below_worker_0 = lines[lines.index(rows["worker-0"]) + 1]
     assert below_worker_0 == (f"    PCR 8: EV_IPL kernel_cmdline: ro -> kernel_cmdline: ro x=1 digest changed "
                               f"(old {'aa' * 32}, new {'bb' * 32})")

@@ -186,7 +186,9 @@ def _versioned_rows(root: Path) -> dict:
     for version in ("9.9.9", "9.9.10"):
         row = copy.deepcopy(base)
         content = f"#!/bin/sh\necho v{version}\n".encode()
-        url = row["artifacts"]["kubeadm"][ARCH]["url"].replace("/v1.34.4/", f"/v{version}/")
+        shipped = row["artifacts"]["kubeadm"]["version"]
+        url = row["artifacts"]["kubeadm"][ARCH]["url"].replace(f"/v{shipped}/", f"/v{version}/")
+        assert url != row["artifacts"]["kubeadm"][ARCH]["url"]
         target = root / url.split("/", 3)[3]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
