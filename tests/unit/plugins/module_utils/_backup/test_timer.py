@@ -16,6 +16,7 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup import snapshot, timer
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _etcd_backups
 
 pytestmark = pytest.mark.skipif(not (shutil.which("etcd") and shutil.which("etcdctl")), reason="needs etcd, etcdctl")
 
@@ -84,6 +85,8 @@ def test_two_runs_keep_the_newest_and_decrypt(member, secrets_file, tmp_path):
                                            capture_output=True, text=True, check=True,
                                            env=dict(os.environ, ETCDCTL_API="3")).stdout)
         assert status["revision"] == manifest["revision"]
+        # The controller's restore check takes the directory as it is (copied into backups/).
+        assert _etcd_backups.verify(str(directory / name), SECRETS)["revision"] == manifest["revision"]
 
 
 def test_no_healthy_member_or_bad_secrets_keep_what_was_there(member, secrets_file, tmp_path):
