@@ -90,7 +90,8 @@ def run(etcdctl: Etcdctl, secrets_file: str, directory: str, keep: int, work_dir
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="confidential-etcd-backup", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="confidential-etcd-backup",
+                                     description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--dir", required=True, help="where the snapshots are kept (on the state disk)")
     parser.add_argument("--keep", type=int, default=7, help="how many snapshots to keep (the newest)")
     parser.add_argument("--etcdctl", default="etcdctl")
@@ -114,11 +115,12 @@ def main(argv: list | None = None) -> int:
     try:
         result = run(client, args.secrets_file, args.dir, args.keep, args.work_dir, args.member, args.chunk_size)
     except (TimerError, OSError, ValueError) as exc:
-        print(f"confidential-etcd-backup: {exc}", file=sys.stderr)
+        # One line for the journal; the message names a path or etcd's answer, never a secret.
+        sys.stderr.write(f"confidential-etcd-backup: {exc}\n")
         return 1
-    print(json.dumps(result, sort_keys=True))
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -66,8 +66,8 @@ def test_runner_writes_every_drill_and_day2_reads_the_figures(monkeypatch, tmp_p
     rc, document = _run_main(monkeypatch, tmp_path, {"outage": OUTAGE, "restore": RESTORE})
     assert rc == 0
     assert (document["control_planes"], document["workers"]) == (3, 2)
-    assert [(d["name"], d["result"]) for d in document["drills"]] == [("bring-up", "ok"), ("outage", "ok"),
-                                                                       ("restore", "ok")]
+    steps = [(d["name"], d["result"]) for d in document["drills"]]
+    assert steps == [("bring-up", "ok"), ("outage", "ok"), ("restore", "ok")]
     assert document["drills"][1]["figures"] == OUTAGE
 
     rows = {row["figure"].removeprefix("3 cp + 2 workers: "): row for row in day2.figures_from(document)}

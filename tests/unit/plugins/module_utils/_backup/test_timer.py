@@ -93,6 +93,7 @@ def test_no_healthy_member_or_bad_secrets_keep_what_was_there(member, secrets_fi
     directory, work = tmp_path / "backups", tmp_path / "work"
     assert _cli(member, secrets_file, directory, work).returncode == 0
     before = sorted(os.listdir(directory))
+    subprocess.run(["sleep", "1.1"], check=True)  # not refused as a second snapshot in the same second
 
     down = subprocess.run([sys.executable, "-m", MODULE, "--dir", str(directory), "--endpoint", "http://127.0.0.1:1",
                            "--secrets-file", secrets_file, "--work-dir", str(work), "--timeout", "2"],
