@@ -32,6 +32,7 @@ BENCHMARKS = (
     ("lab_updown.py", ["--runs", "{lab_runs}"], True),
     ("playbooks.py", ["--runs", "{lab_runs}"], True),
     ("bringup.py", [], True),
+    ("day2.py", [], True),
 )
 HEADER = ("benchmark", "figure", "value", "unit", "target", "result")
 

@@ -3,13 +3,14 @@
 """The day-2 drills on one lab: bring up the lab once, site.yml, then each drill in order on that same cluster,
 each leaving it healthy for the next; a table of every drill's figures and time at the end. See README.md here.
 
-tests/drills/run [--control-planes N] [--workers M] [--keep] [DRILL ...]
+tests/drills/run [--control-planes N] [--workers M] [--keep] [--figures-json FILE] [DRILL ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import time
 import traceback
@@ -37,11 +38,23 @@ def load(name: str):
     return module.drill
 
 
+def write_figures(path: str, control_planes: int, workers: int, results: list) -> None:
+    """Every step's result, seconds and figures as JSON (bench/day2.py reads it): {"control_planes", "workers",
+    "drills": [{"name", "result", "seconds", "figures"}, ...]}, "bring-up" first."""
+    document = {"control_planes": control_planes, "workers": workers,
+                "drills": [{"name": name, "result": result, "seconds": round(seconds, 1), "figures": figures}
+                           for name, result, seconds, figures in results]}
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=1, default=str)
+        handle.write("\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--control-planes", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="leave the lab up at the end")
+    parser.add_argument("--figures-json", metavar="FILE", help="also write every drill's result and figures to FILE")
     parser.add_argument("drills", nargs="*", help=f"default: every drill ({', '.join(available())})")
     args = parser.parse_args()
     names = args.drills or available()
@@ -82,6 +95,8 @@ def main() -> int:
         print(f"{name:<12} {seconds:>8.1f}  {result}")
         for key, value in figures.items():
             print(f"{'':<12} {'':>8}    {key}: {value}")
+    if args.figures_json:
+        write_figures(args.figures_json, args.control_planes, args.workers, results)
     outcomes = [(entry[0], entry[1]) for entry in results]
     drills = [(name, result) for name, result in outcomes if name != "bring-up"]
     passed = sum(1 for _name, result in drills if result == "ok")
