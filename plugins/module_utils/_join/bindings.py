@@ -82,7 +82,8 @@ class KubectlDiskBindings(Kubectl):
 
     async def _get(self, name: str, disk_uuid: str) -> tuple[Binding, str]:
         try:
-            document = json.loads(await self.kubectl(["get", "configmap", name, f"--namespace={NAMESPACE}", "--output=json"]))
+            argv = ["get", "configmap", name, f"--namespace={NAMESPACE}", "--output=json"]
+            document = json.loads(await self.kubectl(argv))
             return binding_of(document.get("data"), f"ConfigMap {name}"), document["metadata"]["resourceVersion"]
         except KubectlError as exc:
             raise BindingConflict(f"reading the binding of disk {disk_uuid} failed ({exc})") from None

@@ -240,7 +240,8 @@ def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False,
         except FileNotFoundError:
             current = None
         entries = dict(parse_enrolment(current, f"node enrolment {path}").by_ek) if current is not None else {}
-        _refuse_bound_disks(nodes, list(bindings) + [Binding(e.disk_uuid, e.ek, e.node_name) for e in entries.values() if e.disk_uuid])
+        enrolled = [Binding(e.disk_uuid, e.ek, e.node_name) for e in entries.values() if e.disk_uuid]
+        _refuse_bound_disks(nodes, list(bindings) + enrolled)
         entries = {ek: entry for ek, entry in entries.items() if entry.node_name not in absent}
         for node in nodes:
             enrolled = entries.get(node.ek)
@@ -267,8 +268,9 @@ def _refuse_bound_disks(nodes: list[Enrolment], bindings: list[Binding]) -> None
     for node in nodes:
         holder = holders.get(node.disk_uuid) if node.disk_uuid else None
         if holder is not None and holder.ek != node.ek:
-            raise RegistryError(f"node {node.node_name} (EK {node.ek[:16]}...) cannot be enrolled with disk {node.disk_uuid}: that disk "
-                                f"is bound to node {holder.node_name} (EK {holder.ek[:16]}...); release it first with remove_node.yml")
+            raise RegistryError(f"node {node.node_name} (EK {node.ek[:16]}...) cannot be enrolled with disk "
+                                f"{node.disk_uuid}: that disk is bound to node {holder.node_name} (EK {holder.ek[:16]}...); "
+                                "release it first with remove_node.yml")
 
 
 class EnrolmentWatcher(WatchedFile):
@@ -419,19 +421,20 @@ class NodeRegistry:
         mine = self.disk_of(identity.ek, enrolments)
         holder = self.holder_of(disk, enrolments)
         if holder is not None and holder[0] != identity.ek:
-            raise RegistryRefusal("disk-not-granted", f"disk {disk} is bound to another node's TPM ({holder[1]}): a node gets only its own "
-                                                      "disk's key; an operator releases a disk with remove_node.yml")
+            raise RegistryRefusal("disk-not-granted", f"disk {disk} is bound to another node's TPM ({holder[1]}): a node gets "
+                                                      "only its own disk's key; an operator releases a disk with remove_node.yml")
         if mine is not None and mine != disk:
-            raise RegistryRefusal("disk-not-granted", f"the state disk bound to this TPM is {mine}; it may not ask for the key of disk {disk}")
+            raise RegistryRefusal("disk-not-granted", f"the state disk bound to this TPM is {mine}; it may not ask for the key of "
+                                                      f"disk {disk}")
         bind = None
         if mine is None and flow != "join":
-            raise RegistryRefusal("disk-not-granted", f"no state disk is bound to this TPM (node {name}): it never joined through the "
-                                                      "join service, or was enrolled afresh since; a rejoin serves only a bound disk")
-        bound = self.mirror.get(disk)
-        if flow == "join" and (bound is None or bound.enrolment_id != (entry.enrolment_id if entry is not None else "")):
+            raise RegistryRefusal("disk-not-granted", f"no state disk is bound to this TPM (node {name}): it never joined "
+                                                      "through the join service, or was enrolled afresh since; a rejoin serves "
+                                                      "only a bound disk")
+        bound, enrolment_id = self.mirror.get(disk), entry.enrolment_id if entry is not None else ""
+        if flow == "join" and (bound is None or bound.enrolment_id != enrolment_id):
             # A first binding, or an enrolled disk the cluster's API does not hold yet: claimed there before any key.
-            bind = Binding(disk, identity.ek, name, entry.enrolment_id if entry is not None else "",
-                           self._now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+            bind = Binding(disk, identity.ek, name, enrolment_id, self._now().strftime("%Y-%m-%dT%H:%M:%SZ"))
         return Grant(identity.ek, name, control_plane and may_be_control_plane, disk, source, bind)
 
     def _pool_name(self, identity: NodeIdentity, enrolments: Enrolments) -> str:
