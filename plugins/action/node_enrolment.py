@@ -12,11 +12,14 @@ import os
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
-    Enrolment, RegistryError, merge_enrolment, parse_enrolment)
+    Enrolment, RegistryError, merge_enrolment, parse_bindings, parse_enrolment)
 
 ARGUMENT_SPEC = dict(
     enrolment_file=dict(type="path", required=True),
     absent=dict(type="list", elements="str", default=[]),
+    # The cluster's disk bindings (the join services' mirrors: JSON documents of disk-bindings.json): a node is not
+    # enrolled with a disk bound to another EK.
+    disk_bindings=dict(type="list", elements="str", default=[], no_log=False),
     nodes=dict(type="list", elements="dict", default=[], options=dict(
         ek=dict(type="str", required=True),
         node_name=dict(type="str", required=True),
@@ -38,7 +41,9 @@ class ActionModule(ActionBase):
         path = os.path.expanduser(params["enrolment_file"])
         try:
             nodes = [_enrolment(node) for node in params["nodes"]]
-            changed, content = merge_enrolment(path, nodes, self._task.check_mode, tuple(params["absent"]))
+            bindings = tuple(binding for number, text in enumerate(params["disk_bindings"])
+                             for binding in parse_bindings(text.encode(), f"disk bindings {number}"))
+            changed, content = merge_enrolment(path, nodes, self._task.check_mode, tuple(params["absent"]), bindings)
         except (RegistryError, OSError) as exc:
             result.update(failed=True, msg=f"cannot enrol the nodes in {path}: {exc}; nothing was changed")
             return result

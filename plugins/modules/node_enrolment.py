@@ -44,6 +44,15 @@ options:
     type: list
     elements: str
     default: []
+  disk_bindings:
+    description:
+      - The cluster's disk bindings, each the content of a join service's mirror C(disk-bindings.json) (the
+        C(joinservice) role reads every control plane's).
+      - A node whose O(nodes[].disk_uuid) is bound to another TPM, here or in the enrolment file, is refused with both
+        nodes named, and nothing changes; a bound disk is released only by C(remove_node.yml).
+    type: list
+    elements: str
+    default: []
   nodes:
     description: The nodes to enrol.
     type: list

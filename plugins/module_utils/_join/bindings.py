@@ -4,15 +4,19 @@
 
 One ConfigMap per disk, ``kube-system/confidential-kubernetes-disk-<uuid>`` (label ``confidential.kubernetes/disk-binding``),
 data ``disk_uuid``, ``ek``, ``node_name``, ``enrolment_id``, ``bound_at``. ``kubectl create`` succeeds for one caller
-only, so two services that bind the same disk at the same moment cannot both win; a binding that no longer counts
-(its node was enrolled afresh) is replaced with ``kubectl replace``, whose resourceVersion makes that a
-compare-and-swap. Nothing in it is secret: the disk key is derived from the UUID and the master secret.
+only, so two services that bind the same disk at the same moment cannot both win. A disk held by another EK stays
+its own whatever the enrolment says: only an operator releases it (``remove_node.yml`` deletes the node's bindings).
+An EK's first disk is claimed first in a second object, ``kube-system/confidential-kubernetes-ek-<EK identity>`` (label
+``confidential.kubernetes/ek-binding``), also created only if absent, so one TPM that starts several first joins at
+once (with other disk UUIDs, through one or several services) binds one disk. Either object made under an older
+enrolment of the same EK (the node was reset and enrolled afresh) is replaced with ``kubectl replace``, whose
+resourceVersion makes that a compare-and-swap. Nothing in them is secret: the disk key is derived from the UUID and
+the master secret.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Callable
 
 from .kubectl import Kubectl, KubectlError
 from .registry import Binding, RegistryError, binding_of
@@ -20,6 +24,8 @@ from .registry import Binding, RegistryError, binding_of
 NAMESPACE = "kube-system"
 LABEL = "confidential.kubernetes/disk-binding"
 NAME_PREFIX = "confidential-kubernetes-disk-"
+EK_LABEL = "confidential.kubernetes/ek-binding"
+EK_NAME_PREFIX = "confidential-kubernetes-ek-"
 
 
 class BindingConflict(RuntimeError):
@@ -30,8 +36,12 @@ def object_name(disk_uuid: str) -> str:
     return NAME_PREFIX + disk_uuid
 
 
-def manifest(binding: Binding, resource_version: str | None = None) -> bytes:
-    metadata = {"name": object_name(binding.disk_uuid), "namespace": NAMESPACE, "labels": {LABEL: "v1"}}
+def ek_object_name(ek: str) -> str:
+    return EK_NAME_PREFIX + ek
+
+
+def manifest(binding: Binding, resource_version: str | None = None, name: str = "", label: str = LABEL) -> bytes:
+    metadata = {"name": name or object_name(binding.disk_uuid), "namespace": NAMESPACE, "labels": {label: "v1"}}
     if resource_version:
         metadata["resourceVersion"] = resource_version
     return json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": binding.to_document()}).encode()
@@ -40,33 +50,45 @@ def manifest(binding: Binding, resource_version: str | None = None) -> bytes:
 class KubectlDiskBindings(Kubectl):
     """Claims and lists disk bindings through kubectl (manifests on stdin). Tests replace ``_run_command``."""
 
-    async def claim(self, binding: Binding, counts: Callable[[Binding], bool]) -> Binding:
-        """The binding of ``binding.disk_uuid`` after the claim: ``binding`` itself, or the one of the EK that holds the disk."""
+    async def claim(self, binding: Binding) -> Binding:
+        """What holds after the claim: ``binding`` itself; the binding of the EK that holds the disk; or this EK's
+        binding of another disk (its first join claimed that one)."""
+        first = await self._create_or_get(binding, ek_object_name(binding.ek), EK_LABEL)
+        if first.disk_uuid != binding.disk_uuid:
+            return first
+        existing = await self._create_or_get(binding, object_name(binding.disk_uuid), LABEL)
+        if existing.ek != binding.ek:
+            # Another TPM's disk, however the enrolment reads: only an operator releases it (remove_node.yml).
+            return existing
+        return binding
+
+    async def _create_or_get(self, binding: Binding, name: str, label: str) -> Binding:
+        """Create the object ``name`` for ``binding`` if absent; an object of this EK made under an older enrolment is
+        replaced (compare-and-swap); otherwise the binding it holds."""
         try:
-            await self.kubectl(["create", "--filename=-"], manifest(binding))
+            await self.kubectl(["create", "--filename=-"], manifest(binding, name=name, label=label))
             return binding
         except KubectlError as exc:
             if "AlreadyExists" not in exc.output and "already exists" not in exc.output:
                 raise BindingConflict(f"claiming disk {binding.disk_uuid} in the cluster's API failed ({exc})") from None
-        existing, version = await self._get(binding.disk_uuid)
-        if existing.ek != binding.ek and counts(existing):
-            return existing
-        if existing.ek == binding.ek and existing.enrolment_id == binding.enrolment_id:
+        existing, version = await self._get(name, binding.disk_uuid)
+        if existing.ek != binding.ek or existing.enrolment_id == binding.enrolment_id:
             return existing
         try:
-            await self.kubectl(["replace", "--filename=-"], manifest(binding, version))
+            await self.kubectl(["replace", "--filename=-"], manifest(binding, version, name, label))
         except KubectlError as exc:
             raise BindingConflict(f"the binding of disk {binding.disk_uuid} changed while it was claimed ({exc})") from None
         return binding
 
-    async def _get(self, disk_uuid: str) -> tuple[Binding, str]:
+    async def _get(self, name: str, disk_uuid: str) -> tuple[Binding, str]:
         try:
-            document = json.loads(await self.kubectl(["get", "configmap", object_name(disk_uuid), f"--namespace={NAMESPACE}", "--output=json"]))
-            return binding_of(document.get("data"), f"ConfigMap {object_name(disk_uuid)}"), document["metadata"]["resourceVersion"]
+            argv = ["get", "configmap", name, f"--namespace={NAMESPACE}", "--output=json"]
+            document = json.loads(await self.kubectl(argv))
+            return binding_of(document.get("data"), f"ConfigMap {name}"), document["metadata"]["resourceVersion"]
         except KubectlError as exc:
             raise BindingConflict(f"reading the binding of disk {disk_uuid} failed ({exc})") from None
         except (ValueError, KeyError, TypeError, RegistryError) as exc:
-            raise BindingConflict(f"the binding of disk {disk_uuid} in the cluster's API is unreadable: {exc}") from None
+            raise BindingConflict(f"the binding {name} in the cluster's API is unreadable: {exc}") from None
 
     async def all_bindings(self) -> list[Binding]:
         """Every binding in the cluster's API (unreadable objects are skipped: only a valid binding grants a disk)."""
@@ -79,6 +101,8 @@ class KubectlDiskBindings(Kubectl):
         bindings = []
         for item in document.get("items", []) if isinstance(document, dict) else []:
             try:
+                if not str(item.get("metadata", {}).get("name", "")).startswith(NAME_PREFIX):
+                    continue
                 bindings.append(binding_of(item.get("data"), f"ConfigMap {item.get('metadata', {}).get('name')}"))
             except (RegistryError, AttributeError):
                 continue

@@ -12,9 +12,9 @@ has at most ``MAX_PENDING_PER_CLIENT`` waiting, and one per EK (a node's new cha
 
 Step 2 (``activate``): the node proves it activated the credential (only the TPM holding the EK, with the AK loaded,
 can). Only then: the nonce is used, the registry's grant is checked again (an enrolment changed in between counts), then
-claim a first disk binding in the cluster's API, take the control-plane slot, derive the disk key,
-sign the kubelet certificate for the granted name, seal the ticket to the evidence's ephemeral key, and register the
-bootstrap token last. Every refusal is a ``Refusal`` raised before a token is registered.
+claim a first disk binding in the cluster's API (one disk per EK, one EK per disk), take the control-plane slot, derive
+the disk key, sign the kubelet certificate for the granted name, seal the ticket to the evidence's ephemeral key, and
+register the bootstrap token last. Every refusal is a ``Refusal`` raised before a token is registered.
 """
 
 from __future__ import annotations
@@ -333,13 +333,17 @@ class TicketIssuer:
         if binding is None:
             return
         try:
-            holder = await self._disk_bindings.claim(binding, self.registry.counts)
+            holder = await self._disk_bindings.claim(binding)
         except BindingConflict as exc:
             raise Refusal("UNAVAILABLE", "disk-binding", str(exc)) from None
         if holder.ek != binding.ek:
             self.registry.mirror.record(holder)
-            raise Refusal.of("disk-not-granted", f"disk {binding.disk_uuid} is bound to another node's TPM: a node gets only its own "
-                                                 "disk's key")
+            raise Refusal.of("disk-not-granted", f"disk {binding.disk_uuid} is bound to another node's TPM ({holder.node_name}): "
+                                                 "a node gets only its own disk's key; an operator releases a disk with "
+                                                 "remove_node.yml")
+        if holder.disk_uuid != binding.disk_uuid:
+            raise Refusal.of("disk-not-granted", f"this TPM's first join already claimed disk {holder.disk_uuid}; it may not "
+                                                 f"bind disk {binding.disk_uuid} as well")
         self.registry.mirror.record(holder)
 
     def prepare_join(self, pending: Pending) -> PreparedJoin:

@@ -15,7 +15,9 @@ what an EK is granted:
 An EK that is not enrolled may join only under the pool rule (``pool_workers``): its EK certificate chains to the EK
 CA, it joins as a worker named ``<pool_name_prefix>-<first 10 hex digits of its identity>``, never as a control plane.
 An enrolment without a disk carries an ``enrolment_id``; bindings made under an older one (a node that was reset and
-enrolled afresh) no longer count, so the node binds its new disk.
+enrolled afresh) no longer count for that EK, so the node binds its new disk. A binding outranks the enrolment: a disk
+bound to one EK is refused to every other, whether the enrolment names it for another node or no longer names its
+owner; only an operator releases it (``remove_node.yml``).
 """
 
 from __future__ import annotations
@@ -215,13 +217,16 @@ def dump_enrolment(entries: list[Enrolment]) -> bytes:
     return (json.dumps({"version": ENROLMENT_VERSION, "nodes": nodes}, indent=1, sort_keys=True) + "\n").encode()
 
 
-def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False, absent: tuple[str, ...] = ()) -> tuple[bool, bytes]:
+def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False, absent: tuple[str, ...] = (),
+                    bindings: tuple[Binding, ...] = ()) -> tuple[bool, bytes]:
     """Merge enrolments into the controller's enrolment file (0600), under an exclusive lock of ``<path>.lock``.
 
     Each node replaces any entry with its EK or its name; the nodes named in ``absent`` are removed (a node taken out
     of the cluster for good). A node enrolled without a disk (its state disk is not LUKS: it never joined, or it was
     reset) gets a new ``enrolment_id``, which voids disk bindings made under an older one. A node enrolled without a
-    disk that now has one (it joined since, and the join service bound that disk) is left as it is.
+    disk that now has one (it joined since, and the join service bound that disk) is left as it is. A node whose disk
+    is bound to another EK (in ``bindings``, the cluster's disk bindings, or in this file) is refused, naming both, and
+    nothing changes: a bound disk is released by an operator only (remove_node.yml).
     Returns (changed, the file's content).
     """
     directory = os.path.dirname(path) or "."
@@ -235,6 +240,8 @@ def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False,
         except FileNotFoundError:
             current = None
         entries = dict(parse_enrolment(current, f"node enrolment {path}").by_ek) if current is not None else {}
+        enrolled = [Binding(e.disk_uuid, e.ek, e.node_name) for e in entries.values() if e.disk_uuid]
+        _refuse_bound_disks(nodes, list(bindings) + enrolled)
         entries = {ek: entry for ek, entry in entries.items() if entry.node_name not in absent}
         for node in nodes:
             enrolled = entries.get(node.ek)
@@ -254,6 +261,16 @@ def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False,
         return changed, content
     finally:
         os.close(lock)
+
+
+def _refuse_bound_disks(nodes: list[Enrolment], bindings: list[Binding]) -> None:
+    holders = {binding.disk_uuid: binding for binding in bindings}
+    for node in nodes:
+        holder = holders.get(node.disk_uuid) if node.disk_uuid else None
+        if holder is not None and holder.ek != node.ek:
+            raise RegistryError(f"node {node.node_name} (EK {node.ek[:16]}...) cannot be enrolled with disk "
+                                f"{node.disk_uuid}: that disk is bound to node {holder.node_name} (EK {holder.ek[:16]}...); "
+                                "release it first with remove_node.yml")
 
 
 class EnrolmentWatcher(WatchedFile):
@@ -402,18 +419,22 @@ class NodeRegistry:
                                                       f"as node {name}; it may not join as {node_name!r}")
         disk = check_disk_uuid(disk_uuid)
         mine = self.disk_of(identity.ek, enrolments)
-        owner = self.owner_of(disk, enrolments)
-        if owner is not None and owner != identity.ek:
-            raise RegistryRefusal("disk-not-granted", f"disk {disk} is bound to another node's TPM: a node gets only its own disk's key")
+        holder = self.holder_of(disk, enrolments)
+        if holder is not None and holder[0] != identity.ek:
+            raise RegistryRefusal("disk-not-granted", f"disk {disk} is bound to another node's TPM ({holder[1]}): a node gets "
+                                                      "only its own disk's key; an operator releases a disk with remove_node.yml")
         if mine is not None and mine != disk:
-            raise RegistryRefusal("disk-not-granted", f"the state disk bound to this TPM is {mine}; it may not ask for the key of disk {disk}")
+            raise RegistryRefusal("disk-not-granted", f"the state disk bound to this TPM is {mine}; it may not ask for the key of "
+                                                      f"disk {disk}")
         bind = None
-        if mine is None:
-            if flow != "join":
-                raise RegistryRefusal("disk-not-granted", f"no state disk is bound to this TPM (node {name}): it never joined through the "
-                                                          "join service, or was enrolled afresh since; a rejoin serves only a bound disk")
-            bind = Binding(disk, identity.ek, name, entry.enrolment_id if entry is not None else "",
-                           self._now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if mine is None and flow != "join":
+            raise RegistryRefusal("disk-not-granted", f"no state disk is bound to this TPM (node {name}): it never joined "
+                                                      "through the join service, or was enrolled afresh since; a rejoin serves "
+                                                      "only a bound disk")
+        bound, enrolment_id = self.mirror.get(disk), entry.enrolment_id if entry is not None else ""
+        if flow == "join" and (bound is None or bound.enrolment_id != enrolment_id):
+            # A first binding, or an enrolled disk the cluster's API does not hold yet: claimed there before any key.
+            bind = Binding(disk, identity.ek, name, enrolment_id, self._now().strftime("%Y-%m-%dT%H:%M:%SZ"))
         return Grant(identity.ek, name, control_plane and may_be_control_plane, disk, source, bind)
 
     def _pool_name(self, identity: NodeIdentity, enrolments: Enrolments) -> str:
@@ -447,23 +468,18 @@ class NodeRegistry:
         bound = sorted((b for b in self.mirror.of_ek(ek) if b.enrolment_id == enrolment_id), key=lambda b: (b.bound_at, b.disk_uuid))
         return bound[0].disk_uuid if bound else None
 
-    def owner_of(self, disk_uuid: str, enrolments: Enrolments | None = None) -> str | None:
-        """The EK a disk belongs to: its enrolment, else a binding that still counts for its EK."""
+    def holder_of(self, disk_uuid: str, enrolments: Enrolments | None = None) -> tuple[str, str] | None:
+        """The EK a disk belongs to and its node: its binding in the cluster's API (mirrored here), which outranks the
+        enrolment and holds until an operator releases it (remove_node.yml), whatever the enrolment says since; else
+        the enrolment that names the disk."""
+        binding = self.mirror.get(disk_uuid)
+        if binding is not None:
+            return binding.ek, binding.node_name
         enrolments = enrolments or self.enrolment.current()
         entry = enrolments.by_disk.get(disk_uuid)
-        if entry is not None:
-            return entry.ek
-        binding = self.mirror.get(disk_uuid)
-        if binding is not None and self.disk_of(binding.ek, enrolments) == disk_uuid:
-            return binding.ek
-        return None
+        return (entry.ek, entry.node_name) if entry is not None else None
 
-    def counts(self, binding: Binding) -> bool:
-        """Whether a binding (e.g. one found in the cluster's API) still binds its disk to its EK."""
-        enrolments = self.enrolment.current()
-        entry = enrolments.by_ek.get(binding.ek)
-        if entry is not None and entry.disk_uuid:
-            return entry.disk_uuid == binding.disk_uuid
-        if enrolments.by_disk.get(binding.disk_uuid) not in (None, entry):
-            return False
-        return binding.enrolment_id == (entry.enrolment_id if entry is not None else "")
+    def owner_of(self, disk_uuid: str, enrolments: Enrolments | None = None) -> str | None:
+        """The EK a disk belongs to (``holder_of``)."""
+        holder = self.holder_of(disk_uuid, enrolments)
+        return holder[0] if holder is not None else None

@@ -97,3 +97,26 @@ def test_unenrolled_nodes_are_removed_and_the_others_stay(tmp_path):
     removed = _action(ActionModule, {"enrolment_file": str(path), "absent": ["worker-1"]}).run(task_vars={})
     assert removed["changed"] and sorted(removed["nodes"]) == ["cp-0"]
     assert not _action(ActionModule, {"enrolment_file": str(path), "absent": ["worker-1"]}).run(task_vars={})["changed"]
+
+
+def test_a_disk_bound_to_another_ek_is_refused_naming_both_and_nothing_changes(tmp_path):
+    """Issue 25: the enrolment used to outrank the disk bindings; a new host enrolled with a bound disk got its key."""
+    path = tmp_path / "node-enrolment.json"
+    _enrol(path, [{"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK},
+                  {"ek": "b" * 64, "node_name": "worker-1"}])
+    content = path.read_bytes()
+    other = "5a0c7e21-3b9d-4f16-9c2e-7d81a4f0b362"
+    mirror = json.dumps({"version": 1, "bindings": [{"disk_uuid": other, "ek": "b" * 64, "node_name": "worker-1",
+                                                     "enrolment_id": "", "bound_at": "2026-01-01T00:00:00Z"}]})
+    from ansible_collections.confidential.kubernetes.plugins.action.node_enrolment import ActionModule
+    # worker-1's disk is bound in the cluster's API (the services' mirrors), cp-0's in the enrolment file; a new host
+    # (another EK) asks for each, once under a new name, once taking the holder's name.
+    for node in ({"ek": "c" * 64, "node_name": "worker-9", "disk_uuid": other}, {"ek": "c" * 64, "node_name": "worker-1", "disk_uuid": other},
+                 {"ek": "c" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK}):
+        failed = _action(ActionModule, {"enrolment_file": str(path), "nodes": [node], "disk_bindings": [mirror]}).run(task_vars={})
+        holder = "worker-1 (EK bbbb" if node["disk_uuid"] == other else "cp-0 (EK aaaa"
+        assert failed.get("failed") and holder in failed["msg"] and f"node {node['node_name']} (EK cccc" in failed["msg"], failed
+        assert "nothing was changed" in failed["msg"] and path.read_bytes() == content
+    # The holder itself, enrolled again with its bound disk, is fine.
+    assert not _action(ActionModule, {"enrolment_file": str(path), "disk_bindings": [mirror],
+                                      "nodes": [{"ek": "b" * 64, "node_name": "worker-1", "disk_uuid": other}]}).run(task_vars={}).get("failed")

@@ -129,7 +129,7 @@ def test_another_nodes_disk_is_refused_by_join_and_by_rejoin(tmp_path):
     assert f"bound to this TPM is {DISK_A}" in _refused("disk-not-granted", lambda: registry.grant(owner, flow="rejoin", disk=DISK_B))
 
 
-def test_a_node_enrolled_afresh_binds_its_new_disk_and_frees_the_old_one(tmp_path):
+def test_a_node_enrolled_afresh_binds_its_new_disk_and_keeps_the_old_one_from_others(tmp_path):
     registry, node, other = Registry(tmp_path), Tpm(), Tpm()
     registry.enrol(node, "worker-1", enrolment_id="01")
     registry.enrol(other, "worker-2")
@@ -138,17 +138,43 @@ def test_a_node_enrolled_afresh_binds_its_new_disk_and_frees_the_old_one(tmp_pat
     # The node was reset (its disk wiped) and the controller enrolled it again.
     registry.enrol(node, "worker-1", enrolment_id="02")
     assert registry.grant(node, disk=DISK_B).bind.enrolment_id == "02"
-    assert registry.registry.owner_of(DISK_A) is None and registry.registry.owner_of(DISK_B) == node.identity
+    assert registry.registry.owner_of(DISK_A) == node.identity and registry.registry.owner_of(DISK_B) == node.identity
+    # The old disk is released by an operator only (remove_node.yml deletes the node's bindings), not by the new enrolment.
+    assert "(worker-1)" in _refused("disk-not-granted", lambda: registry.grant(other, disk=DISK_A))
 
 
-def test_an_enrolled_disk_wins_over_a_binding(tmp_path):
-    registry, init, thief = Registry(tmp_path), Tpm(), Tpm()
-    registry.enrol(thief, "worker-9")
-    registry.grant(thief, disk=DISK_C)
-    registry.enrol(init, "cp-0", control_plane=True, disk=DISK_C)
-    assert registry.registry.owner_of(DISK_C) == init.identity
-    assert not registry.registry.counts(Binding(DISK_C, thief.identity, "worker-9"))
-    _refused("disk-not-granted", lambda: registry.grant(thief, flow="rejoin", disk=DISK_C))
+def test_a_binding_wins_over_an_enrolment_that_names_its_disk_for_another_node(tmp_path):
+    registry, owner, newcomer = Registry(tmp_path), Tpm(), Tpm()
+    registry.enrol(owner, "worker-1")
+    registry.grant(owner, disk=DISK_C)
+    # A new host is enrolled with the owner's disk UUID (the enrolment file says DISK_C is worker-9's).
+    registry.enrol(newcomer, "worker-9", disk=DISK_C)
+    assert registry.registry.owner_of(DISK_C) == owner.identity
+    for flow in ("join", "rejoin"):
+        message = _refused("disk-not-granted", lambda: registry.grant(newcomer, flow=flow, disk=DISK_C))
+        assert "(worker-1)" in message and "remove_node.yml" in message
+    # The owner still rejoins with its disk.
+    assert registry.grant(owner, flow="rejoin", disk=DISK_C).disk_uuid == DISK_C
+
+
+def test_unenrolling_a_node_does_not_free_its_disk(tmp_path):
+    registry, owner, other = Registry(tmp_path), Tpm(), Tpm()
+    registry.enrol(owner, "worker-1", enrolment_id="01")
+    registry.enrol(other, "worker-2", enrolment_id="02")
+    registry.grant(owner, disk=DISK_A)
+    registry.entries = [e for e in registry.entries if e.ek != owner.identity]
+    registry.enrol(other, "worker-2", enrolment_id="02")
+    assert owner.identity not in registry.watcher.current().by_ek
+    assert "(worker-1)" in _refused("disk-not-granted", lambda: registry.grant(other, disk=DISK_A))
+
+
+def test_an_enrolled_disk_is_claimed_in_the_api_at_its_first_join_only(tmp_path):
+    registry, member = Registry(tmp_path), Tpm()
+    registry.enrol(member, "cp-1", control_plane=True, disk=DISK_C)
+    first = registry.grant(member, control_plane=True, disk=DISK_C)
+    assert first.bind == Binding(DISK_C, member.identity, "cp-1", "", first.bind.bound_at)
+    assert registry.grant(member, control_plane=True, disk=DISK_C).bind is None
+    assert registry.grant(member, flow="rejoin", disk=DISK_C).bind is None
 
 
 def test_unenrolled_tpm_is_refused_without_the_pool_rule(tmp_path):
