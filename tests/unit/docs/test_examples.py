@@ -228,4 +228,3 @@ def test_every_playbook_a_command_names_exists():
     assert named
     missing = [f"{where}: {name}" for where, name in named if name not in shipped]
     assert not missing, "commands naming playbooks the collection does not ship:\n" + "\n".join(missing)
-
