@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Write the supported-versions lists of the docs from the versions table; with --check, fail when they drifted.
