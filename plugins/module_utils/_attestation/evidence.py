@@ -194,7 +194,8 @@ def _load_text(document: str) -> object:
     if size > MAX_DOCUMENT_BYTES:
         raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
     if document.count("{") + document.count("[") > MAX_CONTAINERS:
-        raise EvidenceError(f"evidence document holds more than {MAX_CONTAINERS} objects and arrays (or nests them deeper)")
+        raise EvidenceError(f"evidence document holds more than {MAX_CONTAINERS} objects and arrays "
+                            "(or nests them deeper)")
     try:
         return _decode_json(document)
     except _DuplicateKey as exc:
@@ -270,9 +271,11 @@ def parse_evidence(document: object) -> Evidence:
     version = document["version"]
     # The integer itself: 1.0 and true compare equal to 1, and another reader may take them otherwise.
     if type(version) is not int or version != EVIDENCE_VERSION:
-        raise EvidenceError(f"evidence version {excerpt(version)} is not supported (expected {EVIDENCE_VERSION}, an integer)")
+        raise EvidenceError(f"evidence version {excerpt(version)} is not supported "
+                            f"(expected {EVIDENCE_VERSION}, an integer)")
     if not isinstance(document["variant"], str) or document["variant"] not in VARIANTS:
-        raise EvidenceError(f"evidence variant {excerpt(document['variant'])} is not supported (known: {', '.join(VARIANTS)})")
+        raise EvidenceError(f"evidence variant {excerpt(document['variant'])} is not supported "
+                            f"(known: {', '.join(VARIANTS)})")
     ak_public = _decode_b64("ak_public", document["ak_public"], _FIELD_LIMITS["ak_public"])
     quote = _decode_b64("quote", document["quote"], _FIELD_LIMITS["quote"])
     signature = _decode_b64("signature", document["signature"], _FIELD_LIMITS["signature"])

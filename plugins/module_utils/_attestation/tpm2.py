@@ -247,17 +247,18 @@ def ek_template_problem(ek: Public) -> str | None:
     kind = (ek.type, ek.key_bits if ek.type == ALG_RSA else ek.curve)
     templates = _EK_TEMPLATES.get(kind)
     if templates is None:
-        return (f"its key (type 0x{ek.type:04x}, {'keyBits ' + str(ek.key_bits) if ek.type == ALG_RSA else f'curve 0x{ek.curve:04x}'}) "
-                "is none of the TCG default EK templates' (RSA 2048, ECC P-256, ECC P-384)")
+        size = f"keyBits {ek.key_bits}" if ek.type == ALG_RSA else f"curve 0x{ek.curve:04x}"
+        return (f"its key (type 0x{ek.type:04x}, {size}) is none of the TCG default EK templates' "
+                "(RSA 2048, ECC P-256, ECC P-384)")
     if tuple(map(len, ek.unique)) != _EK_UNIQUE_SIZES[kind]:
         return "its public key does not have the template's size"
     for _name, prefix in templates:
         if ek.raw.startswith(prefix):
             return None
     names = "/".join(name for name, _prefix in templates)
-    return (f"its attributes (0x{ek.attributes:08x}), authPolicy ({ek.auth_policy.hex()[:96]}) or parameters are not the TCG "
-            f"default EK template {names} for its key (attributes 0x{_EK_LOW_ATTRIBUTES:08x} or 0x{_EK_HIGH_ATTRIBUTES:08x}, "
-            "PolicyA or PolicyB, AES CFB, no scheme)")
+    return (f"its attributes (0x{ek.attributes:08x}), authPolicy ({ek.auth_policy.hex()[:96]}) or parameters are "
+            f"not the TCG default EK template {names} for its key (attributes 0x{_EK_LOW_ATTRIBUTES:08x} or "
+            f"0x{_EK_HIGH_ATTRIBUTES:08x}, PolicyA or PolicyB, AES CFB, no scheme)")
 
 
 class PcrSelection(NamedTuple):

@@ -339,7 +339,8 @@ def check_ek_template(ek: tpm2.Public) -> None:
     authPolicy and parameters byte for byte. Raises VerificationError ``ek-template``."""
     problem = tpm2.ek_template_problem(ek)
     if problem is not None:
-        raise VerificationError("ek-template", f"the evidence's EK is not an endorsement key as its certificate implies: {problem}")
+        raise VerificationError("ek-template",
+                                f"the evidence's EK is not an endorsement key as its certificate implies: {problem}")
 
 
 def _spki(public_key) -> bytes:

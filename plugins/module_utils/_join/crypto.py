@@ -26,7 +26,8 @@ except ImportError:  # reported by the service at start
 
 from .._attestation import tpm2
 from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_mark
-from .._attestation.verifier import EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier, check_ek_template
+from .._attestation.verifier import (
+    EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier, check_ek_template)
 from .._crypto import seal
 from .._reset import NEEDS_RESET
 from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
@@ -187,7 +188,8 @@ class JoinCrypto:
             try:
                 certified = public_key_digest(x509.load_der_x509_certificate(evidence.ek_certificate).public_key())
             except (ValueError, TypeError, UnsupportedAlgorithm):
-                raise Refusal.of("malformed", "evidence field 'ek_certificate' is not a readable DER certificate") from None
+                raise Refusal.of("malformed",
+                                 "evidence field 'ek_certificate' is not a readable DER certificate") from None
             if certified != ek_key:
                 raise Refusal.of("ek-certificate", "the evidence's EK public key is not the key of its EK certificate")
         return ek
