@@ -113,8 +113,11 @@ def test_non_canonical_base64_is_refused_in_every_field(golden):
         _refused(golden, changed, f"evidence field {name!r} is not canonical base64")
 
 
-@pytest.mark.parametrize("change", [lambda v: v + "\n", lambda v: v.rstrip("="), lambda v: v + "=", lambda v: " " + v,
-                                   lambda v: v[:4] + "\n" + v[4:]],
+BASE64_CHANGES = [lambda v: v + "\n", lambda v: v.rstrip("="), lambda v: v + "=", lambda v: " " + v,
+                  lambda v: v[:4] + "\n" + v[4:]]
+
+
+@pytest.mark.parametrize("change", BASE64_CHANGES,
                          ids=["trailing newline", "missing padding", "extra padding", "leading space", "inner newline"])
 def test_base64_with_extra_or_missing_characters_is_refused(golden, change):
     document = golden.document()
