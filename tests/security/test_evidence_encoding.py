@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from types import SimpleNamespace
 
 import grpc
@@ -120,7 +119,7 @@ def test_init_evidence_encoding(tmp_path, swtpm, attack, case):
     if case == "nonce with a trailing newline":
         nonce_hex += "\n"
     elif case == "evidence nested 500 deep":
-        for _ in range(500):
+        for dummy in range(500):
             evidence = {"a": evidence}
     result = _seal_init(tmp_path, swtpm, evidence, nonce_hex)
     if case == "genuine (control)":

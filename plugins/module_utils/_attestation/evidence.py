@@ -270,7 +270,7 @@ def parse_evidence(document: object) -> Evidence:
         raise EvidenceError(f"evidence document has unknown field(s): {_cut(unknown)}")
     version = document["version"]
     # The integer itself: 1.0 and true compare equal to 1, and another reader may take them otherwise.
-    if type(version) is not int or version != EVIDENCE_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version != EVIDENCE_VERSION:
         raise EvidenceError(f"evidence version {excerpt(version)} is not supported "
                             f"(expected {EVIDENCE_VERSION}, an integer)")
     if not isinstance(document["variant"], str) or document["variant"] not in VARIANTS:

@@ -138,7 +138,7 @@ def test_nesting_is_refused_before_any_recursion(golden, depth):
     text = golden.text().replace('"pcrs": ', '"pcrs": ' + "[" * depth + "]" * depth + ', "x": ', 1)
     _refused(golden, text, f"more than {MAX_CONTAINERS} objects and arrays")
     nested: object = "x"
-    for _ in range(min(depth, 5000)):
+    for dummy in range(min(depth, 5000)):
         nested = {"a": nested}
     _refused(golden, dict(document, pcrs=nested), f"more than {MAX_CONTAINERS} objects and arrays")
 
@@ -295,7 +295,7 @@ def test_actions_refuse_deep_or_huge_evidence_before_argument_validation(module,
         value: object = " " * (MAX_DOCUMENT_BYTES + 1)
     else:
         value = "x"
-        for _ in range(500 if evidence == "nested 500" else 900):
+        for dummy in range(500 if evidence == "nested 500" else 900):
             value = {"a": value} if evidence == "nested 500" else [value]
     args = {"evidence": value, "nonce": "00" * 32, "policy": str(tmp_path / "p.json"), "secrets_file": str(tmp_path / "s"),
             "policy_content": None}
