@@ -18,7 +18,8 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.regi
     RegistryError, parse_bindings, parse_enrolment)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.recover import FLOW, RecoverHandOver
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
+    ATTESTATION_OPTIONS, attest, evidence_argument_refusal)
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
 
 MAX_ENROLMENT_BYTES = 16 * 1024 * 1024
@@ -89,6 +90,10 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        refusal = evidence_argument_refusal(self._task.args)
+        if refusal:
+            result.update(refusal)
+            return result
         validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         params = validation.validated_parameters
         host = task_vars.get("inventory_hostname")

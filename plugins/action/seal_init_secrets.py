@@ -14,7 +14,8 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import NODE_LOCK_PCR, PolicyError, node_lock_mark
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
+    ATTESTATION_OPTIONS, attest, evidence_argument_refusal)
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load, load_or_create
 
 ARGUMENT_SPEC = dict(
@@ -34,6 +35,10 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        refusal = evidence_argument_refusal(self._task.args)
+        if refusal:
+            result.update(refusal)
+            return result
         validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         params = validation.validated_parameters
         result["changed"] = False

@@ -9,7 +9,8 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import PolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import ATTESTATION_OPTIONS, attest
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
+    ATTESTATION_OPTIONS, attest, evidence_argument_refusal)
 
 ARGUMENT_SPEC = dict(
     ATTESTATION_OPTIONS,
@@ -25,6 +26,10 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        refusal = evidence_argument_refusal(self._task.args)
+        if refusal:
+            result.update(refusal)
+            return result
         validation, dummy = self.validate_argument_spec(
             argument_spec=ARGUMENT_SPEC,
             required_one_of=[("policy", "policy_content")],

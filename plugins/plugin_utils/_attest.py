@@ -8,9 +8,11 @@ import base64
 import os
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller, tpm2
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
+    MAX_DOCUMENT_BYTES, EvidenceError, check_containers)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
-    ActivationChallenge, VerificationError, VerificationResult)
+    ActivationChallenge, VerificationError, VerificationResult, check_ek_template)
 
 # Options every attesting action takes, in its argument spec.
 ATTESTATION_OPTIONS = dict(
@@ -24,6 +26,24 @@ ATTESTATION_OPTIONS = dict(
 )
 
 
+def evidence_argument_refusal(args: dict) -> dict | None:
+    """The task's evidence checked before Ansible's argument validation walks it (recursively: a document nested a few
+    hundred deep raised RecursionError there, before any of our code ran): text of at most the document size limit,
+    or an object of at most MAX_CONTAINERS dicts and lists. The refusal as a result, else None."""
+    evidence = args.get("evidence")
+    if isinstance(evidence, (str, bytes, bytearray)):
+        if len(evidence) <= MAX_DOCUMENT_BYTES:
+            return None
+        problem = f"evidence is larger than {MAX_DOCUMENT_BYTES} bytes"
+    else:
+        try:
+            check_containers(evidence, "evidence")
+            return None
+        except EvidenceError as exc:
+            problem = str(exc)
+    return {"failed": True, "changed": False, "verified": False, "reason": "malformed", "msg": problem}
+
+
 def ek_challenge(verified: VerificationResult) -> ActivationChallenge:
     """A credential for the evidence's EK and AK, at any AK trust level: activating it proves that the EK the evidence
     names is the TPM's own (the EK is then an identity, as the join service's registry treats it)."""
@@ -31,7 +51,9 @@ def ek_challenge(verified: VerificationResult) -> ActivationChallenge:
         raise VerificationError("ek-missing", "the evidence names no EK, so the node's identity cannot be checked")
     secret = os.urandom(32)
     try:
-        credential = tpm2.make_credential(tpm2.parse_public(verified.evidence.ek_public), verified.ak_name, secret)
+        ek = tpm2.parse_public(verified.evidence.ek_public)
+        check_ek_template(ek)
+        credential = tpm2.make_credential(ek, verified.ak_name, secret)
     except tpm2.StructureError as exc:
         raise VerificationError("malformed", f"cannot make a credential for the evidence's EK: {exc}") from None
     return ActivationChallenge(verified.ak_name, credential, secret)

@@ -8,13 +8,16 @@ import os
 import re
 
 from .._crypto import seal
+from .evidence import excerpt
 from .nonces import DEFAULT_TTL, NonceStore
 from .policy import NODE_LOCK_PCR, MeasurementPolicy, PolicyError, load_policy, node_lock_mark, policy_from_document, parse_policy
 from .verifier import VerificationError, VerificationResult, Verifier, load_ca_certificates
 
 CRYPTOGRAPHY_IMPORT_ERROR = seal.CRYPTOGRAPHY_IMPORT_ERROR
 DEFAULT_NONCE_LEDGER = "~/.cache/confidential-kubernetes/nonce-ledger"
-_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+# fullmatch, never match with "$": "$" also matches before a trailing newline, and bytes.fromhex skips whitespace, so
+# "<64 hex>\n" would pass as the same 32 bytes.
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def nonce_store(ledger: str | None, ttl: float = DEFAULT_TTL) -> NonceStore:
@@ -34,8 +37,8 @@ def resolve_policy(policy_path: str | None, policy_content: object, node_lock: s
         return policy
     if node_lock == "unlocked":
         return policy.with_rule(NODE_LOCK_PCR, [bytes(len(node_lock_mark(b'', policy.hash_algorithm)))])
-    if not _HEX64.match(node_lock):
-        raise PolicyError(f"node_lock must be 'unlocked' or a 64-hex cluster ID, got {node_lock!r}")
+    if not isinstance(node_lock, str) or not _HEX64.fullmatch(node_lock):
+        raise PolicyError(f"node_lock must be 'unlocked' or a 64-hex cluster ID, got {excerpt(node_lock)}")
     return policy.with_rule(NODE_LOCK_PCR, [node_lock_mark(bytes.fromhex(node_lock), policy.hash_algorithm)])
 
 
@@ -51,7 +54,7 @@ def load_ek_cas(path: str | None) -> list:
 
 def verify(evidence: object, nonce_hex: str, policy: MeasurementPolicy, ek_cas: list, ledger: str | None,
            ttl: float = DEFAULT_TTL) -> VerificationResult:
-    if not isinstance(nonce_hex, str) or not _HEX64.match(nonce_hex):
+    if not isinstance(nonce_hex, str) or not _HEX64.fullmatch(nonce_hex):
         raise VerificationError("nonce", "nonce must be 64 hex characters (32 bytes)")
     nonce = bytes.fromhex(nonce_hex)
     if ledger is not None:

@@ -32,7 +32,29 @@ _OPTIONAL = ("ek_public", "ek_certificate", "event_log")
 _REQUIRED_SET = frozenset(_REQUIRED)
 _KNOWN = frozenset(_REQUIRED + _OPTIONAL)
 _BANKS = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
-_JSON = json.JSONDecoder()
+# A genuine document nests three deep (document, pcrs, bank) and holds a handful of objects: more containers than this
+# are refused before the JSON parser sees them, so no depth reaches its recursion.
+MAX_CONTAINERS = 32
+# Refusals quote at most this many characters of what the caller sent.
+QUOTE_LIMIT = 64
+
+
+class _DuplicateKey(Exception):
+    """An object repeats a key (not a ValueError: the JSON decoder's own errors are those)."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return document
+
+
+_JSON = json.JSONDecoder(object_pairs_hook=_unique_keys)
 _JSON_WHITESPACE = " \t\n\r"
 # Decoded PCR values by their exact base64 text, per bank: the same values come again and again (each join of a
 # node, every node of one image). Only values of the bank's size go in; a full cache is emptied.
@@ -92,6 +114,15 @@ def _b64(value: bytes) -> str:
     return base64.b64encode(value).decode()
 
 
+def excerpt(value: object) -> str:
+    """A value the caller sent, for a refusal: ASCII-escaped (as by ascii()) and cut to QUOTE_LIMIT characters."""
+    return _cut(ascii(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= QUOTE_LIMIT else f"{text[:QUOTE_LIMIT]}... ({len(text)} characters)"
+
+
 def _decode_b64(name: str, value: object, limit: int) -> bytes:
     if not isinstance(value, str):
         raise EvidenceError(f"evidence field {name!r} must be a base64 string, got {type(value).__name__}")
@@ -103,6 +134,9 @@ def _decode_b64(name: str, value: object, limit: int) -> bytes:
         raise EvidenceError(f"evidence field {name!r} is not valid base64") from None
     if not decoded:
         raise EvidenceError(f"evidence field {name!r} is empty")
+    # One text per value: padding bits set, as in "QR==", decode like "QQ==" (and a relay could tell them apart).
+    if binascii.b2a_base64(decoded, newline=False) != value.encode():
+        raise EvidenceError(f"evidence field {name!r} is not canonical base64 (padding bits set)")
     return decoded
 
 
@@ -112,7 +146,7 @@ def _parse_pcrs(value: object) -> dict[str, dict[int, bytes]]:
     banks: dict[str, dict[int, bytes]] = {}
     for bank, entries in value.items():
         if bank not in _BANKS:
-            raise EvidenceError(f"evidence PCR bank {bank!r} is not one of {', '.join(_BANKS)}")
+            raise EvidenceError(f"evidence PCR bank {excerpt(bank)} is not one of {', '.join(_BANKS)}")
         if not isinstance(entries, dict):
             raise EvidenceError(f"evidence PCR bank {bank!r} must be an object of index -> value")
         last_text, last_decoded = _LAST_BANK.get(bank, _NO_BANK)
@@ -137,7 +171,7 @@ def _parse_bank(bank: str, entries: dict, known: dict[str, bytes]) -> dict[int, 
     for index, pcr_value in entries.items():
         number = _PCR_INDEX_NAMES.get(index) if isinstance(index, str) else None
         if number is None:
-            raise EvidenceError(f"evidence PCR index {index!r} in bank {bank!r} is not 0..23")
+            raise EvidenceError(f"evidence PCR index {excerpt(index)} in bank {bank!r} is not 0..23")
         raw = _decode_b64(f"pcrs.{bank}.{index}", pcr_value, size)
         if len(raw) != size:
             raise EvidenceError(f"evidence PCR {bank}:{index} has {len(raw)} bytes, expected {size}")
@@ -159,8 +193,13 @@ def _load_text(document: str) -> object:
             raise EvidenceError(f"evidence document is not valid Unicode text (a lone surrogate at character {exc.start})") from None
     if size > MAX_DOCUMENT_BYTES:
         raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
+    if document.count("{") + document.count("[") > MAX_CONTAINERS:
+        raise EvidenceError(f"evidence document holds more than {MAX_CONTAINERS} objects and arrays "
+                            "(or nests them deeper)")
     try:
         return _decode_json(document)
+    except _DuplicateKey as exc:
+        raise EvidenceError(f"evidence document repeats the key {excerpt(exc.args[0])} in one object") from None
     except (ValueError, RecursionError):
         raise EvidenceError("evidence document is not valid JSON") from None
 
@@ -177,7 +216,25 @@ def _decode_json(text: str) -> object:
     return value
 
 
+def check_containers(document: object, what: str = "evidence document") -> None:
+    """At most MAX_CONTAINERS dicts and lists, counted without recursion: a document nested hundreds deep is refused
+    before anything (json.dumps, Ansible's argument validation, deepcopy) recurses into it."""
+    pending, seen = [document], 0
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+        else:
+            continue
+        seen += 1
+        if seen > MAX_CONTAINERS:
+            raise EvidenceError(f"{what} holds more than {MAX_CONTAINERS} objects and arrays (or nests them deeper)")
+
+
 def _check_object_size(document: dict) -> None:
+    check_containers(document)
     try:
         size = len(json.dumps(document, ensure_ascii=False).encode())
     except UnicodeEncodeError as exc:
@@ -209,12 +266,16 @@ def parse_evidence(document: object) -> Evidence:
         raise EvidenceError(f"evidence document lacks field(s): {', '.join(k for k in _REQUIRED if k not in document)}")
     if not keys <= _KNOWN:
         # A dict from a caller may have keys of any type (YAML gives integers, dates, null): name them as text.
-        raise EvidenceError(f"evidence document has unknown field(s): {', '.join(sorted(map(str, keys - _KNOWN)))}")
+        unknown = ascii(", ".join(sorted(map(str, keys - _KNOWN))))[1:-1]  # escaped, without ascii()'s quotes
+        raise EvidenceError(f"evidence document has unknown field(s): {_cut(unknown)}")
     version = document["version"]
-    if isinstance(version, bool) or version != EVIDENCE_VERSION:
-        raise EvidenceError(f"evidence version {version!r} is not supported (expected {EVIDENCE_VERSION})")
-    if document["variant"] not in VARIANTS:
-        raise EvidenceError(f"evidence variant {document['variant']!r} is not supported (known: {', '.join(VARIANTS)})")
+    # The integer itself: 1.0 and true compare equal to 1, and another reader may take them otherwise.
+    if isinstance(version, bool) or not isinstance(version, int) or version != EVIDENCE_VERSION:
+        raise EvidenceError(f"evidence version {excerpt(version)} is not supported "
+                            f"(expected {EVIDENCE_VERSION}, an integer)")
+    if not isinstance(document["variant"], str) or document["variant"] not in VARIANTS:
+        raise EvidenceError(f"evidence variant {excerpt(document['variant'])} is not supported "
+                            f"(known: {', '.join(VARIANTS)})")
     ak_public = _decode_b64("ak_public", document["ak_public"], _FIELD_LIMITS["ak_public"])
     quote = _decode_b64("quote", document["quote"], _FIELD_LIMITS["quote"])
     signature = _decode_b64("signature", document["signature"], _FIELD_LIMITS["signature"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 
 from .._crypto import seal
 from .._crypto.seal import MLKEM768_X25519, X25519, EphemeralKey
@@ -21,13 +22,10 @@ SUITES = {"mlkem768-x25519": MLKEM768_X25519, "x25519": X25519}
 
 
 def decode_nonce(value: str) -> bytes:
-    try:
-        nonce = bytes.fromhex(value)
-    except (ValueError, TypeError):
-        raise EvidenceError("nonce must be 64 hex characters (32 bytes)") from None
-    if len(nonce) != 32:
-        raise EvidenceError(f"nonce must be 32 bytes, got {len(nonce)}")
-    return nonce
+    # Exactly 64 hex digits: bytes.fromhex alone skips whitespace, so "<nonce>\n" would read as the same nonce.
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise EvidenceError("nonce must be 64 hex characters (32 bytes), nothing else")
+    return bytes.fromhex(value)
 
 
 def decode_b64(name: str, value: str) -> bytes:

@@ -206,6 +206,61 @@ def parse_public(data: bytes) -> Public:
     return Public(data, key_type, name_alg, attributes, auth_policy, symmetric, scheme, curve, key_bits, exponent, unique)
 
 
+# The TCG EK Credential Profile's default EK templates (2.5, B.3.3 and B.3.4), as the TPMT_PUBLIC bytes before the
+# key (type, nameAlg, objectAttributes, authPolicy, symmetric, scheme, keyBits and exponent or curve and kdf), by key
+# type and size. An EK made from one of them matches it byte for byte up to its unique field; an EK certificate
+# certifies a key made from the template of its key type, so any other attribute or policy is not the certified EK.
+_EK_LOW_ATTRIBUTES = (ATTR_FIXED_TPM | ATTR_FIXED_PARENT | ATTR_SENSITIVE_DATA_ORIGIN | ATTR_ADMIN_WITH_POLICY
+                      | ATTR_RESTRICTED | ATTR_DECRYPT)
+_EK_HIGH_ATTRIBUTES = _EK_LOW_ATTRIBUTES | ATTR_USER_WITH_AUTH
+EK_POLICY_A_SHA256 = bytes.fromhex("837197674484b3f81a90cc8d46a5d724fd52d76e06520b64f2a1da1b331469aa")
+EK_POLICY_B_SHA256 = bytes.fromhex("ca3d0a99a2b93906f7a3342414efcfb3a385d44cd1fd459089d19b5071c0b7a0")
+EK_POLICY_B_SHA384 = bytes.fromhex("b26e7d28d11a50bc53d882bcf5fd3a1a074148bb35d3b4e4cb1c0ad9"
+                                   "bde419cacb47ba09699646150f9fc000f3f80e12")
+
+
+def _ek_prefix(key_type: int, name_alg: int, attributes: int, policy: bytes, aes_bits: int, detail: bytes) -> bytes:
+    return (struct.pack(">HHIH", key_type, name_alg, attributes, len(policy)) + policy
+            + struct.pack(">HHHH", ALG_AES, aes_bits, ALG_CFB, ALG_NULL) + detail)
+
+
+_RSA2048 = struct.pack(">HI", 2048, 0)
+_EK_TEMPLATES: dict[tuple[int, int], tuple[tuple[str, bytes], ...]] = {
+    (ALG_RSA, 2048): (
+        ("L-1", _ek_prefix(ALG_RSA, ALG_SHA256, _EK_LOW_ATTRIBUTES, EK_POLICY_A_SHA256, 128, _RSA2048)),
+        ("H-1", _ek_prefix(ALG_RSA, ALG_SHA256, _EK_HIGH_ATTRIBUTES, EK_POLICY_B_SHA256, 128, _RSA2048))),
+    (ALG_ECC, ECC_NIST_P256): (
+        ("L-2", _ek_prefix(ALG_ECC, ALG_SHA256, _EK_LOW_ATTRIBUTES, EK_POLICY_A_SHA256, 128,
+                           struct.pack(">HH", ECC_NIST_P256, ALG_NULL))),
+        ("H-2", _ek_prefix(ALG_ECC, ALG_SHA256, _EK_HIGH_ATTRIBUTES, EK_POLICY_B_SHA256, 128,
+                           struct.pack(">HH", ECC_NIST_P256, ALG_NULL)))),
+    (ALG_ECC, ECC_NIST_P384): (
+        ("H-3", _ek_prefix(ALG_ECC, ALG_SHA384, _EK_HIGH_ATTRIBUTES, EK_POLICY_B_SHA384, 256,
+                           struct.pack(">HH", ECC_NIST_P384, ALG_NULL))),),
+}
+_EK_UNIQUE_SIZES = {(ALG_RSA, 2048): (256,), (ALG_ECC, ECC_NIST_P256): (32, 32), (ALG_ECC, ECC_NIST_P384): (48, 48)}
+
+
+def ek_template_problem(ek: Public) -> str | None:
+    """None when the EK is a TCG default EK template (RSA 2048 L-1/H-1, ECC P-256 L-2/H-2, ECC P-384 H-3) byte for byte
+    before its key, and its key has the template's size; else what differs."""
+    kind = (ek.type, ek.key_bits if ek.type == ALG_RSA else ek.curve)
+    templates = _EK_TEMPLATES.get(kind)
+    if templates is None:
+        size = f"keyBits {ek.key_bits}" if ek.type == ALG_RSA else f"curve 0x{ek.curve:04x}"
+        return (f"its key (type 0x{ek.type:04x}, {size}) is none of the TCG default EK templates' "
+                "(RSA 2048, ECC P-256, ECC P-384)")
+    if tuple(map(len, ek.unique)) != _EK_UNIQUE_SIZES[kind]:
+        return "its public key does not have the template's size"
+    for _name, prefix in templates:
+        if ek.raw.startswith(prefix):
+            return None
+    names = "/".join(name for name, _prefix in templates)
+    return (f"its attributes (0x{ek.attributes:08x}), authPolicy ({ek.auth_policy.hex()[:96]}) or parameters are "
+            f"not the TCG default EK template {names} for its key (attributes 0x{_EK_LOW_ATTRIBUTES:08x} or "
+            f"0x{_EK_HIGH_ATTRIBUTES:08x}, PolicyA or PolicyB, AES CFB, no scheme)")
+
+
 class PcrSelection(NamedTuple):
     """One TPMS_PCR_SELECTION: a bank, its PCR indices in the order TPM2_Quote digests them, and the same as a bitmask."""
 

@@ -265,9 +265,7 @@ class Verifier:
             raise VerificationError("ek-certificate", f"EK certificate holds an unusable public key: {exc}") from None
         if certified_key != ek_key:
             raise VerificationError("ek-certificate", "EK public key in the evidence is not the key of the EK certificate")
-        missing = [name for name, bit in EK_REQUIRED_ATTRIBUTES.items() if not ek.attributes & bit]
-        if missing:
-            raise VerificationError("ek-certificate", f"EK lacks required attribute(s): {', '.join(missing)}")
+        check_ek_template(ek)
         secret = os.urandom(32)
         try:
             credential = tpm2.make_credential(ek, ak.name, secret)
@@ -335,6 +333,15 @@ def _check_event_log(evidence: Evidence, attest: tpm2.Attest) -> eventlog.EventL
         raise VerificationError("event-log-mismatch", f"the event log does not replay to the quoted PCR(s) {names}",
                                 differing)
     return log
+
+
+def check_ek_template(ek: tpm2.Public) -> None:
+    """The EK must be the TCG default EK template of its key type (what an EK certificate certifies): attributes,
+    authPolicy and parameters byte for byte. Raises VerificationError ``ek-template``."""
+    problem = tpm2.ek_template_problem(ek)
+    if problem is not None:
+        raise VerificationError("ek-template",
+                                f"the evidence's EK is not an endorsement key as its certificate implies: {problem}")
 
 
 def _spki(public_key) -> bytes:

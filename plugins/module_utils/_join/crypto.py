@@ -18,13 +18,16 @@ import os
 from dataclasses import dataclass, field
 
 try:
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
 except ImportError:  # reported by the service at start
     pass
 
 from .._attestation import tpm2
 from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_mark
-from .._attestation.verifier import EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier
+from .._attestation.verifier import (
+    EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier, check_ek_template)
 from .._crypto import seal
 from .._reset import NEEDS_RESET
 from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
@@ -174,9 +177,21 @@ class JoinCrypto:
                                            "endorsement key")
         try:
             ek = tpm2.parse_public(evidence.ek_public)
-            ek.public_key()
+            ek_key = public_key_digest(ek.public_key())
         except tpm2.StructureError as exc:
             raise Refusal.of("malformed", f"evidence field 'ek_public': {exc}") from None
+        try:
+            check_ek_template(ek)
+        except VerificationError as exc:
+            raise Refusal.of(exc.reason, str(exc)) from None
+        if evidence.ek_certificate is not None:
+            try:
+                certified = public_key_digest(x509.load_der_x509_certificate(evidence.ek_certificate).public_key())
+            except (ValueError, TypeError, UnsupportedAlgorithm):
+                raise Refusal.of("malformed",
+                                 "evidence field 'ek_certificate' is not a readable DER certificate") from None
+            if certified != ek_key:
+                raise Refusal.of("ek-certificate", "the evidence's EK public key is not the key of its EK certificate")
         return ek
 
     @staticmethod

@@ -14,6 +14,7 @@ import binascii
 import hashlib
 import json
 import os
+import re
 
 from .._files import write_private_file
 from .._crypto import derive
@@ -53,8 +54,10 @@ def take_ephemeral_key(path: str, check_mode: bool) -> EphemeralKey:
 def open_sealed(key: EphemeralKey, sealed_b64: str, flow: str, nonce_hex: str, verifier_id: str) -> dict:
     try:
         envelope = base64.b64decode(sealed_b64, validate=True)
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", nonce_hex):  # bytes.fromhex alone skips whitespace
+            raise ValueError(nonce_hex)
         nonce = bytes.fromhex(nonce_hex)
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, TypeError):
         raise TicketError("sealed payload must be base64 and the nonce 64 hex characters") from None
     try:
         payload = json.loads(key.open(envelope, flow, nonce, verifier_id))
