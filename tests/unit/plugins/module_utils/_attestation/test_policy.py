@@ -372,8 +372,10 @@ def test_resolve_policy_cluster_id_expects_the_node_lock_mark(node_lock):
 @pytest.mark.parametrize("node_lock", ["locked", "", "Unlocked", CLUSTER_ID[:-1], CLUSTER_ID + "0", "g" * 64, "0x" + CLUSTER_ID[2:], " " + CLUSTER_ID[1:]],
                          ids=["word", "empty", "capitalised unlocked", "63 hex", "65 hex", "not hex", "0x prefix", "leading space"])
 def test_resolve_policy_refuses_garbage_node_lock(node_lock):
-    with pytest.raises(PolicyError, match=f"^node_lock must be 'unlocked' or a 64-hex cluster ID, got {re.escape(repr(node_lock))}$"):
+    with pytest.raises(PolicyError, match="^node_lock must be 'unlocked' or a 64-hex cluster ID, got ") as refused:
         controller.resolve_policy(None, BASE_POLICY, node_lock)
+    # The value is quoted, cut to a short prefix when long (refusals never echo much of their input).
+    assert repr(node_lock)[:20] in str(refused.value)
 
 
 def test_resolve_policy_reads_a_path_text_bytes_or_mapping(tmp_path):
