@@ -334,9 +334,12 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
 HYGIENE_PLAYBOOKS: list[tuple[str, list[str]]] = [
     ("init.yml", []), ("site.yml", []), ("join.yml", []), ("cni.yml", []), ("upgrade.yml", []), ("verify.yml", []),
     ("measurements.yml", ["-e", "measurements_golden_node=cp-0", "-e", "measurements_policy_file={lab}/enrolled-policy.yml"]),
-    ("prepare_image.yml", []), ("groups.yml", []), ("addresses.yml", []),
+    ("prepare_image.yml", []), ("groups.yml", []), ("addresses.yml", []), ("prepare.yml", []),
+    # Day 2 on a healthy cluster: recover has nothing to do, backup takes the snapshot restore uses below, renew is forced.
+    ("recover.yml", []), ("backup.yml", []), ("renew.yml", ["-e", "certificates_force=true"]),
 ]
 HYGIENE_DESTRUCTIVE_PLAYBOOKS: list[tuple[str, list[str]]] = [
+    ("restore.yml", ["-e", "confirm_restore=CLUSTER_ID"]),
     ("remove_node.yml", ["-e", "remove_node=worker-0", "-e", "confirm_reset=yes-reset-worker-0"]),
     ("reset.yml", ["-e", "confirm_reset=CLUSTER_ID"]),
 ]
