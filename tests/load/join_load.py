@@ -19,6 +19,7 @@ service processes exit 0, the policy reload is in the service log. Prints the su
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import collections
 import dataclasses
 import json
@@ -73,6 +74,14 @@ class Client:
     tampered: bool
     nodes: list[str]
 
+    @property
+    def node_name(self) -> str:
+        return f"{NODE_NAME}-{self.index}"
+
+    @property
+    def disk_uuid(self) -> str:
+        return f"00000000-0000-4000-8000-{self.index:012d}"
+
 
 @dataclasses.dataclass
 class Outcome:
@@ -103,9 +112,11 @@ def run_clients(endpoint: str, ca_pem: bytes, clients: list[Client], progress, s
             token = code = reason = None
             exhausted = False
             try:
-                # Every client is an instance of one manufactured TPM: one EK, enrolled as NODE_NAME with one disk.
-                payload = request_ticket([endpoint], ca_pem, client.tcti, NODE_NAME, disk_uuid=join_harness.DISK_UUID,
-                                         kubelet_csr_pem=join_harness.make_csr(NODE_NAME), attempts=ATTEMPTS, backoff=BACKOFF,
+                # Every client is a TPM of its own (one EK, as a real node has; the join service keeps one pending
+                # challenge per EK and client), enrolled under its own name with its own disk.
+                payload = request_ticket([endpoint], ca_pem, client.tcti, client.node_name, disk_uuid=client.disk_uuid,
+                                         kubelet_csr_pem=join_harness.make_csr(client.node_name), attempts=ATTEMPTS,
+                                         backoff=BACKOFF,
                                          max_backoff=MAX_BACKOFF, timeout=30, total_timeout=180, sleep=counted_sleep)
                 token = payload["bootstrap_token"]
             except JoinError as exc:
@@ -208,12 +219,18 @@ def main() -> int:
     services: list[ServiceProcess] = []
     processes: list = []
     try:
-        manufactured = conftest.ManufacturedTpm(work / "tpm", work / "ek-ca")
-        swtpms = [conftest.SwtpmInstance(manufactured) for _i in range(args.clients)]
+        # One manufactured TPM (its own EK and EK certificate) per client: the first makes the EK CA, the rest two at
+        # a time.
+        manufactured = [conftest.ManufacturedTpm(work / "tpm-0", work / "ek-ca")]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            manufactured += pool.map(lambda i: conftest.ManufacturedTpm(work / f"tpm-{i}", work / "ek-ca"),
+                                     range(1, args.clients))
+        swtpms = [conftest.SwtpmInstance(tpm) for tpm in manufactured]
         lab = join_harness.JoinLab(work / "node", swtpms[-1])
         policy = lab.write_policy(args.ak_trust)
-        lab.enrol(swtpms[-1].tcti, NODE_NAME)
         clients = [Client(i, swtpms[i].tcti, i % TAMPERED_EVERY == 0, []) for i in range(args.clients)]
+        for client in clients:
+            lab.enrol(client.tcti, client.node_name)
         for client in clients:
             if client.tampered:
                 tamper(swtpms[client.index])
