@@ -67,8 +67,8 @@ if [ "${SKIP_SANITY:-0}" != 1 ]; then
 fi
 
 if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
-  stage "molecule test (lab scenarios)"
   for scenario in extensions/molecule/*/; do
+    stage "molecule test -s $(basename "$scenario") (lab scenario)"
     molecule test -s "$(basename "$scenario")"
   done
 
