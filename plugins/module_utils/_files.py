@@ -1,7 +1,8 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Files: written one way, atomic, with their mode from the first byte (secret files 0600); and their SHA-256, which a
-caller that recorded a file's fingerprint beside its digest need not compute again while the fingerprint holds."""
+"""Files: written one way, atomic and durable (file and directory fsynced), with their mode from the first byte (secret
+files 0600), replaced or created exclusively; read bounded; and their SHA-256, which a caller that recorded a file's
+fingerprint beside its digest need not compute again while the fingerprint holds."""
 
 from __future__ import annotations
 
@@ -18,10 +19,69 @@ _CHUNK = 1 << 20
 SETTLED_NS = 1_000_000_000
 
 
+class FileTooLargeError(ValueError):
+    """A file holds more than a reader takes; the message names the file and the limit."""
+
+    def __init__(self, path: str, limit: int):
+        super().__init__(f"{path} is larger than {limit} bytes")
+        self.path = path
+        self.limit = limit
+
+
 def write_file_atomically(path: str, data: bytes, mode: int) -> None:
-    """Atomically write ``data`` to ``path`` with ``mode`` (directory 0700 if created); no partial file is ever seen."""
+    """Atomically replace ``path`` with ``data`` and ``mode`` (directory 0700 if created): readers see the old file or
+    the new one, never a partial one, and both the file and its directory entry are on disk when this returns."""
+    directory = _make_directory(path)
+    tmp = _write_aside(directory, data, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    _fsync_directory(directory)
+
+
+def write_private_file(path: str, data: bytes) -> None:
+    """Atomically write ``data`` to ``path`` with mode 0600 (directory 0700 if created)."""
+    write_file_atomically(path, data, 0o600)
+
+
+def create_file_exclusively(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Create ``path`` complete with ``data`` and ``mode`` (directory 0700 if created), or not at all: FileExistsError
+    when it exists, which is never replaced. Written aside and hard-linked into place, so no reader (and no crash)
+    ever sees it half written; file and directory entry are on disk when this returns."""
+    directory = _make_directory(path)
+    tmp = _write_aside(directory, data, mode)
+    try:
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+    _fsync_directory(directory)
+
+
+def read_bounded(path: str, limit: int) -> bytes:
+    """The content of ``path``, at most ``limit`` bytes (FileTooLargeError naming the file when it holds more)."""
+    with open(path, "rb") as handle:
+        return read_bounded_from(handle, path, limit)
+
+
+def read_bounded_from(handle, path: str, limit: int) -> bytes:
+    """The rest of the open file ``handle`` (opened from ``path``), at most ``limit`` bytes, else FileTooLargeError.
+    Reads up to the limit instead of trusting the file's size, which pseudo-files (securityfs) report as 0."""
+    data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLargeError(path, limit)
+    return data
+
+
+def _make_directory(path: str) -> str:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
+    return directory
+
+
+def _write_aside(directory: str, data: bytes, mode: int) -> str:
+    """A new temporary file in ``directory`` with ``mode`` and ``data``, fsynced; its path."""
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -29,16 +89,18 @@ def write_file_atomically(path: str, data: bytes, mode: int) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise
+    return tmp
 
 
-def write_private_file(path: str, data: bytes) -> None:
-    """Atomically write ``data`` to ``path`` with mode 0600 (directory 0700 if created)."""
-    write_file_atomically(path, data, 0o600)
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def file_sha256(path: str) -> str:
