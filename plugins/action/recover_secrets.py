@@ -14,6 +14,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
     NODE_LOCK_PCR, PolicyError)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
+from ansible_collections.confidential.kubernetes.plugins.module_utils._files import FileTooLargeError, read_bounded
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
     RegistryError, parse_bindings, parse_enrolment)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
@@ -51,10 +52,11 @@ def _bound_disk(enrolment_file: str, ek: str, node_name: str, mirrors: dict | No
     mirrors of the other control planes (``mirrors``: host -> file content) agree on, under its current enrolment."""
     path = os.path.expanduser(enrolment_file)
     try:
-        with open(path, "rb") as handle:
-            text = handle.read(MAX_ENROLMENT_BYTES + 1)
+        text = read_bounded(path, MAX_ENROLMENT_BYTES)
     except OSError as exc:
         raise Refused("not-enrolled", f"cannot read the controller's enrolment {path}: {exc.strerror}") from None
+    except FileTooLargeError as exc:
+        raise Refused("not-enrolled", f"the controller's enrolment {exc}") from None
     try:
         enrolled = parse_enrolment(text, path).by_ek.get(ek)
     except RegistryError as exc:

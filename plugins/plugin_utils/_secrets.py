@@ -9,6 +9,7 @@ import os
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import (
     FIELDS, SECRET_BYTES, RootSecrets, RootSecretsError)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._files import create_file_exclusively
 
 
 class ClusterSecretsError(RuntimeError):
@@ -18,22 +19,16 @@ class ClusterSecretsError(RuntimeError):
 def load_or_create(path: str, loader) -> tuple[RootSecrets, bool]:
     """Load the secrets (decrypting an ansible-vault file through ``loader``) or create them once.
 
-    Returns (secrets, created). A new file is created with O_EXCL and mode 0600,
-    so two concurrent plays can never both create (and one overwrite) the secrets.
+    Returns (secrets, created). A new file is created exclusively, complete and with mode 0600, so two concurrent plays
+    can never both create (and one overwrite) the secrets, and a crash never leaves a half-written file.
     """
     path = os.path.expanduser(path)
     if not os.path.exists(path):
         secrets = RootSecrets(*(os.urandom(SECRET_BYTES) for _name in FIELDS))
-        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            create_file_exclusively(path, (json.dumps(secrets.to_document(), indent=2) + "\n").encode(), 0o600)
         except FileExistsError:
             return _load(path, loader), False
-        try:
-            os.write(fd, (json.dumps(secrets.to_document(), indent=2) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         return secrets, True
     return _load(path, loader), False
 

@@ -9,6 +9,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 
+from .._files import FileTooLargeError, read_bounded
 from .eventlog import EVENT_TYPE_IDS, MAX_DESCRIPTION, MAX_EVENTS, GoldenEvent
 
 try:
@@ -237,10 +238,11 @@ def parse_policy(text: str | bytes, source: str = "policy") -> MeasurementPolicy
 
 def load_policy(path: str) -> MeasurementPolicy:
     try:
-        with open(path, "rb") as handle:
-            text = handle.read(MAX_POLICY_BYTES + 1)
+        text = read_bounded(path, MAX_POLICY_BYTES)
     except OSError as exc:
         raise PolicyError(f"cannot read measurement policy {path}: {exc.strerror}") from None
+    except FileTooLargeError as exc:
+        raise PolicyError(f"measurement policy {exc}") from None
     return parse_policy(text, f"measurement policy {path}")
 
 

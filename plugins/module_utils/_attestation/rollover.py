@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-from .._files import write_file_atomically
+from .._files import FileTooLargeError, read_bounded, write_file_atomically
 from .policy import (
     MAX_POLICY_BYTES,
     MeasurementPolicy,
@@ -122,13 +122,19 @@ class PolicyRollover:
     def record(self) -> RolloverRecord | None:
         if not os.path.exists(self.record_file):
             return None
-        with open(self.record_file, "rb") as handle:
-            text = handle.read(MAX_POLICY_BYTES + 1)
+        text = self._read(self.record_file, "measurement rollover record")
         try:
             doc = json.loads(text)
         except ValueError:
             raise RolloverError(f"{self.record_file} is not JSON") from None
         return RolloverRecord.from_document(doc, self.record_file)
+
+    @staticmethod
+    def _read(path: str, what: str) -> bytes:
+        try:
+            return read_bounded(path, MAX_POLICY_BYTES)
+        except FileTooLargeError as exc:
+            raise RolloverError(f"{what} {exc}") from None
 
     # ---- writing (nothing in check mode) ----
 
@@ -141,9 +147,7 @@ class PolicyRollover:
             serial += 1
             backup = f"{self.policy_file}.{stamp}.{serial}~"
         if not self.check_mode:
-            with open(self.policy_file, "rb") as handle:
-                text = handle.read(MAX_POLICY_BYTES + 1)
-            write_file_atomically(backup, text, 0o644)
+            write_file_atomically(backup, self._read(self.policy_file, "measurement policy"), 0o644)
         return backup
 
     def _write_policy(self, text: bytes) -> None:
@@ -237,14 +241,12 @@ class PolicyRollover:
             return Outcome(False, "no measurement rollover to roll back")
         if not os.path.exists(record.backup):
             raise RolloverError(f"the policy from before the rollover, {record.backup}, is gone: cannot roll back")
-        with open(record.backup, "rb") as handle:
-            text = handle.read(MAX_POLICY_BYTES + 1)
+        text = self._read(record.backup, "measurement policy backup")
         try:
             restored = parse_policy(text, f"measurement policy backup {record.backup}")
         except PolicyError as exc:
             raise RolloverError(str(exc)) from None
-        with open(self.policy_file, "rb") as handle:
-            same = handle.read(MAX_POLICY_BYTES + 1) == text
+        same = self._read(self.policy_file, "measurement policy") == text
         backup = None if same else self._backup_current()
         if not same:
             self._write_policy(text)

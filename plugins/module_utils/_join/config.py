@@ -20,7 +20,7 @@ except ImportError:  # reported by the service at start
 
 from .._crypto.root_secrets import RootSecrets, RootSecretsError
 from .._attestation.policy import MAX_POLICY_BYTES, MeasurementPolicy, parse_policy
-from .._files import write_file_atomically
+from .._files import FileTooLargeError, read_bounded, read_bounded_from, write_file_atomically
 from .._kubeadm import ADMIN_CONF
 from .log import StructuredLog
 
@@ -135,12 +135,11 @@ class ServiceConfig:
 
 def load_config(path: str) -> ServiceConfig:
     try:
-        with open(path, "rb") as handle:
-            text = handle.read(MAX_CONFIG_BYTES + 1)
+        text = read_bounded(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(f"cannot read join service configuration {path}: {exc.strerror}") from None
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"join service configuration {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    except FileTooLargeError as exc:
+        raise ConfigError(f"join service configuration {exc}") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -155,12 +154,11 @@ def read_private_file(path: str, what: str, limit: int = MAX_CONFIG_BYTES) -> by
             mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
             if mode & 0o077:
                 raise ConfigError(f"{what} {path} has mode {mode:04o}; it must not be accessible to group or others (chmod 600)")
-            data = handle.read(limit + 1)
+            return read_bounded_from(handle, path, limit)
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
-    if len(data) > limit:
-        raise ConfigError(f"{what} {path} is larger than {limit} bytes")
-    return data
+    except FileTooLargeError as exc:
+        raise ConfigError(f"{what} {exc}") from None
 
 
 def load_root_secrets(path: str) -> RootSecrets:

@@ -17,6 +17,7 @@ try:
 except ImportError:  # reported by the service at start
     pass
 
+from .._files import FileTooLargeError, read_bounded
 from .._kubeadm import ca_cert_hash
 
 MAX_CSR_BYTES = 16 * 1024
@@ -128,13 +129,11 @@ def _check_key(key: object) -> None:
 
 def _read(path: str) -> bytes:
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_PKI_FILE_BYTES + 1)
+        return read_bounded(path, MAX_PKI_FILE_BYTES)
     except OSError as exc:
         raise PkiError(f"cannot read {path}: {exc.strerror}; the join service must run on a control-plane node with the cluster PKI") from None
-    if len(data) > MAX_PKI_FILE_BYTES:
-        raise PkiError(f"{path} is larger than {MAX_PKI_FILE_BYTES} bytes")
-    return data
+    except FileTooLargeError as exc:
+        raise PkiError(str(exc)) from None
 
 
 @dataclass(frozen=True, repr=False)

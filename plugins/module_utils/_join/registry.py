@@ -39,7 +39,7 @@ try:
 except ImportError:  # reported by the service at start
     pass
 
-from .._files import write_file_atomically
+from .._files import FileTooLargeError, read_bounded, write_file_atomically
 from .config import ConfigError, WatchedFile
 from .pki import MAX_COMMON_NAME, NODE_USER_PREFIX, RequestError, check_disk_uuid, check_node_name
 from .request import pool_node_name, public_key_digest
@@ -317,12 +317,13 @@ class BindingMirror:
         self.path = path
         self._lock = threading.Lock()
         try:
-            with open(path, "rb") as handle:
-                text = handle.read(MAX_ENROLMENT_BYTES + 1)
+            text = read_bounded(path, MAX_ENROLMENT_BYTES)
         except FileNotFoundError:
             text = None
         except OSError as exc:
             raise ConfigError(f"cannot read disk bindings {path}: {exc.strerror}") from None
+        except FileTooLargeError as exc:
+            raise ConfigError(f"disk bindings {exc}") from None
         try:
             bindings = parse_bindings(text, f"disk bindings {path}") if text is not None else []
         except RegistryError as exc:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .._attestation.issuer import Tpm
 from .._attestation.policy import NODE_LOCK_PCR, node_lock_mark
+from .._files import create_file_exclusively, write_file_atomically
 from .._reset import NEEDS_RESET
 
 DEFAULT_RECORD = "/var/lib/confidential-kubernetes/nodelock.json"
@@ -125,38 +126,9 @@ class NodeLock:
         }).encode()
 
     def _write_record(self, cluster_id: str) -> None:
-        """Create the record complete or not at all: readers without the flock (state()) never see it half written.
-
-        Written aside, then hard-linked into place, which fails if the record exists, like O_EXCL.
-        """
-        aside = f"{self.record_path}.{os.getpid()}.new"
-        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            try:
-                os.write(fd, self._record(cluster_id))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.link(aside, self.record_path)
-        finally:
-            os.unlink(aside)
-        _fsync_dir(os.path.dirname(self.record_path) or ".")
+        """Create the record complete or not at all (readers without the flock, state(), never see it half written);
+        it fails if the record exists, like O_EXCL."""
+        create_file_exclusively(self.record_path, self._record(cluster_id), 0o600)
 
     def _rewrite_boot_id(self, cluster_id: str) -> None:
-        tmp = self.record_path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, self._record(cluster_id))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.record_path)
-        _fsync_dir(os.path.dirname(self.record_path) or ".")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        write_file_atomically(self.record_path, self._record(cluster_id), 0o600)

@@ -90,10 +90,10 @@ def test_a_failed_record_write_leaves_no_half_record(swtpm, tmp_path, monkeypatc
     concurrent state() (join_ticket's first step) or a crash mid-write left a node that 'needs a reset'."""
     from ansible_collections.confidential.kubernetes.plugins.module_utils import _nodelock
 
-    def failing_write(fd, data):
+    def failing_fsync(fd):  # where a full disk shows itself at the latest
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_nodelock.os, "write", failing_write)
+    monkeypatch.setattr(_nodelock.os, "fsync", failing_fsync)
     with pytest.raises(OSError):
         _lock(swtpm, tmp_path).take(CLUSTER)
     monkeypatch.undo()
