@@ -24,6 +24,7 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
+  - confidential.kubernetes._helm.releases
 attributes:
   check_mode:
     support: full
@@ -47,59 +48,6 @@ options:
     description: The controller directory under which the C(upgrade-<UTC time>) directory is made.
     type: path
     required: true
-  releases:
-    description:
-      - The releases of the upgrade (options of M(confidential.kubernetes.helm_release), with controller paths), whose
-        charts and merged values are saved with the backup.
-    type: list
-    elements: dict
-    default: []
-    suboptions:
-      release_name:
-        description: The release name.
-        type: str
-        required: true
-        aliases: [name]
-      release_namespace:
-        description: The release namespace.
-        type: str
-        required: true
-        aliases: [namespace]
-      chart_ref:
-        description: The chart (a controller path is copied; a repository chart is recorded by reference).
-        type: path
-        required: true
-      chart_version:
-        description: The chart version.
-        type: str
-      chart_repo_url:
-        description: The chart repository URL.
-        type: str
-      release_values:
-        description: The release's values (V(no_log), they may hold credentials).
-        type: dict
-        default: {}
-        aliases: [values]
-      values_files:
-        description: Values files on the controller, merged in order, then O(releases[].release_values) on top.
-        type: list
-        elements: path
-        default: []
-      wait_timeout:
-        description: Ignored (accepted so that the upgrade role's release list can be passed as it is).
-        type: str
-      atomic:
-        description: Ignored.
-        type: bool
-      create_namespace:
-        description: Ignored.
-        type: bool
-      force:
-        description: Ignored.
-        type: bool
-      skip_version_policy:
-        description: Ignored.
-        type: bool
 requirements:
   - kubernetes (Python) on the controller
 seealso:

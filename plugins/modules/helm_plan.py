@@ -29,65 +29,11 @@ extends_documentation_fragment:
   - confidential.kubernetes._attributes.action
   - confidential.kubernetes._attributes.INFO_MODULE
   - confidential.kubernetes._helm
+  - confidential.kubernetes._helm.releases
 attributes:
   idempotent:
     support: full
 options:
-  releases:
-    description:
-      - The releases, in order, as the C(confidential.kubernetes.upgrade) role takes them (options of
-        M(confidential.kubernetes.helm_release); O(releases[].chart_ref) and O(releases[].values_files) are controller paths).
-    type: list
-    elements: dict
-    default: []
-    suboptions:
-      release_name:
-        description: The release name.
-        type: str
-        required: true
-        aliases: [name]
-      release_namespace:
-        description: The release namespace.
-        type: str
-        required: true
-        aliases: [namespace]
-      chart_ref:
-        description: A chart archive or directory on the controller, or a chart name in O(releases[].chart_repo_url).
-        type: path
-        required: true
-      chart_version:
-        description:
-          - The chart version. Required for a repository chart; for a local chart, when given, it must equal the version
-            in its C(Chart.yaml).
-        type: str
-      chart_repo_url:
-        description: The chart repository URL.
-        type: str
-      release_values:
-        description: Values, merged over O(releases[].values_files) (V(no_log), they may hold credentials).
-        type: dict
-        default: {}
-        aliases: [values]
-      values_files:
-        description: Values files on the controller, merged in order.
-        type: list
-        elements: path
-        default: []
-      skip_version_policy:
-        description: Skip the version policy for this release (defaults to O(skip_version_policy)).
-        type: bool
-      wait_timeout:
-        description: Ignored (accepted so that the upgrade role's release list can be passed as it is).
-        type: str
-      atomic:
-        description: Ignored.
-        type: bool
-      create_namespace:
-        description: Ignored.
-        type: bool
-      force:
-        description: Ignored.
-        type: bool
   skip_version_policy:
     description: Skip the version policy for every release that does not set its own O(releases[].skip_version_policy).
     type: bool

@@ -25,6 +25,8 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
+  - confidential.kubernetes._attestation
+  - confidential.kubernetes._attestation.hand_over_nonce_ledger
 attributes:
   check_mode:
     support: full
@@ -35,14 +37,6 @@ attributes:
     details:
       - Every run seals a new hand-over to new evidence; C(recover.yml) calls it only for a node that waits for keys.
 options:
-  evidence:
-    description: The node's evidence from M(confidential.kubernetes.tpm_evidence).
-    type: raw
-    required: true
-  nonce:
-    description: The nonce (64 hex characters) the evidence is bound to.
-    type: str
-    required: true
   policy:
     description: The measurement policy file on the controller (its PCR 15 rule is replaced by "zero").
     type: path
@@ -75,25 +69,6 @@ options:
     description: This verifier's identity, bound into the HPKE context.
     type: str
     default: confidential.kubernetes/controller
-  ek_ca_file:
-    description: PEM file with the CA certificates that issue EK certificates (AK trust level 2).
-    type: path
-  nonce_ledger:
-    description: The controller's nonce ledger the nonce is consumed from (once).
-    type: path
-    default: ~/.cache/confidential-kubernetes/nonce-ledger
-  nonce_ttl:
-    description: Lifetime of a nonce in seconds.
-    type: float
-    default: 60
-  activate_credential:
-    description: Run the credential activation round trip with the node (required to prove the EK).
-    type: bool
-    default: true
-  tcti:
-    description: The node's TCTI, for the credential activation round trip.
-    type: str
-    default: auto
 seealso:
   - module: confidential.kubernetes.recover_ticket
   - module: confidential.kubernetes.seal_init_secrets

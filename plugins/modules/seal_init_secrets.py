@@ -23,6 +23,8 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
+  - confidential.kubernetes._attestation
+  - confidential.kubernetes._attestation.hand_over_nonce_ledger
 attributes:
   check_mode:
     support: full
@@ -33,14 +35,6 @@ attributes:
     details:
       - Reports a change only when it generated the secrets file.
 options:
-  evidence:
-    description: The node's evidence from M(confidential.kubernetes.tpm_evidence).
-    type: raw
-    required: true
-  nonce:
-    description: The nonce (64 hex characters) the evidence is bound to.
-    type: str
-    required: true
   policy:
     description: The measurement policy file on the controller.
     type: path
@@ -57,27 +51,6 @@ options:
     description: Non-secret cluster configuration to send along with the secrets.
     type: dict
     default: {}
-  ek_ca_file:
-    description: PEM file with the CA certificates that issue EK certificates (AK trust level 2).
-    type: path
-  nonce_ledger:
-    description:
-      - The controller's nonce ledger the nonce is consumed from (once; a replay is refused as C(nonce-reused)).
-      - The default is the ledger M(confidential.kubernetes.attestation_nonce) draws from by default.
-    type: path
-    default: ~/.cache/confidential-kubernetes/nonce-ledger
-  nonce_ttl:
-    description: Lifetime of a nonce in seconds.
-    type: float
-    default: 60
-  activate_credential:
-    description: At AK trust level 2, run the credential activation round trip with the node.
-    type: bool
-    default: true
-  tcti:
-    description: The node's TCTI, for the credential activation round trip.
-    type: str
-    default: auto
 seealso:
   - module: confidential.kubernetes.init_ticket
   - module: confidential.kubernetes.verify_evidence

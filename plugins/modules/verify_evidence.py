@@ -32,18 +32,12 @@ extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
   - confidential.kubernetes._attributes.INFO_MODULE
+  - confidential.kubernetes._attestation
+  - confidential.kubernetes._attestation.optional_nonce_ledger
 attributes:
   idempotent:
     support: full
 options:
-  evidence:
-    description: The evidence document, as returned by M(confidential.kubernetes.tpm_evidence) (a dict or a JSON string).
-    type: raw
-    required: true
-  nonce:
-    description: The 32-byte nonce (64 hex characters) the evidence must be bound to.
-    type: str
-    required: true
   policy:
     description: Path (on the controller) of the measurement policy, JSON or YAML, this collection's format or Constellation's.
     type: path
@@ -55,24 +49,6 @@ options:
       - Expectation for PCR 15, the node lock. V(unlocked) requires 32 zero bytes (a fresh node); a 64-hex cluster ID
         requires C(SHA-256(0^32 || SHA-256(cluster_id))). Overrides a PCR 15 rule of the policy.
     type: str
-  ek_ca_file:
-    description: PEM file (on the controller) with the CA certificates that issue EK certificates. Needed at AK trust level 2.
-    type: path
-  nonce_ledger:
-    description: The controller's nonce ledger (0600 file) to consume the nonce from; see M(confidential.kubernetes.attestation_nonce).
-    type: path
-  nonce_ttl:
-    description: Lifetime of a nonce in seconds, when O(nonce_ledger) is used.
-    type: float
-    default: 60
-  activate_credential:
-    description: At AK trust level 2, run the credential activation round trip with the host. Without it level 2 cannot pass.
-    type: bool
-    default: true
-  tcti:
-    description: The host's TCTI, for the credential activation round trip.
-    type: str
-    default: auto
 seealso:
   - module: confidential.kubernetes.tpm_evidence
   - module: confidential.kubernetes.attestation_nonce
