@@ -10,7 +10,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceLimitError
 
 ARGUMENT_SPEC = dict(
-    nonce_ledger=dict(type="path"),
+    nonce_ledger=dict(type="path", default=controller.DEFAULT_NONCE_LEDGER),
     nonce_ttl=dict(type="float", default=60.0),
 )
 
@@ -29,7 +29,7 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=f"cannot write the nonce ledger: {exc}")
             return result
         except NonceLimitError as exc:
-            result.update(failed=True, msg=f"nonce ledger {params['nonce_ledger'] or controller.DEFAULT_NONCE_LEDGER} is full: {exc}")
+            result.update(failed=True, msg=f"nonce ledger {params['nonce_ledger']} is full: {exc}")
             return result
         result.update(changed=False, nonce=nonce.hex(), expires_in=params["nonce_ttl"])
         return result

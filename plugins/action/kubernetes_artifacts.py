@@ -19,7 +19,7 @@ ARGUMENT_SPEC = dict(
     kubernetes_version=dict(type="str", required=True),
     architectures=dict(type="list", elements="str", default=["x86_64"]),
     artifacts=dict(type="list", elements="str", default=list(_versions.ARTIFACTS)),
-    versions_file=dict(type="path", default=_versions.TABLE_FILE),
+    versions_file=dict(type="path"),  # the collection's own table by default (its path differs per installation)
     versions_extra=dict(type="dict", default={}),
     allow_end_of_life=dict(type="bool", default=False),
     today=dict(type="str", default=""),
@@ -54,7 +54,7 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=f"today is {params['today']!r}, not a date YYYY-MM-DD")
             return result
         try:
-            shipped = _versions.load_table(params["versions_file"])
+            shipped = _versions.load_table(params["versions_file"] or _versions.TABLE_FILE)
             table = _versions.merged_table(shipped, params["versions_extra"])
             version = str(params["kubernetes_version"]).lstrip("v")
             strict = frozenset(shipped) - frozenset(str(v) for v in params["versions_extra"])
