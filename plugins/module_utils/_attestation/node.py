@@ -11,7 +11,7 @@ import re
 
 from .._crypto import seal
 from .._crypto.seal import MLKEM768_X25519, X25519, EphemeralKey
-from .._files import write_private_file
+from .._files import FileTooLargeError, read_bounded, write_private_file
 from . import eventlog
 from .evidence import EvidenceError
 from .issuer import ALL_PCRS, Tpm, answer_challenge, issue_evidence
@@ -44,11 +44,11 @@ def read_event_log(path: str | None) -> bytes | None:
             return None
         path = eventlog.DEFAULT_PATH
     try:
-        # securityfs reports a size of 0: read up to the limit instead of trusting stat.
-        with open(path, "rb") as handle:
-            data = handle.read(eventlog.MAX_EVENT_LOG_BYTES + 1)
+        data = read_bounded(path, eventlog.MAX_EVENT_LOG_BYTES)
     except OSError as exc:
         raise EvidenceError(f"cannot read the event log {path}: {exc.strerror}") from None
+    except FileTooLargeError as exc:
+        raise EvidenceError(f"event log {exc}") from None
     try:
         eventlog.parse(data)
     except eventlog.EventLogError as exc:

@@ -225,6 +225,9 @@ def test_the_node_reads_a_log_and_refuses_a_missing_or_malformed_one(tmp_path):
     message = r"event log .*binary_bios_measurements: event 0 \(the Spec ID event\) data is truncated"
     with pytest.raises(EvidenceError, match=message):
         node.read_event_log(str(path))
+    path.write_bytes(firmware_log() + bytes(el.MAX_EVENT_LOG_BYTES + 1 - len(firmware_log())))
+    with pytest.raises(EvidenceError, match=f"^event log {path} is larger than {el.MAX_EVENT_LOG_BYTES} bytes$"):
+        node.read_event_log(str(path))
 
 
 def test_without_a_path_the_node_reads_the_firmware_log_only_where_there_is_one(monkeypatch, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule, dump_policy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import (
-    ConfigError, PolicyWatcher, load_config, load_root_secrets)
+    MAX_CONFIG_BYTES, ConfigError, PolicyWatcher, load_config, load_root_secrets, read_private_file)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
 
 REQUIRED = {"tls_cert": "/etc/cks/tls.crt", "tls_key": "/etc/cks/tls.key", "secrets_file": "/etc/cks/secrets.json",
@@ -175,3 +175,16 @@ def test_unreadable_policy_at_start_is_a_config_error(tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(ConfigError, match="must be a mapping"):
         PolicyWatcher(str(tmp_path / "bad.json"), StructuredLog(io.StringIO()))
+
+
+def test_a_configuration_or_private_file_larger_than_its_limit_is_refused_naming_it(tmp_path):
+    path = tmp_path / "joinservice.yaml"
+    path.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError, match=f"^join service configuration {path} is larger than {MAX_CONFIG_BYTES} bytes$"):
+        load_config(str(path))
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"k" * 33)
+    secret.chmod(0o600)
+    assert read_private_file(str(secret), "token file", limit=33) == b"k" * 33
+    with pytest.raises(ConfigError, match=f"^token file {secret} is larger than 32 bytes$"):
+        read_private_file(str(secret), "token file", limit=32)
