@@ -69,7 +69,9 @@ def argument_specs(name: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def resolved_docs() -> dict[str, dict]:
     """Every module's DOCUMENTATION with its fragments merged in, by ansible-doc itself."""
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
+    # Where the tests import the collection from (conftest), so that ansible-doc reads this very tree.
+    collections = Path(list(importlib.import_module(PACKAGE).__path__)[0]).parents[3]
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1")
     run = subprocess.run([str(Path(sys.executable).with_name("ansible-doc")), "--json", "-t", "module"]
                          + [f"{COLLECTION}.{name}" for name in MODULES],
                          capture_output=True, text=True, env=env, timeout=120, check=False)
