@@ -20,14 +20,13 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.regi
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.recover import FLOW, RecoverHandOver
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
-    ATTESTATION_OPTIONS, attest, evidence_argument_refusal)
+    HAND_OVER_OPTIONS, attest, evidence_argument_refusal)
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
 
 MAX_ENROLMENT_BYTES = 16 * 1024 * 1024
 
 ARGUMENT_SPEC = dict(
-    ATTESTATION_OPTIONS,
-    nonce_ledger=dict(type="path", default=controller.DEFAULT_NONCE_LEDGER),
+    HAND_OVER_OPTIONS,
     policy=dict(type="path", required=True),
     secrets_file=dict(type="path", required=True),
     enrolment_file=dict(type="path", required=True),

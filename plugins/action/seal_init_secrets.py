@@ -15,13 +15,11 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
-    ATTESTATION_OPTIONS, attest, evidence_argument_refusal)
+    HAND_OVER_OPTIONS, attest, evidence_argument_refusal)
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load, load_or_create
 
 ARGUMENT_SPEC = dict(
-    ATTESTATION_OPTIONS,
-    # The init hand-over always uses its nonce once: the ledger attestation_nonce draws from by default.
-    nonce_ledger=dict(type="path", default=controller.DEFAULT_NONCE_LEDGER),
+    HAND_OVER_OPTIONS,
     policy=dict(type="path", required=True),
     secrets_file=dict(type="path", required=True),
     verifier_id=dict(type="str", default="confidential.kubernetes/controller"),

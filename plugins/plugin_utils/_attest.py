@@ -14,7 +14,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
     ActivationChallenge, VerificationError, VerificationResult, check_ek_template)
 
-# Options every attesting action takes, in its argument spec.
+# Options every attesting action takes, in its argument spec (doc fragment confidential.kubernetes._attestation).
 ATTESTATION_OPTIONS = dict(
     evidence=dict(type="raw", required=True),
     nonce=dict(type="str", required=True),
@@ -24,6 +24,9 @@ ATTESTATION_OPTIONS = dict(
     activate_credential=dict(type="bool", default=True),
     tcti=dict(type="str", default="auto"),
 )
+# The hand-overs (seal_init_secrets, recover_secrets) consume every nonce, from the ledger attestation_nonce draws from
+# by default unless told otherwise (doc fragment confidential.kubernetes._attestation.hand_over_nonce_ledger).
+HAND_OVER_OPTIONS = dict(ATTESTATION_OPTIONS, nonce_ledger=dict(type="path", default=controller.DEFAULT_NONCE_LEDGER))
 
 
 def evidence_argument_refusal(args: dict) -> dict | None:
