@@ -205,41 +205,16 @@ kubelet_version:
   type: str
 """
 
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    ADMIN_CONF, CA_CERT, INIT_RECORD, KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version,
-    has_encryption_algorithm, render_init_config, skip_phases)
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import (
-    CA_KEY_ALGORITHMS, ECDSA_P256, CaError, make_missing_cas, missing_cas)
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS, preflight_init
-from ansible_collections.confidential.kubernetes.plugins.module_utils._reset import NEEDS_RESET
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import CA_KEY_ALGORITHMS
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.init import (
+    DEFAULT_CONFIG_PATH, InitRun, check_before_init, initialise)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS
 
 OPTION_NAMES = list(InitOptions.__dataclass_fields__)
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return ""
-
-
-def _finish_interrupted_init(module: AnsibleModule, kubeadm: Kubeadm, result: dict) -> None:
-    """admin.conf without the record of a completed init: the control plane must answer, or the node needs a reset."""
-    try:
-        result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
-    except KubeadmError as exc:
-        module.fail_json(msg=f"{ADMIN_CONF} exists but kubeadm init never completed on this node ({INIT_RECORD} is missing) and the "
-                             f"control plane does not answer: {exc}. An interrupted kubeadm init: {NEEDS_RESET} "
-                             "before it can be initialised again.", needs_reset=True, **result)
-    result["revoked_token_bindings"] = kubeadm.revoke_token_certificate_rights(ADMIN_CONF)
-    kubeadm.record_init_completed(result["ca_cert_hash"])
-    result["changed"] = result["deleted_default_tokens"] > 0 or bool(result["revoked_token_bindings"])
+RUN_NAMES = list(InitRun.__dataclass_fields__)
 
 
 def main() -> None:
@@ -262,61 +237,22 @@ def main() -> None:
             kubelet_config=dict(type="dict", default={}),
             skip_phases=dict(type="list", elements="str", default=[]),
             upload_certs=dict(type="bool", default=False),
-            config_path=dict(type="path", default="/etc/kubernetes/kubeadm-init.yaml"),
+            config_path=dict(type="path", default=DEFAULT_CONFIG_PATH),
             ca_key_algorithm=dict(type="str", choices=list(CA_KEY_ALGORITHMS), default="rsa-2048"),
         ),
         supports_check_mode=True,
     )
     params = module.params
     kubeadm = Kubeadm(params["binary_path"])
-    result = dict(changed=False, admin_kubeconfig=ADMIN_CONF)
+    options = InitOptions(**{name: params[name] for name in OPTION_NAMES})
+    run = InitRun(**{name: params[name] for name in RUN_NAMES})
     try:
-        api_version = config_api_version(kubeadm.version(), params["config_api_version"])
-        options = InitOptions(**{name: params[name] for name in OPTION_NAMES})
-        options.kubernetes_version = options.kubernetes_version or kubeadm.version()
-        rendered = render_init_config(options, api_version)
-        result["config_api_version"] = api_version
         if params["preflight"]:
-            module.exit_json(**dict(result, **preflight_init(kubeadm, rendered, params["kubernetes_version"] or "", params["kubelet_binary_path"],
-                                                             params["ignore_preflight_errors"], module.check_mode)))
-        previous = _read(params["config_path"])
-        if module._diff:
-            result["diff"] = dict(before=previous, after=rendered, before_header=params["config_path"], after_header="rendered")
-        if os.path.exists(ADMIN_CONF):
-            result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())
-            if not kubeadm.init_completed(result["ca_cert_hash"]) and not module.check_mode:
-                _finish_interrupted_init(module, kubeadm, result)
-            module.exit_json(**result)
-        with tempfile.NamedTemporaryFile("w", prefix="kubeadm-init-", suffix=".yaml", delete=False) as candidate:
-            os.fchmod(candidate.fileno(), 0o600)
-            candidate.write(rendered)
-        try:
-            result["config_validated"] = kubeadm.validate(candidate.name, "init")
-        finally:
-            os.unlink(candidate.name)
-        result["changed"] = True
-        pki_dir = os.path.dirname(CA_CERT)
-        if options.ca_key_algorithm == ECDSA_P256 and not has_encryption_algorithm(api_version):
-            result["generated_cas"] = missing_cas(pki_dir)
-        if module.check_mode:
-            module.exit_json(**result)
-        make_missing_cas(pki_dir, result.get("generated_cas", []))
-        os.makedirs(os.path.dirname(params["config_path"]), exist_ok=True)
-        fd = os.open(params["config_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(rendered)
-        try:
-            result["stdout"] = kubeadm.init(params["config_path"], params["ignore_preflight_errors"], params["upload_certs"],
-                                            skip_phases(api_version, params["skip_phases"])[1])
-        except KubeadmError as exc:
-            module.fail_json(msg=f"{exc}. Before it can be initialised again, {NEEDS_RESET}.",
-                             needs_reset=True, **result)
-        result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
-        result["revoked_token_bindings"] = kubeadm.revoke_token_certificate_rights(ADMIN_CONF)
-        result["ca_cert_hash"] = ca_cert_hash(open(CA_CERT, "rb").read())
-        kubeadm.record_init_completed(result["ca_cert_hash"])
-    except (KubeadmError, CaError, OSError, ValueError) as exc:
-        module.fail_json(msg=str(exc), **result)
+            result = check_before_init(kubeadm, options, run, params["kubelet_binary_path"], module.check_mode)
+        else:
+            result = initialise(kubeadm, options, run, module.check_mode, module._diff)
+    except KubeadmError as exc:
+        module.fail_json(msg=str(exc), **exc.result)
     module.exit_json(**result)
 
 

@@ -10,10 +10,10 @@ import hashlib
 import json
 from typing import NamedTuple
 
+from . import variants
 from .eventlog import MAX_EVENT_LOG_BYTES
 
 EVIDENCE_VERSION = 1
-VARIANTS = ("tpm",)
 # 64 KiB for the quote and keys, and room for the firmware's event log in base64.
 MAX_DOCUMENT_BYTES = 64 * 1024 + 4 * MAX_EVENT_LOG_BYTES // 3
 PCR_INDICES = range(24)
@@ -103,6 +103,14 @@ class Evidence(NamedTuple):
 
     def to_json(self) -> str:
         return json.dumps(self.to_document(), sort_keys=True)
+
+
+def variant_of(name: object) -> variants.Variant:
+    """The registered variant called ``name``; EvidenceError naming it and the known ones otherwise."""
+    variant = variants.find(name)
+    if variant is None:
+        raise EvidenceError(f"evidence variant {excerpt(name)} is not supported (known: {', '.join(variants.names())})")
+    return variant
 
 
 def qualifying_data(nonce: bytes, user_data: bytes) -> bytes:
@@ -273,9 +281,7 @@ def parse_evidence(document: object) -> Evidence:
     if isinstance(version, bool) or not isinstance(version, int) or version != EVIDENCE_VERSION:
         raise EvidenceError(f"evidence version {excerpt(version)} is not supported "
                             f"(expected {EVIDENCE_VERSION}, an integer)")
-    if not isinstance(document["variant"], str) or document["variant"] not in VARIANTS:
-        raise EvidenceError(f"evidence variant {excerpt(document['variant'])} is not supported "
-                            f"(known: {', '.join(VARIANTS)})")
+    variant_of(document["variant"])
     ak_public = _decode_b64("ak_public", document["ak_public"], _FIELD_LIMITS["ak_public"])
     quote = _decode_b64("quote", document["quote"], _FIELD_LIMITS["quote"])
     signature = _decode_b64("signature", document["signature"], _FIELD_LIMITS["signature"])

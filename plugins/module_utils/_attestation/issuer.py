@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from .evidence import Evidence, qualifying_data
+from .evidence import Evidence, variant_of
 
 DEVICE_PATHS = ("/dev/tpmrm0",)
 SWTPM_SOCKET_PATHS = ("/run/tpm/swtpm.sock",)
@@ -202,29 +202,10 @@ class Tpm:
 
 
 def issue_evidence(tpm: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = True,
-                   event_log: bytes | None = None) -> Evidence:
-    """Quote every sha256 PCR over SHA-256(nonce || SHA-256(user_data)); with ``include_ek`` the EK public key (the
-    TPM's identity, which the join service proves by credential activation) and its certificate where one exists."""
-    ak, ak_public = tpm.attestation_key()
-    ek_certificate = ek_public = None
-    if include_ek:
-        ek_certificate, ek, ek_public = tpm.endorsement_key()
-        tpm.flush(ek)
-    for _attempt in range(3):
-        before = tpm.read_pcrs()
-        attest, signature = tpm.quote(ak, qualifying_data(nonce, user_data))
-        # A PCR extended between read and quote would make the digest check fail.
-        if tpm.read_pcrs() == before:
-            break
-    else:
-        raise TpmError("PCRs kept changing while quoting; retry when the node is idle")
-    tpm.flush(ak)
-    return Evidence(
-        variant="tpm", ak_public=ak_public, quote=attest, signature=signature,
-        pcrs={"sha256": before}, user_data=user_data,
-        ek_public=ek_public, ek_certificate=ek_certificate,
-        event_log=event_log or None,
-    )
+                   event_log: bytes | None = None, variant: str = "tpm") -> Evidence:
+    """Evidence of ``variant`` (the TPM's quote unless said otherwise; variants.py) bound to ``nonce`` and
+    ``user_data``; EvidenceError for a variant that is not registered."""
+    return variant_of(variant).issue(tpm, nonce, user_data, include_ek=include_ek, event_log=event_log)
 
 
 def answer_challenge(tpm: Tpm, blob: bytes, encrypted_seed: bytes) -> bytes:

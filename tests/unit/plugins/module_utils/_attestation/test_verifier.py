@@ -129,13 +129,13 @@ def test_unknown_nonce_fails():
 
 
 def test_quote_whose_selection_misses_a_policy_pcr_fails(swtpm):
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import Evidence, qualifying_data
     nonce = os.urandom(32)
     user_data = EphemeralKey.generate().public_bytes()
     with issuer.Tpm(swtpm.tcti) as tpm:
         ak, ak_public = tpm.attestation_key()
         values = tpm.read_pcrs()
-        attest, signature = tpm.quote(ak, issuer.qualifying_data(nonce, user_data), indices=(0, 4, 8))
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import Evidence
+        attest, signature = tpm.quote(ak, qualifying_data(nonce, user_data), indices=(0, 4, 8))
     evidence = Evidence("tpm", ak_public, attest, signature, {"sha256": values}, user_data)
     with pytest.raises(VerificationError) as err:
         _verifier(_policy(evidence), swtpm).verify(evidence, nonce)
