@@ -29,6 +29,8 @@ TICKET_VERSION = 1
 HAND_OVER_VERSION = 1
 # The trailing gRPC metadata that carries a refusal's reason code (also the start of the status details).
 REASON_METADATA = "confidential-kubernetes-reason"
+# Reason codes of the controller's recover refusals (the play names one per refused node).
+RECOVER_REFUSALS = ("evidence", "not-enrolled", "not-a-control-plane", "name-not-granted", "disk-not-bound")
 # Relative to the PKI directory -> file mode on the joining node: keys 0600, certificates and public keys 0644.
 CONTROL_PLANE_FILE_MODES = {
     "ca.crt": 0o644,
@@ -208,10 +210,6 @@ class _Message:
 
     def _check(self) -> None:
         """Rules across fields, beyond each field's own type."""
-
-    def derived_cluster_id(self) -> bytes:
-        """The cluster ID the node derives from the measurement secret and salt (never the one a message states)."""
-        return derive.cluster_id(self.measurement_secret, self.measurement_salt)  # pylint: disable=no-member
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import pickle
 
@@ -218,8 +217,3 @@ def test_secrets_stay_out_of_repr():
     for secret in (MEASUREMENT_SECRET, DISK_KEY, SECRETS.master_key):
         assert repr(secret) not in text and _b64(secret) not in text
     assert "abcdef.0123456789abcdef" not in text and "worker" not in text and "cp-2" in text
-
-
-def test_the_node_derives_the_cluster_id():
-    assert _rejoin_ticket().derived_cluster_id() == CLUSTER_ID
-    assert dataclasses.replace(_rejoin_ticket(), cluster_id=bytes(32)).derived_cluster_id() == CLUSTER_ID
