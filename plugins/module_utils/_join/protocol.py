@@ -8,8 +8,8 @@ field of the wrong type or size is refused with a ``ProtocolError`` naming the f
 the node reads attributes; no other module spells a field's name. The wire format is the ``_join`` README's (step 4)
 and DESIGN section 7's, byte for byte.
 
-Also here, once: the ticket version, the gRPC metadata key of a refusal's reason code and the control-plane PKI files
-a ticket may carry. The flow names are the HPKE context's (``_crypto.seal``), which binds them into every envelope.
+Also here, once: the ticket and hand-over versions, the gRPC metadata key of a refusal's reason code, the recover
+refusal codes and the control-plane PKI files a ticket may carry. The flow names are the HPKE context's (``_crypto.seal``), which binds them into every envelope.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field, fields
 
 from .._crypto import derive
-from .._crypto.root_secrets import FIELDS as ROOT_SECRET_FIELDS, RootSecrets, RootSecretsError
+from .._crypto.root_secrets import FIELDS as ROOT_SECRET_FIELDS, SECRET_BYTES, RootSecrets, RootSecretsError
 from .._crypto.seal import JOIN, RECOVER, REJOIN
 
 TICKET_FLOWS = (JOIN, REJOIN)
@@ -43,7 +43,6 @@ CONTROL_PLANE_FILE_MODES = {
     "etcd/ca.key": 0o600,
 }
 CONTROL_PLANE_FILES = frozenset(CONTROL_PLANE_FILE_MODES)
-SECRET_BYTES = 32
 _MODE = re.compile(r"0[0-7]{3}")
 _HEX32 = re.compile(r"[0-9a-f]{64}")
 
@@ -75,6 +74,10 @@ def _text(what: str, name: str, value: object, empty: bool = False) -> str:
     if not isinstance(value, str) or not (value or empty):
         raise ProtocolError(f"{what} field {name!r} must be {'' if empty else 'non-empty '}text", name)
     return value
+
+
+def _text_or_empty(what: str, name: str, value: object) -> str:
+    return _text(what, name, value, empty=True)
 
 
 def _secret(what: str, name: str, value: object) -> bytes:
@@ -148,7 +151,7 @@ def _identity(value):
 
 _SECRET = {"encode": _b64, "decode": _secret}
 _TEXT = {"encode": _identity, "decode": _text}
-_VERSION_TEXT = {"encode": _identity, "decode": lambda what, name, value: _text(what, name, value, empty=True)}
+_TEXT_OR_EMPTY = {"encode": _identity, "decode": _text_or_empty}
 _FLAG = {"encode": _identity, "decode": _flag}
 _CLUSTER_ID = {"encode": bytes.hex, "decode": _cluster_id}
 _PINS = {"encode": list, "decode": _pins}
@@ -245,7 +248,7 @@ class JoinTicket(_Message):
     ca_crt: str = _wire(_TEXT)
     kubelet_client_crt: str = _wire(_TEXT)
     control_plane_files: tuple = _wire(_FILES, secret=True)
-    kubernetes_version: str = _wire(_VERSION_TEXT)
+    kubernetes_version: str = _wire(_TEXT_OR_EMPTY)  # empty: the node's kubeadm decides
     cluster_secrets: RootSecrets | None = _wire(_ROOT_SECRETS, optional=True, secret=True)
 
     def __post_init__(self):
