@@ -56,7 +56,8 @@ def request_ticket(endpoints: list[str], ca_pem: bytes, tcti: str, node_name: st
                    kubelet_csr_pem: bytes = b"", flow: str = JOIN, attempts: int = 5, backoff: float = 1.0, max_backoff: float = 30.0,
                    timeout: float = 30.0, total_timeout: float = 300.0, server_name: str | None = None,
                    sleep=time.sleep, clock=time.monotonic) -> JoinTicket | RejoinTicket:
-    """Return the opened ticket (a JoinTicket, or a RejoinTicket for ``flow="rejoin"``). ``ca_pem`` is the cluster CA that issued the services' TLS certificates."""
+    """Return the opened ticket (a JoinTicket, or a RejoinTicket for ``flow="rejoin"``). ``ca_pem`` is the cluster CA
+    that issued the services' TLS certificates."""
     if GRPC_IMPORT_ERROR is not None:
         raise JoinError("dependency", f"grpcio and protobuf are required on the node: {GRPC_IMPORT_ERROR}")
     if seal.CRYPTOGRAPHY_IMPORT_ERROR is not None:

@@ -9,7 +9,8 @@ the node reads attributes; no other module spells a field's name. The wire forma
 and DESIGN section 7's, byte for byte.
 
 Also here, once: the ticket and hand-over versions, the gRPC metadata key of a refusal's reason code, the recover
-refusal codes and the control-plane PKI files a ticket may carry. The flow names are the HPKE context's (``_crypto.seal``), which binds them into every envelope.
+refusal codes and the control-plane PKI files a ticket may carry. The flow names are the HPKE context's
+(``_crypto.seal``), which binds them into every envelope.
 """
 
 from __future__ import annotations
@@ -145,25 +146,19 @@ def _decode_secrets(what: str, name: str, value: object) -> RootSecrets:
         raise ProtocolError(str(exc), name) from None
 
 
-def _identity(value):
+def _as_is(value):
     return value
 
 
-_SECRET = {"encode": _b64, "decode": _secret}
-_TEXT = {"encode": _identity, "decode": _text}
-_TEXT_OR_EMPTY = {"encode": _identity, "decode": _text_or_empty}
-_FLAG = {"encode": _identity, "decode": _flag}
-_CLUSTER_ID = {"encode": bytes.hex, "decode": _cluster_id}
-_PINS = {"encode": list, "decode": _pins}
-_FILES = {"encode": _encode_files, "decode": _decode_files}
-_ROOT_SECRETS = {"encode": RootSecrets.to_document, "decode": _decode_secrets}
-
-
-def _wire(codec: dict, default=None, optional: bool = False, secret: bool = False):
-    """A message field and how it crosses the wire (``optional``: left out of the message when None)."""
-    if optional:
-        return field(default=default, metadata=dict(codec, optional=True), repr=not secret)
-    return field(metadata=dict(codec, optional=False), repr=not secret)
+# How each field crosses the wire (a field's metadata); ``optional``: left out of the message when None.
+_SECRET = {"encode": _b64, "decode": _secret, "optional": False}
+_TEXT = {"encode": _as_is, "decode": _text, "optional": False}
+_TEXT_OR_EMPTY = {"encode": _as_is, "decode": _text_or_empty, "optional": False}
+_FLAG = {"encode": _as_is, "decode": _flag, "optional": False}
+_CLUSTER_ID = {"encode": bytes.hex, "decode": _cluster_id, "optional": False}
+_PINS = {"encode": list, "decode": _pins, "optional": False}
+_FILES = {"encode": _encode_files, "decode": _decode_files, "optional": False}
+_OPTIONAL_ROOT_SECRETS = {"encode": RootSecrets.to_document, "decode": _decode_secrets, "optional": True}
 
 
 class _Message:
@@ -197,7 +192,7 @@ class _Message:
         header = cls._header()
         version = document.get("version")
         # bool is an int in Python: true must not pass for version 1.
-        if type(version) is not int or any(document.get(k) != v for k, v in header.items()):
+        if isinstance(version, bool) or not isinstance(version, int) or any(document.get(k) != v for k, v in header.items()):
             raise ProtocolError(f"the sealed payload is not a version {cls.VERSION} {cls.WHAT}", "version")
         specs = fields(cls)
         missing = [s.name for s in specs if s.name not in document and not s.metadata["optional"]]
@@ -222,10 +217,10 @@ class RejoinTicket(_Message):
     WHAT = "rejoin ticket"
     VERSION = TICKET_VERSION
 
-    cluster_id: bytes = _wire(_CLUSTER_ID)
-    measurement_secret: bytes = _wire(_SECRET, secret=True)
-    measurement_salt: bytes = _wire(_SECRET, secret=True)
-    state_disk_key: bytes = _wire(_SECRET, secret=True)
+    cluster_id: bytes = field(metadata=_CLUSTER_ID)
+    measurement_secret: bytes = field(metadata=_SECRET, repr=False)
+    measurement_salt: bytes = field(metadata=_SECRET, repr=False)
+    state_disk_key: bytes = field(metadata=_SECRET, repr=False)
 
 
 @dataclass(frozen=True)
@@ -236,20 +231,20 @@ class JoinTicket(_Message):
     WHAT = "join ticket"
     VERSION = TICKET_VERSION
 
-    node_name: str = _wire(_TEXT)
-    control_plane: bool = _wire(_FLAG)
-    cluster_id: bytes = _wire(_CLUSTER_ID)
-    measurement_secret: bytes = _wire(_SECRET, secret=True)
-    measurement_salt: bytes = _wire(_SECRET, secret=True)
-    state_disk_key: bytes = _wire(_SECRET, secret=True)
-    api_server_endpoint: str = _wire(_TEXT)
-    bootstrap_token: str = _wire(_TEXT, secret=True)
-    ca_cert_hashes: tuple = _wire(_PINS)
-    ca_crt: str = _wire(_TEXT)
-    kubelet_client_crt: str = _wire(_TEXT)
-    control_plane_files: tuple = _wire(_FILES, secret=True)
-    kubernetes_version: str = _wire(_TEXT_OR_EMPTY)  # empty: the node's kubeadm decides
-    cluster_secrets: RootSecrets | None = _wire(_ROOT_SECRETS, optional=True, secret=True)
+    node_name: str = field(metadata=_TEXT)
+    control_plane: bool = field(metadata=_FLAG)
+    cluster_id: bytes = field(metadata=_CLUSTER_ID)
+    measurement_secret: bytes = field(metadata=_SECRET, repr=False)
+    measurement_salt: bytes = field(metadata=_SECRET, repr=False)
+    state_disk_key: bytes = field(metadata=_SECRET, repr=False)
+    api_server_endpoint: str = field(metadata=_TEXT)
+    bootstrap_token: str = field(metadata=_TEXT, repr=False)
+    ca_cert_hashes: tuple = field(metadata=_PINS)
+    ca_crt: str = field(metadata=_TEXT)
+    kubelet_client_crt: str = field(metadata=_TEXT)
+    control_plane_files: tuple = field(metadata=_FILES, repr=False)
+    kubernetes_version: str = field(metadata=_TEXT_OR_EMPTY)  # empty: the node's kubeadm decides
+    cluster_secrets: RootSecrets | None = field(default=None, metadata=_OPTIONAL_ROOT_SECRETS, repr=False)
 
     def __post_init__(self):
         # One order for the files, so that equal tickets compare equal however they were built.
@@ -271,10 +266,10 @@ class RecoverHandOver(_Message):
     VERSION = HAND_OVER_VERSION
     FLOW = RECOVER
 
-    disk_uuid: str = _wire(_TEXT)
-    state_disk_key: bytes = _wire(_SECRET, secret=True)
-    measurement_secret: bytes = _wire(_SECRET, secret=True)
-    measurement_salt: bytes = _wire(_SECRET, secret=True)
+    disk_uuid: str = field(metadata=_TEXT)
+    state_disk_key: bytes = field(metadata=_SECRET, repr=False)
+    measurement_secret: bytes = field(metadata=_SECRET, repr=False)
+    measurement_salt: bytes = field(metadata=_SECRET, repr=False)
 
     @classmethod
     def for_disk(cls, secrets: RootSecrets, disk_uuid: str) -> "RecoverHandOver":
