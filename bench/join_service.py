@@ -81,6 +81,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, load_kubelet_csr  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.crypto import CheckRequest, SealRequest  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import JoinTicket  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import identity_of, public_key_digest, request_digest  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service, grpc_server  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas  # noqa: E402
@@ -286,7 +287,10 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
     request = pb2.IssueJoinTicketRequest.FromString(prepare(stub, swtpms, 1)[0][0])
     check = CheckRequest(policy, "join", request.evidence, request.nonce, NODE, False, join_harness.DISK_UUID, request.kubelet_csr)
     checked = service.issuer.crypto.check(check)
-    sealing = SealRequest({"payload": os.urandom(1500).hex()}, checked.ephemeral_key, "join", request.nonce, checked.kubelet_key, NODE,
+    # A worker's ticket, padded to about 3 kB with its CA certificate's length (the kubelet certificate is signed in).
+    ticket = JoinTicket(NODE, False, bytes(32), os.urandom(32), os.urandom(32), os.urandom(32), "10.0.0.10:6443",
+                        "abcdef.0123456789abcdef", ("sha256:" + "00" * 32,), os.urandom(1300).hex(), "", (), "")
+    sealing = SealRequest(ticket, checked.ephemeral_key, "join", request.nonce, checked.kubelet_key, NODE,
                           datetime.datetime.now(datetime.timezone.utc))
     started = time.perf_counter()
     for _run in range(count // 4):

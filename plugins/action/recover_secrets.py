@@ -15,10 +15,10 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._files import FileTooLargeError, read_bounded
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import RECOVER, RecoverHandOver
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
     RegistryError, parse_bindings, parse_enrolment)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
-from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.recover import FLOW, RecoverHandOver
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
     HAND_OVER_OPTIONS, attest, evidence_argument_refusal)
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
@@ -38,7 +38,7 @@ ARGUMENT_SPEC = dict(
 
 
 class Refused(Exception):
-    """The node gets nothing; ``reason`` is one of recover.REFUSALS."""
+    """The node gets nothing; ``reason`` is one of protocol.RECOVER_REFUSALS."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -110,7 +110,7 @@ class ActionModule(ActionBase):
                 raise Refused("disk-not-bound", f"it reports state disk {params['disk_uuid']}, but the disk enrolled "
                                                 f"for it is {disk_uuid}")
             hand_over = RecoverHandOver.for_disk(secrets, disk_uuid)
-            sealed = seal.seal(hand_over.to_bytes(), verified.evidence.user_data, FLOW, bytes.fromhex(params["nonce"]),
+            sealed = seal.seal(hand_over.to_bytes(), verified.evidence.user_data, RECOVER, bytes.fromhex(params["nonce"]),
                                params["verifier_id"])
         except (ClusterSecretsError, PolicyError, seal.SealError) as exc:
             result.update(failed=True, msg=str(exc))

@@ -118,7 +118,7 @@ def run_clients(endpoint: str, ca_pem: bytes, clients: list[Client], progress, s
                                          kubelet_csr_pem=join_harness.make_csr(client.node_name), attempts=ATTEMPTS,
                                          backoff=BACKOFF,
                                          max_backoff=MAX_BACKOFF, timeout=30, total_timeout=180, sleep=counted_sleep)
-                token = payload["bootstrap_token"]
+                token = payload.bootstrap_token
             except JoinError as exc:
                 code, reason = exc.code, exc.reason
                 exhausted = str(exc).startswith("no join service issued a ticket")

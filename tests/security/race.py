@@ -39,6 +39,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import node_lock_mark  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive, seal  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import JoinTicket  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import join as join_ticket  # noqa: E402
@@ -100,7 +101,7 @@ def _join_contender(trial: Path, tcti: str, payload: dict, start, results) -> No
     results.put(("join", "won", _ticket.cluster_id_of(payload).hex()))
 
 
-def _join_payload() -> dict:
+def _join_payload() -> JoinTicket:
     """A join ticket of an existing cluster (what the join service seals; only its shape matters here)."""
     master_key, master_salt, measurement_salt = os.urandom(32), os.urandom(32), os.urandom(32)
     measurement_secret = derive.measurement_secret(master_key, master_salt)
@@ -108,11 +109,13 @@ def _join_payload() -> dict:
     def b64(raw: bytes) -> str:
         return base64.b64encode(raw).decode()
 
-    return {"version": 1, "node_name": "worker-1", "control_plane": False,
-            "cluster_id": derive.cluster_id(measurement_secret, measurement_salt).hex(), "measurement_secret": b64(measurement_secret),
-            "measurement_salt": b64(measurement_salt), "state_disk_key": b64(derive.state_disk_key(master_key, master_salt, DISK_UUID)),
-            "api_server_endpoint": "10.0.0.10:6443", "bootstrap_token": "abcdef.0123456789abcdef", "ca_cert_hashes": ["sha256:" + "00" * 32],
-            "ca_crt": "-----BEGIN CERTIFICATE-----\n", "kubelet_client_crt": "-----BEGIN CERTIFICATE-----\n", "control_plane_files": {}}
+    document = {"version": 1, "node_name": "worker-1", "control_plane": False,
+                "cluster_id": derive.cluster_id(measurement_secret, measurement_salt).hex(), "measurement_secret": b64(measurement_secret),
+                "measurement_salt": b64(measurement_salt), "state_disk_key": b64(derive.state_disk_key(master_key, master_salt, DISK_UUID)),
+                "api_server_endpoint": "10.0.0.10:6443", "bootstrap_token": "abcdef.0123456789abcdef", "ca_cert_hashes": ["sha256:" + "00" * 32],
+                "ca_crt": "-----BEGIN CERTIFICATE-----\n", "kubelet_client_crt": "-----BEGIN CERTIFICATE-----\n", "control_plane_files": {},
+                "kubernetes_version": ""}
+    return JoinTicket.from_bytes(json.dumps(document).encode())
 
 
 def _written(directory: Path) -> list[str]:
@@ -152,7 +155,7 @@ class Trial:
         record = json.loads(record_path.read_text()) if record_path.exists() else {}
         return {"outcomes": outcomes, "pcr15": pcr15, "record": record, "exit_codes": [p.exitcode for p in processes],
                 "written": {side: _written(self.dir / side) for side in ("init", "join")},
-                "clusters": {"init": secrets.cluster_id().hex(), "join": payload["cluster_id"]}}
+                "clusters": {"init": secrets.cluster_id().hex(), "join": payload.cluster_id.hex()}}
 
 
 def check(result: dict) -> list[str]:

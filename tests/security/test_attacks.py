@@ -363,8 +363,8 @@ def test_autoscaled_node_is_named_after_its_ek_and_never_a_control_plane(join_la
     with issuer.Tpm(other_swtpm.tcti) as tpm:
         name = f"pool-{ek_identity(tpm.endorsement_key()[2])[:10]}"
     payload = join_with_client(join_lab, service, "", tcti=other_swtpm.tcti)
-    certificate = x509.load_pem_x509_certificate(payload["kubelet_client_crt"].encode())
-    assert (payload["node_name"], payload["control_plane"], payload["control_plane_files"]) == (name, False, {})
+    certificate = x509.load_pem_x509_certificate(payload.kubelet_client_crt.encode())
+    assert (payload.node_name, payload.control_plane, payload.control_plane_files) == (name, False, ())
     assert certificate.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)[0].value == f"system:node:{name}"
     assert [node for node, token in service.minter.tokens] == [name]
     _join_refused(join_lab, service, "role-not-granted", node_name="", control_plane=True, tcti=other_swtpm.tcti)
@@ -375,7 +375,7 @@ def test_autoscaled_node_is_named_after_its_ek_and_never_a_control_plane(join_la
 def test_used_token_is_deleted_once_its_node_registered(join_lab, attack):
     """A bootstrap token serves one join: once the node's kubelet registered, the token no longer authenticates."""
     service = join_lab.start("pcrs-only")
-    token = join_with_client(join_lab, service)["bootstrap_token"]
+    token = join_with_client(join_lab, service).bootstrap_token
     api = service.minter
     assert api.authenticates(token)
     api.register_node("worker-1")

@@ -37,7 +37,7 @@ def test_new_host_enrolled_with_a_bound_disk(join_lab, other_swtpm, attack, flow
     # The owner still rejoins with its disk.
     ticket = request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
                             flow="rejoin", attempts=1)
-    assert ticket["state_disk_key"]
+    assert ticket.state_disk_key
 
 
 def test_unenrolled_nodes_disk_stays_bound(join_lab, other_swtpm, attack):

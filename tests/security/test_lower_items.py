@@ -21,7 +21,7 @@ def test_a_token_is_retired_when_its_node_existed_already(join_lab, attack):
     service = join_lab.start("pcrs-only")
     api = service.minter
     api.register_node("worker-1", datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=3))
-    token = join_with_client(join_lab, service)["bootstrap_token"]
+    token = join_with_client(join_lab, service).bootstrap_token
     time.sleep(0.3)
     assert api.authenticates(token), "the kubelet has not reported yet: the token stays"
     api.report_ready("worker-1")

@@ -25,7 +25,9 @@ except ImportError as exc:  # reported by the modules through missing_required_l
 else:
     CRYPTOGRAPHY_IMPORT_ERROR = None
 
-FLOWS = ("init", "join", "rejoin", "recover")
+# The flows of the sealed hand-overs, bound into every envelope's HPKE info (the one place they are named).
+INIT, JOIN, REJOIN, RECOVER = "init", "join", "rejoin", "recover"
+FLOWS = (INIT, JOIN, REJOIN, RECOVER)
 ENVELOPE_VERSION = 1
 INFO_LABEL = b"confidential.kubernetes/seal/v1"
 

@@ -16,7 +16,6 @@ private half never leaves this process.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 
@@ -36,13 +35,11 @@ from .._attestation.node import read_event_log
 from .._crypto import seal
 from .._crypto.seal import EphemeralKey, SealError
 from .credential import ProofError, activation_proof
+from .protocol import JOIN, REASON_METADATA, TICKET_FLOWS, JoinTicket, ProtocolError, RejoinTicket, ticket_type
 from .request import bind_user_data, csr_key_digest, request_digest
 
-FLOWS = ("join", "rejoin")
 RETRYABLE_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED")
 RETRYABLE_REASONS = ("nonce-stale", "nonce-unknown", "activation-unknown")
-REASON_METADATA = "confidential-kubernetes-reason"
-TICKET_VERSION = 1
 
 
 class JoinError(RuntimeError):
@@ -56,16 +53,17 @@ class JoinError(RuntimeError):
 
 
 def request_ticket(endpoints: list[str], ca_pem: bytes, tcti: str, node_name: str, control_plane: bool = False, disk_uuid: str = "",
-                   kubelet_csr_pem: bytes = b"", flow: str = "join", attempts: int = 5, backoff: float = 1.0, max_backoff: float = 30.0,
+                   kubelet_csr_pem: bytes = b"", flow: str = JOIN, attempts: int = 5, backoff: float = 1.0, max_backoff: float = 30.0,
                    timeout: float = 30.0, total_timeout: float = 300.0, server_name: str | None = None,
-                   sleep=time.sleep, clock=time.monotonic) -> dict:
-    """Return the opened ticket payload (a dict). ``ca_pem`` is the cluster CA that issued the services' TLS certificates."""
+                   sleep=time.sleep, clock=time.monotonic) -> JoinTicket | RejoinTicket:
+    """Return the opened ticket (a JoinTicket, or a RejoinTicket for ``flow="rejoin"``). ``ca_pem`` is the cluster CA
+    that issued the services' TLS certificates."""
     if GRPC_IMPORT_ERROR is not None:
         raise JoinError("dependency", f"grpcio and protobuf are required on the node: {GRPC_IMPORT_ERROR}")
     if seal.CRYPTOGRAPHY_IMPORT_ERROR is not None:
         raise JoinError("dependency", f"cryptography >= 47 is required on the node: {seal.CRYPTOGRAPHY_IMPORT_ERROR}")
-    if flow not in FLOWS:
-        raise JoinError("flow", f"flow must be one of {', '.join(FLOWS)}, got {flow!r}")
+    if flow not in TICKET_FLOWS:
+        raise JoinError("flow", f"flow must be one of {', '.join(TICKET_FLOWS)}, got {flow!r}")
     if not endpoints:
         raise JoinError("endpoints", "no join service endpoint given")
     if not ca_pem:
@@ -118,10 +116,10 @@ def _call(method, request, timeout: float, endpoint: str):
 
 
 def _attempt(endpoint: str, ca_pem: bytes, tcti: str, node_name: str, control_plane: bool, disk_uuid: str, kubelet_csr_pem: bytes,
-             flow: str, timeout: float, server_name: str | None) -> dict:
-    control_plane = control_plane and flow == "join"
+             flow: str, timeout: float, server_name: str | None) -> JoinTicket | RejoinTicket:
+    control_plane = control_plane and flow == JOIN
     try:
-        kubelet_key = csr_key_digest(kubelet_csr_pem) if flow == "join" else b""
+        kubelet_key = csr_key_digest(kubelet_csr_pem) if flow == JOIN else b""
     except ValueError:
         raise JoinError("csr-malformed", "the kubelet CSR is not a PEM certificate signing request") from None
     digest = request_digest(flow, node_name, control_plane, disk_uuid, kubelet_key)
@@ -140,7 +138,7 @@ def _attempt(endpoint: str, ca_pem: bytes, tcti: str, node_name: str, control_pl
                                           event_log=event_log).to_json().encode()
         except (TpmError, EvidenceError) as exc:
             raise JoinError("tpm", f"cannot produce evidence: {exc}") from None
-        if flow == "join":
+        if flow == JOIN:
             granted = _call(stub.IssueJoinTicket, pb2.IssueJoinTicketRequest(
                 evidence=evidence, nonce=nonce, node_name=node_name, control_plane=control_plane,
                 kubelet_csr=kubelet_csr_pem, disk_uuid=disk_uuid), timeout, endpoint)
@@ -162,14 +160,13 @@ def prove_activation(tcti: str, credential_blob: bytes, credential_encrypted_see
         raise JoinError("credential-activation", f"this TPM cannot activate the service's credential: {exc}") from None
 
 
-def open_ticket(key: EphemeralKey, sealed_ticket: bytes, flow: str, nonce: bytes, verifier_id: str) -> dict:
-    """Open the HPKE envelope with the ephemeral key."""
+def open_ticket(key: EphemeralKey, sealed_ticket: bytes, flow: str, nonce: bytes, verifier_id: str) -> JoinTicket | RejoinTicket:
+    """Open the HPKE envelope with the ephemeral key and read the ticket of ``flow`` from it."""
     try:
-        payload = json.loads(key.open(sealed_ticket, flow, nonce, verifier_id))
+        plaintext = key.open(sealed_ticket, flow, nonce, verifier_id)
     except SealError as exc:
         raise JoinError("ticket-open", f"the ticket does not open: {exc}") from None
-    except ValueError:
-        raise JoinError("ticket-open", "the opened ticket is not JSON") from None
-    if not isinstance(payload, dict) or payload.get("version") != TICKET_VERSION:
-        raise JoinError("ticket-open", f"the opened ticket is not a version {TICKET_VERSION} ticket")
-    return payload
+    try:
+        return ticket_type(flow).from_bytes(plaintext)
+    except ProtocolError as exc:
+        raise JoinError("ticket-open", f"the opened ticket is refused: {exc}") from None

@@ -13,9 +13,8 @@ answers are picklable values only.
 from __future__ import annotations
 
 import datetime
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 try:
     from cryptography import x509
@@ -31,6 +30,7 @@ from .._attestation.verifier import (
 from .._crypto import seal
 from .._reset import NEEDS_RESET
 from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
+from .protocol import JOIN, JoinTicket, RejoinTicket
 from .request import BindingError, digest_matches, identity_of, public_key_digest, request_digest, split_user_data
 
 CREDENTIAL_SECRET_BYTES = 32
@@ -101,9 +101,9 @@ class Checked:
 
 @dataclass(frozen=True, repr=False)
 class SealRequest:
-    """Step 2's input: the ticket's payload, and for a join the kubelet key (DER) to certify for the granted name."""
+    """Step 2's input: the ticket, and for a join the kubelet key (DER) to certify for the granted name."""
 
-    payload: dict
+    ticket: JoinTicket | RejoinTicket
     ephemeral_key: bytes
     flow: str
     nonce: bytes
@@ -134,7 +134,7 @@ class JoinCrypto:
         return cached[1], cached[2]
 
     def check(self, request: CheckRequest) -> Checked:
-        fresh_only = request.flow == "join"
+        fresh_only = request.flow == JOIN
         fresh, member = self._verifiers(request.policy)
         try:
             verified = (fresh if fresh_only else member).verify(request.evidence, request.nonce)
@@ -218,16 +218,17 @@ class JoinCrypto:
         return str(error)
 
     def seal_ticket(self, request: SealRequest) -> bytes:
-        """For a join, sign the kubelet certificate into the payload first; then seal it to the node's ephemeral key."""
-        payload = request.payload
+        """For a join, sign the kubelet certificate into the ticket first; then seal it to the node's ephemeral key."""
+        ticket = request.ticket
         if request.kubelet_key:
             try:
                 key = serialization.load_der_public_key(request.kubelet_key)
-                payload = dict(payload, kubelet_client_crt=self._pki.sign_kubelet_client(key, request.node_name, request.now).decode())
+                ticket = replace(
+                    ticket, kubelet_client_crt=self._pki.sign_kubelet_client(key, request.node_name, request.now).decode())
             except PkiError as exc:
                 raise Refusal("INTERNAL", "pki", str(exc)) from None
         try:
-            return seal.seal(json.dumps(payload, sort_keys=True).encode(), request.ephemeral_key, request.flow, request.nonce,
+            return seal.seal(ticket.to_bytes(), request.ephemeral_key, request.flow, request.nonce,
                              self._verifier_id)
         except seal.SealError as exc:
             raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None

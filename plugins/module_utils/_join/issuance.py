@@ -20,7 +20,6 @@ register the bootstrap token last. Every refusal is a ``Refusal`` raised before 
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime
 import threading
 import time
@@ -38,10 +37,10 @@ from .credential import proof_matches
 from .crypto import CheckRequest, Checked, JoinCrypto, Refusal, SealRequest
 from .nonces import MacNonces
 from .pki import ClusterPki, PkiError
+from .protocol import JOIN, REJOIN, ControlPlaneFile, JoinTicket, RejoinTicket
 from .registry import Grant, NodeIdentity, NodeRegistry, RegistryRefusal
 from .tokens import LiveToken, TokenMinter, TokenMintError, generate_token
 
-TICKET_VERSION = 1
 # Challenges answered by nobody are forgotten after PENDING_TTL seconds; at most MAX_PENDING wait at once, at most
 # MAX_PENDING_PER_CLIENT of one client (a site behind one address may join a few nodes at once).
 MAX_PENDING = 4096
@@ -130,10 +129,6 @@ class PreparedJoin:
         return self.pending.grant.node_name
 
 
-def _b64(value: bytes) -> str:
-    return base64.b64encode(value).decode()
-
-
 def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
@@ -215,11 +210,11 @@ class TicketIssuer:
 
     def join_check(self, request: JoinRequest) -> CheckRequest:
         """What ``JoinCrypto.check`` verifies, once the nonce is known to be this service's, fresh and unused."""
-        return self._check_request(CheckRequest(self._policy(), "join", request.evidence, request.nonce, request.node_name,
+        return self._check_request(CheckRequest(self._policy(), JOIN, request.evidence, request.nonce, request.node_name,
                                                 request.control_plane, request.disk_uuid, request.kubelet_csr))
 
     def rejoin_check(self, request: RejoinRequest) -> CheckRequest:
-        return self._check_request(CheckRequest(self._policy(), "rejoin", request.evidence, request.nonce, request.node_name, False,
+        return self._check_request(CheckRequest(self._policy(), REJOIN, request.evidence, request.nonce, request.node_name, False,
                                                 request.disk_uuid, b""))
 
     def _check_request(self, check: CheckRequest) -> CheckRequest:
@@ -366,29 +361,26 @@ class TicketIssuer:
                 raise Refusal("ABORTED", "control-plane-busy", f"{CONTROL_PLANE_BUSY}; retry in a few seconds")
             release = _once(self._control_plane.release)
         try:
-            payload = self._identity_payload(grant.disk_uuid)
+            identity = self._identity(grant.disk_uuid)
             try:
                 files = self._pki.control_plane_files() if grant.control_plane else {}
             except PkiError as exc:
                 raise Refusal("INTERNAL", "pki", str(exc)) from None
             token = generate_token()
-            payload.update({
-                "node_name": grant.node_name,
-                "control_plane": grant.control_plane,
-                "api_server_endpoint": self.api_server_endpoint,
-                "bootstrap_token": token,
-                "ca_cert_hashes": [self._pki.ca_cert_hash],
-                "ca_crt": self._pki.ca_pem.decode(),
-                "control_plane_files": {name: {"content": _b64(content), "mode": f"{mode:04o}"} for name, (content, mode) in files.items()},
-                "kubernetes_version": self.kubernetes_version,
-            })
-            if grant.control_plane:
+            # The kubelet client certificate is signed into it with the seal (JoinCrypto.seal_ticket).
+            ticket = JoinTicket(
+                node_name=grant.node_name, control_plane=grant.control_plane, cluster_id=identity.cluster_id,
+                measurement_secret=identity.measurement_secret, measurement_salt=identity.measurement_salt,
+                state_disk_key=identity.state_disk_key, api_server_endpoint=self.api_server_endpoint, bootstrap_token=token,
+                ca_cert_hashes=(self._pki.ca_cert_hash,), ca_crt=self._pki.ca_pem.decode(), kubelet_client_crt="",
+                control_plane_files=tuple(ControlPlaneFile(name, content, mode) for name, (content, mode) in files.items()),
+                kubernetes_version=self.kubernetes_version,
                 # A control plane runs a join service of its own, which needs the root secrets.
-                payload["cluster_secrets"] = self._secrets.to_document()
+                cluster_secrets=self._secrets if grant.control_plane else None)
         except BaseException:
             release()
             raise
-        return ReservedJoin(pending, token, SealRequest(payload, pending.ephemeral_key, pending.flow, pending.nonce, pending.kubelet_key,
+        return ReservedJoin(pending, token, SealRequest(ticket, pending.ephemeral_key, pending.flow, pending.nonce, pending.kubelet_key,
                                                         grant.node_name, self._now()), release)
 
     async def register_token(self, prepared: PreparedJoin) -> None:
@@ -406,15 +398,11 @@ class TicketIssuer:
 
     def rejoin_seal(self, pending: Pending) -> SealRequest:
         """A rebooted member: disk key and measurement secret only."""
-        return SealRequest(self._identity_payload(pending.grant.disk_uuid), pending.ephemeral_key, pending.flow, pending.nonce)
+        return SealRequest(self._identity(pending.grant.disk_uuid), pending.ephemeral_key, pending.flow, pending.nonce)
 
     # --- shared -------------------------------------------------------------------------------------------------
 
-    def _identity_payload(self, disk_uuid: str) -> dict:
-        return {
-            "version": TICKET_VERSION,
-            "cluster_id": self.cluster_id.hex(),
-            "measurement_secret": _b64(self._measurement_secret),
-            "measurement_salt": _b64(self._secrets.measurement_salt),
-            "state_disk_key": _b64(derive.state_disk_key(self._secrets.master_key, self._secrets.master_salt, disk_uuid)),
-        }
+    def _identity(self, disk_uuid: str) -> RejoinTicket:
+        """The cluster identity and the disk key: all a rejoin ticket carries, and where a join ticket starts."""
+        return RejoinTicket(self.cluster_id, self._measurement_secret, self._secrets.measurement_salt,
+                            derive.state_disk_key(self._secrets.master_key, self._secrets.master_salt, disk_uuid))

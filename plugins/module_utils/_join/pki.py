@@ -19,6 +19,7 @@ except ImportError:  # reported by the service at start
 
 from .._files import FileTooLargeError, read_bounded
 from .._kubeadm import ca_cert_hash
+from .protocol import CONTROL_PLANE_FILE_MODES
 
 MAX_CSR_BYTES = 16 * 1024
 KUBELET_CERT_VALIDITY = datetime.timedelta(days=365)
@@ -31,17 +32,6 @@ MAX_COMMON_NAME = 64
 RSA_MIN_BITS = 2048
 RSA_MAX_BITS = 8192
 EC_CURVES = ("secp256r1", "secp384r1")
-# Relative to pki_dir -> file mode on the joining node: keys 0600, certificates and public keys 0644.
-CONTROL_PLANE_FILES = {
-    "ca.crt": 0o644,
-    "ca.key": 0o600,
-    "sa.key": 0o600,
-    "sa.pub": 0o644,
-    "front-proxy-ca.crt": 0o644,
-    "front-proxy-ca.key": 0o600,
-    "etcd/ca.crt": 0o644,
-    "etcd/ca.key": 0o600,
-}
 MAX_PKI_FILE_BYTES = 64 * 1024
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
@@ -189,4 +179,4 @@ class ClusterPki:
 
     def control_plane_files(self) -> dict[str, tuple[bytes, int]]:
         """The shared control-plane PKI, read at request time (relative path -> (content, mode))."""
-        return {name: (_read(os.path.join(self.pki_dir, name)), mode) for name, mode in CONTROL_PLANE_FILES.items()}
+        return {name: (_read(os.path.join(self.pki_dir, name)), mode) for name, mode in CONTROL_PLANE_FILE_MODES.items()}

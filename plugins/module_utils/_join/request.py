@@ -32,7 +32,6 @@ from .._attestation import tpm2
 
 REQUEST_LABEL = b"confidential.kubernetes/join-request/v1\n"
 DIGEST_BYTES = 32
-FLOWS = ("join", "rejoin")
 # Short EK digests name the nodes of an autoscaled pool: 10 hex digits, 40 bits.
 SHORT_IDENTITY = 10
 

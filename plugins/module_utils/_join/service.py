@@ -39,13 +39,13 @@ from .limits import PeerLimiter, peer_key
 from .log import StructuredLog
 from .nonces import MacNonces
 from .pki import ClusterPki, PkiError
+from .protocol import REASON_METADATA, REJOIN
 from .registry import BindingMirror, EnrolmentWatcher, NodeRegistry
 from .tokens import TOKEN_TTL, KubectlTokenMinter, TokenMinter, TokenMintError
 from .workers import WorkerPool
 
 SERVING = "SERVING"
 NOT_SERVING = "NOT_SERVING"
-REASON_METADATA = "confidential-kubernetes-reason"
 MAX_MESSAGE_BYTES = 256 * 1024
 MAX_DETAILS = 1024
 DRAIN_DELAY = 1.0
@@ -181,7 +181,7 @@ class JoinServicer:
         grant = pending.grant
 
         async def issue() -> bytes:
-            if pending.flow == "rejoin":
+            if pending.flow == REJOIN:
                 return await self._workers.seal_ticket(self._issuer.rejoin_seal(pending))
             await self._issuer.claim_disk(pending)
             reserved = self._issuer.reserve_join(pending)

@@ -51,7 +51,8 @@ def take_ephemeral_key(path: str, check_mode: bool) -> EphemeralKey:
         raise TicketError(f"ephemeral key {path}: {exc}") from None
 
 
-def open_sealed(key: EphemeralKey, sealed_b64: str, flow: str, nonce_hex: str, verifier_id: str) -> dict:
+def open_envelope(key: EphemeralKey, sealed_b64: str, flow: str, nonce_hex: str, verifier_id: str) -> bytes:
+    """The plaintext of a sealed hand-over given as base64, with its nonce as hex (as the modules get them)."""
     try:
         envelope = base64.b64decode(sealed_b64, validate=True)
         if not re.fullmatch(r"[0-9a-fA-F]{64}", nonce_hex):  # bytes.fromhex alone skips whitespace
@@ -60,24 +61,21 @@ def open_sealed(key: EphemeralKey, sealed_b64: str, flow: str, nonce_hex: str, v
     except (binascii.Error, ValueError, TypeError):
         raise TicketError("sealed payload must be base64 and the nonce 64 hex characters") from None
     try:
-        payload = json.loads(key.open(envelope, flow, nonce, verifier_id))
+        return key.open(envelope, flow, nonce, verifier_id)
     except SealError as exc:
         raise TicketError(str(exc)) from None
+
+
+def open_sealed(key: EphemeralKey, sealed_b64: str, flow: str, nonce_hex: str, verifier_id: str) -> dict:
+    """The init hand-over: a JSON object."""
+    plaintext = open_envelope(key, sealed_b64, flow, nonce_hex, verifier_id)
+    try:
+        payload = json.loads(plaintext)
     except ValueError:
         raise TicketError("sealed payload is not JSON") from None
     if not isinstance(payload, dict):
         raise TicketError("sealed payload must be a JSON object")
     return payload
-
-
-def secret_bytes(payload: dict, name: str, length: int = 32) -> bytes:
-    try:
-        value = base64.b64decode(payload.get(name, ""), validate=True)
-    except (binascii.Error, ValueError, TypeError):
-        raise TicketError(f"sealed payload field {name!r} is not base64") from None
-    if len(value) != length:
-        raise TicketError(f"sealed payload field {name!r} must be {length} bytes")
-    return value
 
 
 def root_secrets(document: object, source: str) -> RootSecrets:
@@ -92,9 +90,9 @@ def keep_root_secrets(path: str, secrets: RootSecrets, check_mode: bool) -> bool
     return write_if_changed(path, (json.dumps(secrets.to_document(), sort_keys=True) + "\n").encode(), 0o600, check_mode)
 
 
-def cluster_id_of(payload: dict) -> bytes:
-    """From a join ticket: its measurement secret and salt."""
-    return derive.cluster_id(secret_bytes(payload, "measurement_secret"), secret_bytes(payload, "measurement_salt"))
+def cluster_id_of(message) -> bytes:
+    """The cluster ID a node derives from a ticket or hand-over (its measurement secret and salt), never the one it states."""
+    return derive.cluster_id(message.measurement_secret, message.measurement_salt)
 
 
 def write_if_changed(path: str, content: bytes, mode: int, check_mode: bool) -> bool:

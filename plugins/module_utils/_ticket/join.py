@@ -12,16 +12,14 @@ and checks (or opens) its state disk with the key; a member is left alone.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
-import re
 from dataclasses import dataclass, fields
 
 from . import (
     SECRETS_FILE, NoJoinService, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid,
-    root_secrets, secret_bytes, state_disk_ready, write_if_changed)
+    state_disk_ready, write_if_changed)
+from .._join.protocol import JOIN, REJOIN, JoinTicket, RejoinTicket
 from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
 from .._reset import NEEDS_RESET
@@ -38,9 +36,6 @@ except ImportError:  # reported by the modules through missing_required_lib()
 PKI_DIR = "/etc/kubernetes/pki"
 KUBELET_PKI_DIR = "/var/lib/kubelet/pki"
 KUBELET_CLIENT = "kubelet-client-current.pem"
-# Files a control-plane ticket may carry, relative to the PKI directory.
-CONTROL_PLANE_FILES = {"ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt", "etcd/ca.key"}
-_MODE = re.compile(r"0[0-7]{3}")
 
 JOIN_RECORD = "/etc/confidential-kubernetes/join.json"
 
@@ -62,13 +57,6 @@ def kubelet_csr(node_name: str) -> tuple[bytes, bytes]:
     csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     return key_pem, csr.public_bytes(serialization.Encoding.PEM)
-
-
-def _text(payload: dict, name: str) -> str:
-    value = payload.get(name)
-    if not isinstance(value, str) or not value:
-        raise TicketError(f"join ticket lacks {name!r}")
-    return value
 
 
 @dataclass
@@ -175,13 +163,13 @@ class NodeJoin:
                               f"{NEEDS_RESET}")
         return PENDING
 
-    def _request(self, flow: str, uuid: str, csr_pem: bytes = b"", attempts: int = 0) -> dict:
+    def _request(self, flow: str, uuid: str, csr_pem: bytes = b"", attempts: int = 0) -> JoinTicket | RejoinTicket:
         from .._join.client import JoinError, request_ticket
         settings = self.settings
         try:
             return request_ticket(
                 endpoints=settings.endpoints, ca_pem=settings.cluster_ca.encode(), tcti=settings.tcti, node_name=settings.node_name,
-                control_plane=settings.control_plane and flow == "join", disk_uuid=uuid, kubelet_csr_pem=csr_pem, flow=flow,
+                control_plane=settings.control_plane and flow == JOIN, disk_uuid=uuid, kubelet_csr_pem=csr_pem, flow=flow,
                 attempts=attempts or settings.attempts, timeout=settings.timeout, total_timeout=settings.total_timeout)
         except JoinError as exc:
             if exc.retryable:
@@ -196,24 +184,24 @@ class NodeJoin:
 
     def join(self) -> dict:
         """A fresh node: ticket, node lock, state disk, files, token file. Returns the join record and the state disk result."""
-        self._require_cluster_ca("join")
+        self._require_cluster_ca(JOIN)
         uuid = disk_uuid(self.settings.state_disk, False)[0]
         private_key_pem, csr_pem = kubelet_csr(self.settings.node_name)
-        return self._apply_join_ticket(self._request("join", uuid, csr_pem), private_key_pem)
+        return self._apply_join_ticket(self._request(JOIN, uuid, csr_pem), private_key_pem)
 
     def rejoin(self, attempts: int = 0) -> dict:
         """A rebooted member: rejoin ticket, PCR 15 marked again, the state disk checked (or opened) with its key.
 
         ``attempts`` (0: the settings') bounds the tries; NoJoinService when no join service answered at all."""
-        self._require_cluster_ca("rejoin")
+        self._require_cluster_ca(REJOIN)
         record = self.record()
-        payload = self._request("rejoin", luks_uuid(self.settings.state_disk), attempts=attempts)
-        cluster_id = cluster_id_of(payload)
+        ticket = self._request(REJOIN, luks_uuid(self.settings.state_disk), attempts=attempts)
+        cluster_id = cluster_id_of(ticket)
         if record is None or cluster_id.hex() != record["cluster_id"]:
             raise TicketError(f"the rejoin ticket is for cluster {cluster_id.hex()}, but this node joined "
                               f"{record['cluster_id'] if record else 'no cluster'}; nothing was changed")
         self.lock.take(cluster_id)
-        disk = key_state_disk(self.settings.state_disk, secret_bytes(payload, "state_disk_key"), False)
+        disk = key_state_disk(self.settings.state_disk, ticket.state_disk_key, False)
         return dict(record, state_disk=disk)
 
     def node_name(self) -> str:
@@ -221,40 +209,32 @@ class NodeJoin:
         record = self.record()
         return (record or {}).get("node_name") or self.settings.node_name
 
-    def _apply_join_ticket(self, payload: dict, kubelet_key_pem: bytes) -> dict:
-        """Lock the node for the ticket's cluster, key the disk, write the files; returns the non-secret result."""
+    def _apply_join_ticket(self, ticket: JoinTicket, kubelet_key_pem: bytes) -> dict:
+        """Lock the node for the ticket's cluster, key the disk, write the files; returns the non-secret result.
+
+        The ticket's fields were checked when it was read (``JoinTicket.from_bytes``)."""
         settings = self.settings
-        granted = _text(payload, "node_name")
+        granted = ticket.node_name
         if settings.node_name and granted != settings.node_name:
             raise TicketError(f"the join ticket names this node {granted!r}, not {settings.node_name!r}; nothing was changed")
-        cluster_id = cluster_id_of(payload)
-        check_cluster_version(payload, settings.kubelet_version)
+        if settings.control_plane and not (ticket.control_plane_files and ticket.cluster_secrets):
+            raise TicketError("a control-plane join ticket must carry the control-plane PKI files and the cluster secrets; "
+                              "nothing was changed")
+        cluster_id = cluster_id_of(ticket)
+        check_cluster_version(ticket.kubernetes_version, settings.kubelet_version)
         self.lock.take(cluster_id)
-        disk = key_state_disk(settings.state_disk, secret_bytes(payload, "state_disk_key"), False)
+        disk = key_state_disk(settings.state_disk, ticket.state_disk_key, False)
         # kubeadm writes ca.crt itself on workers (its preflight refuses an existing one); control planes get
         # it with the rest of their PKI below.
-        _text(payload, "ca_crt")
-        kubelet_pem = _text(payload, "kubelet_client_crt").encode() + kubelet_key_pem
+        kubelet_pem = ticket.kubelet_client_crt.encode() + kubelet_key_pem
         write_if_changed(self._path(os.path.join(KUBELET_PKI_DIR, KUBELET_CLIENT)), kubelet_pem, 0o600, False)
-        files = payload.get("control_plane_files") or {}
-        if settings.control_plane and not files:
-            raise TicketError("a control-plane join ticket must carry the control-plane PKI files")
-        for relative, entry in sorted(files.items()):
-            if relative not in CONTROL_PLANE_FILES or not isinstance(entry, dict) or not _MODE.fullmatch(str(entry.get("mode", ""))):
-                raise TicketError(f"join ticket carries an unexpected control-plane file {relative!r}")
-            try:
-                content = base64.b64decode(entry.get("content", ""), validate=True)
-            except (binascii.Error, ValueError):
-                raise TicketError(f"control-plane file {relative!r} in the join ticket is not base64") from None
-            write_if_changed(self._path(os.path.join(PKI_DIR, relative)), content, int(entry["mode"], 8), False)
+        for pki_file in ticket.control_plane_files:
+            write_if_changed(self._path(os.path.join(PKI_DIR, pki_file.path)), pki_file.content, pki_file.mode, False)
         if settings.control_plane:
             # A control plane runs a join service of its own, which needs the root secrets.
-            keep_root_secrets(settings.secrets_file, root_secrets(payload.get("cluster_secrets"), "the join ticket's cluster secrets"), False)
-        write_if_changed(settings.token_file, _text(payload, "bootstrap_token").encode(), 0o600, False)
-        pins = payload.get("ca_cert_hashes")
-        if not isinstance(pins, list) or not pins:
-            raise TicketError("join ticket lacks the CA pins")
-        record = {"cluster_id": cluster_id.hex(), "api_server_endpoint": _text(payload, "api_server_endpoint"), "ca_cert_hashes": pins,
-                  "node_name": granted}
+            keep_root_secrets(settings.secrets_file, ticket.cluster_secrets, False)
+        write_if_changed(settings.token_file, ticket.bootstrap_token.encode(), 0o600, False)
+        record = {"cluster_id": cluster_id.hex(), "api_server_endpoint": ticket.api_server_endpoint,
+                  "ca_cert_hashes": list(ticket.ca_cert_hashes), "node_name": granted}
         write_if_changed(settings.join_record, (json.dumps(record, sort_keys=True) + "\n").encode(), 0o644, False)
         return dict(record, state_disk=disk)

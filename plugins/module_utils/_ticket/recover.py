@@ -5,7 +5,7 @@
 After every control plane lost power, no join service answers a rejoin: each node's boot-time join waits for keys.
 The controller, which holds the root secrets, attests each waiting control plane (nonce, evidence bound to a fresh
 ephemeral key, PCR 15 zero, its EK enrolled as a control plane, the disk it reports = the disk enrolled for it) and
-seals to it ``RecoverHandOver``: its own state disk's key and the measurement secret and salt (the cluster ID), no
+seals to it ``RecoverHandOver`` (``_join.protocol``): its own state disk's key and the measurement secret and salt (the cluster ID), no
 more. The node (``recover()``) opens it, checks the cluster ID against its join record, takes the node lock again
 (PCR 15 mark) and opens its state disk; its boot-time join then finds it a member and the kubelet and the join service
 start. The master secret never travels: a control plane keeps the root secrets of its join service from its join.
@@ -15,56 +15,14 @@ start. The master secret never travels: a control plane keeps the root secrets o
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
 
-from .._crypto import derive
-from .._crypto.root_secrets import RootSecrets
-from . import TicketError, key_state_disk, luks_uuid, open_sealed, secret_bytes, take_ephemeral_key
+from .._join.protocol import RECOVER, ProtocolError, RecoverHandOver
+from . import TicketError, cluster_id_of, key_state_disk, luks_uuid, open_envelope, take_ephemeral_key
 from .join import MEMBER, REBOOTED, NodeJoin
 
-FLOW = "recover"
-VERSION = 1
 WAITING_FOR_KEYS = "waiting-for-keys"
-# Reason codes of the controller's refusals (the play names one per refused node).
-REFUSALS = ("evidence", "not-enrolled", "not-a-control-plane", "name-not-granted", "disk-not-bound")
-
-
-@dataclass(frozen=True, repr=False)
-class RecoverHandOver:
-    """What a waiting control plane gets: the key of its bound state disk and the measurement secret and salt."""
-
-    disk_uuid: str
-    state_disk_key: bytes
-    measurement_secret: bytes
-    measurement_salt: bytes
-
-    @classmethod
-    def for_disk(cls, secrets: RootSecrets, disk_uuid: str) -> "RecoverHandOver":
-        uuid = disk_uuid.lower()
-        disk_key = derive.state_disk_key(secrets.master_key, secrets.master_salt, uuid)
-        return cls(uuid, disk_key, secrets.measurement_secret(), secrets.measurement_salt)
-
-    def cluster_id(self) -> bytes:
-        return derive.cluster_id(self.measurement_secret, self.measurement_salt)
-
-    def to_bytes(self) -> bytes:
-        document = {"version": VERSION, "flow": FLOW, "disk_uuid": self.disk_uuid,
-                    "state_disk_key": base64.b64encode(self.state_disk_key).decode(),
-                    "measurement_secret": base64.b64encode(self.measurement_secret).decode(),
-                    "measurement_salt": base64.b64encode(self.measurement_salt).decode()}
-        return json.dumps(document, sort_keys=True).encode()
-
-    @classmethod
-    def from_payload(cls, payload: dict) -> "RecoverHandOver":
-        if payload.get("version") != VERSION or payload.get("flow") != FLOW:
-            raise TicketError(f"the sealed payload is not a version {VERSION} recover hand-over")
-        uuid = payload.get("disk_uuid")
-        if not isinstance(uuid, str) or not uuid:
-            raise TicketError("the recover hand-over names no disk")
-        return cls(uuid, secret_bytes(payload, "state_disk_key"), secret_bytes(payload, "measurement_secret"),
-                   secret_bytes(payload, "measurement_salt"))
 
 
 @dataclass(frozen=True)
@@ -117,9 +75,12 @@ def standing(joining: NodeJoin, status_file: str) -> Standing:
 def recover(joining: NodeJoin, sealed_b64: str, nonce_hex: str, verifier_id: str, ephemeral_key_path: str) -> dict:
     """Open the hand-over, check it against the node's join record and disk, re-take the node lock, open the disk."""
     key = take_ephemeral_key(ephemeral_key_path, False)
-    hand_over = RecoverHandOver.from_payload(open_sealed(key, sealed_b64, FLOW, nonce_hex, verifier_id))
+    try:
+        hand_over = RecoverHandOver.from_bytes(open_envelope(key, sealed_b64, RECOVER, nonce_hex, verifier_id))
+    except ProtocolError as exc:
+        raise TicketError(str(exc)) from None
     record = joining.record()
-    cluster_id = hand_over.cluster_id()
+    cluster_id = cluster_id_of(hand_over)
     if record is None or record["cluster_id"] != cluster_id.hex():
         raise TicketError(f"the recover hand-over is for cluster {cluster_id.hex()}, but this node joined "
                           f"{record['cluster_id'] if record else 'no cluster'}; nothing was changed")

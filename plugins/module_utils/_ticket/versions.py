@@ -11,12 +11,12 @@ from . import TicketError
 from .._kubeadm.preflight import PreflightError, check_kubelet_skew
 
 
-def check_cluster_version(payload: dict, kubelet_version: str) -> None:
-    """Refuse a ticket whose cluster version the node's kubelet may not join; nothing to compare when either is unknown."""
-    cluster_version = payload.get("kubernetes_version") or ""
+def check_cluster_version(cluster_version: str, kubelet_version: str) -> None:
+    """Refuse a ticket whose cluster version (its ``kubernetes_version``) the node's kubelet may not join; nothing to
+    compare when either is unknown."""
     if not kubelet_version or not cluster_version:
         return
     try:
-        check_kubelet_skew(kubelet_version, str(cluster_version))
+        check_kubelet_skew(kubelet_version, cluster_version)
     except PreflightError as exc:
         raise TicketError(f"{exc}; the node was not locked") from None

@@ -77,11 +77,11 @@ def test_skew_allowance_follows_the_policy_of_the_supported_versions():
 
 
 def test_ticket_version_check_refuses_with_a_ticket_error_and_skips_what_is_unknown():
-    check_cluster_version({"kubernetes_version": ""}, "Kubernetes v1.35.0")
-    check_cluster_version({"kubernetes_version": "v1.34.4"}, "")
-    check_cluster_version({"kubernetes_version": "v1.34.4"}, "Kubernetes v1.32.1")
+    check_cluster_version("", "Kubernetes v1.35.0")
+    check_cluster_version("v1.34.4", "")
+    check_cluster_version("v1.34.4", "Kubernetes v1.32.1")
     with pytest.raises(TicketError, match=r"kubelet is v1\.35\.0, newer .*v1\.34\.4.*the node was not locked"):
-        check_cluster_version({"kubernetes_version": "v1.34.4"}, "Kubernetes v1.35.0")
+        check_cluster_version("v1.34.4", "Kubernetes v1.35.0")
 
 
 def test_join_preflight_configuration_has_no_token_and_no_endpoint(tmp_path):

@@ -14,7 +14,8 @@ from ansible_collections.confidential.kubernetes.plugins.action.recover_secrets 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import node_lock_mark
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets
-from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError, recover as recovering
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import ProtocolError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError, cluster_id_of, recover as recovering
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import MEMBER, REBOOTED
 from test_boot import _cluster_id, node  # noqa: F401  # pylint: disable=unused-import
 
@@ -32,7 +33,7 @@ def _seal_to_node(node, hand_over: recovering.RecoverHandOver) -> tuple[str, str
     path = node.dir / "recover-ephemeral.key"
     path.write_bytes(key.private_bytes())
     path.chmod(0o600)
-    sealed = seal.seal(hand_over.to_bytes(), key.public_bytes(), recovering.FLOW, NONCE, VERIFIER)
+    sealed = seal.seal(hand_over.to_bytes(), key.public_bytes(), seal.RECOVER, NONCE, VERIFIER)
     return base64.b64encode(sealed).decode(), str(path)
 
 
@@ -103,9 +104,9 @@ def test_hand_over_carries_the_disk_key_and_measurement_secret_only(join_lab):
     secret_values = {base64.b64decode(document[name])
                      for name in ("measurement_salt", "measurement_secret", "state_disk_key")}
     assert join_lab.secrets["master_key"] not in secret_values and join_lab.secrets["master_salt"] not in secret_values
-    assert recovering.RecoverHandOver.from_payload(document).cluster_id() == hand_over.cluster_id()
-    with pytest.raises(TicketError, match="not a version 1 recover hand-over"):
-        recovering.RecoverHandOver.from_payload(dict(document, flow="rejoin"))
+    assert cluster_id_of(recovering.RecoverHandOver.from_bytes(json.dumps(document).encode())) == cluster_id_of(hand_over)
+    with pytest.raises(ProtocolError, match="not a version 1 recover hand-over"):
+        recovering.RecoverHandOver.from_bytes(json.dumps(dict(document, flow="rejoin")).encode())
 
 
 # ---- the controller's enrolment checks (recover_secrets)
