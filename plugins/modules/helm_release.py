@@ -46,14 +46,12 @@ author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
+  - confidential.kubernetes._attributes.action
   - confidential.kubernetes._helm
 attributes:
   action:
-    support: full
     details:
-      - The action takes the backup before an uninstall on the controller; the rest runs on the host.
-  async:
-    support: full
+      - The action takes the backup before an uninstall on the controller; the rest runs on the host (also with C(async)).
   check_mode:
     support: full
     details:
