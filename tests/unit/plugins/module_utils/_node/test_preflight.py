@@ -95,10 +95,10 @@ def _play(tmp_path: Path, task: dict) -> subprocess.CompletedProcess:
 
 
 def test_action_checks_this_controller_and_a_node_without_connecting(tmp_path):
-    passed = _play(tmp_path, {"confidential.kubernetes.preflight": {"node_architecture": "x86_64",
-                                                                     "node_python_version": "3.11.2"}})
+    passed = _play(tmp_path, {"confidential.kubernetes.preflight": dict(node_architecture="x86_64",
+                                                                        node_python_version="3.11.2")})
     assert passed.returncode == 0 and "changed=0" in passed.stdout, passed.stdout + passed.stderr
-    failed = _play(tmp_path, {"confidential.kubernetes.preflight": {"node_architecture": "riscv64",
-                                                                     "node_python_version": "3.11.2"}})
+    failed = _play(tmp_path, {"confidential.kubernetes.preflight": dict(node_architecture="riscv64",
+                                                                        node_python_version="3.11.2")})
     assert failed.returncode != 0
     assert "unreachable-node: the node's architecture is riscv64" in failed.stdout and "Nothing was changed." in failed.stdout
