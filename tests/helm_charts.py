@@ -1,6 +1,6 @@
 """Real chart archives for the helm tests and the `helm` molecule scenario: a .tgz with one top directory, as
 `helm package` makes, with CRDs in `crds/` (a namespaced kind with two served versions and one unserved, and a
-cluster-scoped kind), a ConfigMap and a Secret from the values, and optionally a pre-upgrade hook: a Job, which
+cluster-scoped kind), a ConfigMap and a Secret from the values, and optionally a hook (pre-upgrade, or another): a Job, which
 never completes where no kubelet runs pods (the lab, the loopback control plane), so helm times out on it."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ kind: Job
 metadata:
   name: {{ .Release.Name }}-migrate
   annotations:
-    helm.sh/hook: pre-upgrade
+    helm.sh/hook: HOOK_EVENT
 spec:
   template:
     spec:
@@ -82,9 +82,10 @@ spec:
 """
 
 
-def make_chart(directory: Path, name: str = "gadgets", version: str = "1.0.0", crds: bool = True, hook: bool = False,
-               schema: str | None = None, secret: bool = False) -> Path:
-    """``<name>-<version>.tgz`` in ``directory``; ``hook`` adds the pre-upgrade Job that never completes."""
+def make_chart(directory: Path, name: str = "gadgets", version: str = "1.0.0", crds: bool = True,
+               hook: bool | str = False, schema: str | None = None, secret: bool = False) -> Path:
+    """``<name>-<version>.tgz`` in ``directory``; ``hook`` adds a Job that never completes, run before upgrades (True)
+    or at the hook event it names (for example ``pre-delete``)."""
     files = {
         "Chart.yaml": f"apiVersion: v2\nname: {name}\nversion: {version}\nappVersion: \"{version}\"\n",
         "values.yaml": "greeting: hello\n" + ("password: \"\"\n" if secret else ""),
@@ -95,7 +96,7 @@ def make_chart(directory: Path, name: str = "gadgets", version: str = "1.0.0", c
     if crds:
         files["crds/crds.yaml"] = CRDS
     if hook:
-        files["templates/hook.yaml"] = HOOK
+        files["templates/hook.yaml"] = HOOK.replace("HOOK_EVENT", "pre-upgrade" if hook is True else hook)
     if schema:
         files["values.schema.json"] = schema
     archive = directory / f"{name}-{version}.tgz"

@@ -40,6 +40,25 @@ def kubernetes_get(kubeconfig: str, context: str | None):
     return api_client, api_get
 
 
+def take_backup(kubeconfig: str, context: str | None, backup_dir: str, releases: list[dict]) -> dict:
+    """A new backup directory with every CRD and custom resource and the releases' inputs; raises BackupError (with
+    what failed) so the caller changes nothing. Shared by crd_backup and helm_release (before an uninstall)."""
+    try:
+        api_client, api_get = kubernetes_get(kubeconfig, context)
+    except Exception as exc:  # the kubernetes client's configuration errors have no common base class
+        raise BackupError(f"cannot load {kubeconfig}: {exc}") from None
+    try:
+        upgrade_dir = make_upgrade_dir(backup_dir)
+        counts = backup_crds(api_get, upgrade_dir)
+        saved = save_release_inputs(upgrade_dir, releases)
+    except OSError as exc:
+        raise BackupError(str(exc)) from None
+    finally:
+        api_client.close()
+    return dict(backup_path=upgrade_dir, crds=counts["crds"], custom_resources=counts["custom_resources"],
+                files=len(counts["files"]) + len(saved))
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -60,24 +79,9 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=f"backup failed, nothing was upgraded: {exc}")
             return result
         try:
-            api_client, api_get = kubernetes_get(params["kubeconfig"], params["context"])
-        except Exception as exc:  # the kubernetes client's configuration errors have no common base class
-            result.update(failed=True, msg=f"backup failed, nothing was upgraded: cannot load {params['kubeconfig']}: {exc}")
-            return result
-        try:
-            upgrade_dir = make_upgrade_dir(params["backup_dir"])
-            counts = backup_crds(api_get, upgrade_dir)
-            saved = save_release_inputs(upgrade_dir, releases)
-        except (BackupError, OSError) as exc:
+            backup = take_backup(params["kubeconfig"], params["context"], params["backup_dir"], releases)
+        except BackupError as exc:
             result.update(failed=True, msg=f"backup failed, nothing was upgraded: {exc}")
             return result
-        finally:
-            api_client.close()
-        result.update(
-            changed=True,
-            backup_path=upgrade_dir,
-            crds=counts["crds"],
-            custom_resources=counts["custom_resources"],
-            files=len(counts["files"]) + len(saved),
-        )
+        result.update(changed=True, **backup)
         return result

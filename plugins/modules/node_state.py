@@ -190,6 +190,11 @@ architecture:
   returned: always
   type: str
   sample: x86_64
+python_version:
+  description: The version of the Python this module ran with (the one Ansible runs on the node).
+  returned: always
+  type: str
+  sample: 3.11.2
 venv:
   description: The virtualenv O(venv) - its C(path), whether it is C(complete) (imports every module), and the C(error) line when not.
   returned: when O(venv) is set
@@ -224,6 +229,7 @@ archive:
   sample: {sha256: 0e5751c026e543b2e8ab2eb06099daa1d1e5df47778f7787faab45cdf12fe3a8, current: true, unpacked: true}
 """
 
+import platform
 import re
 
 from ansible.module_utils.basic import AnsibleModule
@@ -270,7 +276,7 @@ def main() -> None:
         packages = node.packages(params["packages"])
     except NodeStateError as exc:
         module.fail_json(msg=str(exc))
-    result = dict(architecture=node.architecture(), tools=node.tools(params["tools"]), packages=packages,
+    result = dict(architecture=node.architecture(), python_version=platform.python_version(), tools=node.tools(params["tools"]), packages=packages,
                   stamps=node.stamps(params["stamps"]) if params["stamps"] else {}, services=node.services(params["services"]))
     if params["venv"]:
         result["venv"] = node.venv(params["venv"], params["venv_imports"])

@@ -108,6 +108,41 @@ class ReleaseManager:
             result.update(revision=after.revision, status=after.status)
         return result
 
+    def uninstall(self, check_mode: bool) -> dict:
+        """``state: absent``: uninstall the release if helm knows it (a release uninstalled with kept history counts as
+        absent). The caller takes the backup first (the helm_release action: the CRDs and custom resources)."""
+        request = self.request
+        where = f"release {request.release_name} in namespace {request.release_namespace}"
+        deployed = self.helm.status(request.release_name, request.release_namespace)
+        present = deployed is not None and deployed.status != "uninstalled"
+        result: dict = dict(
+            changed=present,
+            action="uninstall" if present else "none",
+            reason=(f"{where} exists (revision {deployed.revision}, {deployed.status})" if present and deployed
+                    else f"{where} does not exist"),
+            release_name=request.release_name,
+            release_namespace=request.release_namespace,
+            previous_chart_version=deployed.chart_version if present and deployed else None,
+            previous_revision=deployed.revision if deployed else None,
+            revision=None if present else (deployed.revision if deployed else None),
+            helm_major_version=self.helm.major,
+            rolled_back=False,
+        )
+        if not present or check_mode:
+            return result
+        try:
+            result["command"] = self.helm.uninstall(request)
+        except HelmError as exc:
+            result["command"] = self.helm.uninstall_argv(request)
+            try:
+                after = self.helm.status(request.release_name, request.release_namespace)
+            except HelmError:
+                after = deployed
+            result["changed"] = after is None or after != deployed
+            result["revision"] = after.revision if after else None
+            raise ReleaseFailed(f"helm uninstall of {where} failed: {exc}", result) from None
+        return result
+
     def _read(self, chart: ChartRef) -> _Reading:
         request = self.request
         deployed = self.helm.status(request.release_name, request.release_namespace)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 PENDING = ("pending-install", "pending-upgrade", "pending-rollback")
 _MAJOR = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 _NOT_FOUND = re.compile(r"release: not found")
+# The keys of kubernetes.core.helm's ``status``: its ``helm list`` entry (values aside, see release_status).
+STATUS_KEYS = ("name", "namespace", "revision", "status", "chart", "app_version", "updated")
 
 
 class HelmError(RuntimeError):
@@ -123,6 +125,18 @@ class Helm:
         except (ValueError, KeyError, TypeError) as exc:
             raise HelmError(f"cannot read the metadata of release {name} from helm: {exc}") from None
 
+    def release_status(self, name: str, namespace: str) -> dict | None:
+        """The release as M(kubernetes.core.helm) returns it in ``status``: its ``helm list -o json`` entry (revision a
+        string, chart ``<name>-<version>``), or None when helm lists no such release. Unlike kubernetes.core, without
+        the values: they routinely carry credentials, and a result is logged."""
+        # Every status: Helm 3 lists only deployed and failed releases without --all; Helm 4 lists all and has no --all.
+        every_status = ["--all"] if self.major < 4 else []
+        argv = ["list", *self._global(namespace), *every_status, "--filter", f"^{re.escape(name)}$", "-o", "json"]
+        for entry in json.loads(self.run(argv, f"helm list {name}") or "[]"):
+            if entry.get("name") == name:
+                return {key: entry.get(key) for key in STATUS_KEYS}
+        return None
+
     def history(self, name: str, namespace: str) -> list[dict]:
         out = self.run(["history", name, *self._global(namespace), "-o", "json"], f"helm history {name}")
         return json.loads(out or "[]")
@@ -187,6 +201,21 @@ class Helm:
         if rc != 0:
             raise HelmError(f"helm template {request.release_name} failed: {_message(err or out)}")
         return out
+
+    def uninstall_argv(self, request: ReleaseRequest) -> list[str]:
+        """``helm uninstall``, waiting as installs wait: Helm 3 ``--wait``, Helm 4 ``--wait=watcher``."""
+        argv = [self.binary, "uninstall", request.release_name, *self._global(request.release_namespace)]
+        argv += ["--timeout", request.wait_timeout]
+        if request.wait:
+            argv.append("--wait=watcher" if self.major >= 4 else "--wait")
+        return argv
+
+    def uninstall(self, request: ReleaseRequest) -> list[str]:
+        argv = self.uninstall_argv(request)
+        rc, out, err = self._run_command(argv)
+        if rc != 0:
+            raise HelmError(_message(err or out))
+        return argv
 
     def rollback(self, name: str, namespace: str, revision: int, timeout: str) -> None:
         self.run(["rollback", name, str(revision), *self._global(namespace), "--timeout", timeout], f"helm rollback {name}")

@@ -27,7 +27,11 @@ NODE_KEYS = ("release_name", "release_namespace", "chart_ref", "chart_repo_url",
 
 
 def _decision(result: dict) -> dict:
-    return dict({key: result.get(key) for key in COMPARED}, failed=result.get("failed", False))
+    decision = dict({key: result.get(key) for key in COMPARED}, failed=result.get("failed", False))
+    # helm_release returns kubernetes.core.helm's status dict; a plan, the latest revision's status alone.
+    if isinstance(decision["status"], dict):
+        decision["status"] = decision["status"]["status"]
+    return decision
 
 
 def _controller_file(path: str) -> str | None:

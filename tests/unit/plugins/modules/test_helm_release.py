@@ -4,6 +4,7 @@ against a real API server (tests/control_plane.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from ansible.module_utils import basic
@@ -61,7 +62,7 @@ def test_rhythm_and_secrets(cluster, helm_binary, tmp_path):
     check = run(args, check=True, diff=True)
     assert check["changed"] and check["action"] == "install" and "command" not in check
     first = run(args)
-    assert first["changed"] and first["status"] == "deployed" and first["revision"] == 1
+    assert first["changed"] and first["status"]["status"] == "deployed" and first["revision"] == 1
     again = run(args)
     assert not again["changed"] and again["action"] == "none"
     upgrade_args = dict(args, values={"greeting": "hello", "password": SECRET + "-rotated"})
@@ -97,7 +98,7 @@ def test_force_is_helms_replacement_flag(cluster, helm_binary, tmp_path):
     first = run(args)
     assert first["revision"] == 1 and ("--force-replace" if first["helm_major_version"] == 4 else "--force") in first["command"]
     upgraded = run(dict(args, chart_ref=str(make_chart(tmp_path, version="1.0.1"))))
-    assert upgraded["status"] == "deployed" and upgraded["revision"] == 2
+    assert upgraded["status"]["status"] == "deployed" and upgraded["revision"] == 2
     assert not run(dict(args, chart_ref=str(make_chart(tmp_path, version="1.0.1"))))["changed"]
 
 
@@ -108,3 +109,70 @@ def test_values_is_an_alias_of_release_values(cluster, helm_binary, tmp_path):
     again = run(dict(args, values={"greeting": "hello", "password": SECRET}))
     assert not again["changed"] and SECRET not in json.dumps(again)
     assert run(dict(args, values={"greeting": "bye"}), check=True)["action"] == "upgrade"
+
+
+def helm_list(cluster, helm_binary) -> list[dict]:
+    """What ``helm list`` shows in the test's namespace, read with helm itself."""
+    every_status = ["--all"] if "helm-3" in helm_binary else []
+    listed = subprocess.run([helm_binary, "list", *every_status, "-n", cluster.namespace, "--kubeconfig", str(cluster.admin_kubeconfig),
+                             "-o", "json"], capture_output=True, check=True, timeout=60)
+    return json.loads(listed.stdout or b"[]")
+
+
+def test_status_is_kubernetes_core_helms_dict(cluster, helm_binary, tmp_path):
+    args = dict(release_name="web", release_namespace=cluster.namespace, chart_ref=str(make_chart(tmp_path, version="1.0.0")),
+                values={"password": SECRET}, create_namespace=True, kubeconfig=str(cluster.admin_kubeconfig),
+                binary_path=helm_binary)
+    assert run(args, check=True)["status"] is None
+    status = run(args)["status"]
+    listed, = helm_list(cluster, helm_binary)
+    assert sorted(status) == ["app_version", "chart", "name", "namespace", "revision", "status", "updated"]
+    assert (status["name"], status["namespace"], status["revision"], status["status"], status["chart"]) == (
+        "web", cluster.namespace, "1", "deployed", "gadgets-1.0.0")
+    assert status["app_version"] == listed["app_version"] and status["updated"] == listed["updated"]
+    assert "values" not in status and SECRET not in json.dumps(status)
+    upgraded = run(dict(args, chart_ref=str(make_chart(tmp_path, version="1.0.1"))))["status"]
+    assert (upgraded["revision"], upgraded["chart"]) == ("2", "gadgets-1.0.1") and upgraded["updated"] >= status["updated"]
+
+
+def test_absent_uninstalls_with_kubernetes_core_rhythm(cluster, helm_binary, tmp_path):
+    args = dict(release_name="web", release_namespace=cluster.namespace, chart_ref=str(make_chart(tmp_path, version="1.0.0")),
+                create_namespace=True, kubeconfig=str(cluster.admin_kubeconfig), binary_path=helm_binary)
+    absent = dict(release_name="web", release_namespace=cluster.namespace, state="absent", wait_timeout="30s",
+                  kubeconfig=str(cluster.admin_kubeconfig), binary_path=helm_binary,
+                  backup_dir=str(tmp_path / "upgrades"), backup_kubeconfig=str(cluster.admin_kubeconfig))
+    run(args)
+    check = run(absent, check=True)
+    assert (check["changed"], check["action"], check["previous_revision"]) == (True, "uninstall", 1) and "command" not in check
+    assert [release["name"] for release in helm_list(cluster, helm_binary)] == ["web"]
+    removed = run(absent)
+    assert (removed["changed"], removed["action"], removed["status"], removed["revision"]) == (True, "uninstall", None, None)
+    wait_flag = "--wait=watcher" if removed["helm_major_version"] >= 4 else "--wait"
+    assert removed["command"][1:3] == ["uninstall", "web"] and wait_flag in removed["command"]
+    assert helm_list(cluster, helm_binary) == []
+    again = run(absent)
+    assert (again["changed"], again["action"], again["status"]) == (False, "none", None) and "command" not in again
+    assert "does not exist" in again["reason"]
+    assert not run(absent, check=True)["changed"]
+
+
+def test_absent_needs_a_backup_and_present_a_chart(cluster, helm_binary):
+    base = dict(release_name="web", release_namespace=cluster.namespace, binary_path=helm_binary,
+                kubeconfig=str(cluster.admin_kubeconfig))
+    assert "backup_dir, backup_kubeconfig" in run(dict(base, state="absent"), AnsibleFailJson)["msg"]
+    assert "chart_ref" in run(base, AnsibleFailJson)["msg"]
+
+
+def test_failed_uninstall_names_release_and_namespace(cluster, helm_binary, tmp_path):
+    args = dict(release_name="web", release_namespace=cluster.namespace, chart_ref=str(make_chart(tmp_path, version="1.0.0")),
+                create_namespace=True, kubeconfig=str(cluster.admin_kubeconfig), binary_path=helm_binary)
+    run(args)
+    # A pre-delete hook Job never completes where no kubelet runs pods: helm times out and the uninstall fails.
+    run(dict(args, chart_ref=str(make_chart(tmp_path, version="1.0.1", hook="pre-delete")), wait_timeout="5s", wait=False))
+    failed = run(dict(args, chart_ref=None, state="absent", wait_timeout="5s", backup_dir=str(tmp_path),
+                      backup_kubeconfig=str(cluster.admin_kubeconfig)), AnsibleFailJson)
+    assert failed["msg"].startswith(f"helm uninstall of release web in namespace {cluster.namespace} failed: ")
+    # helm's own words: Helm 3 times out, Helm 4 names the hook Job that is not ready.
+    assert ("web-migrate not ready" if "helm-4" in helm_binary else "timed out waiting for the condition") in failed["msg"]
+    assert failed["action"] == "uninstall"
+    assert failed["status"]["name"] == "web", "helm still lists the release whose uninstall failed"
