@@ -14,6 +14,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import dump_policy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import JoinTicket
 
 from join_harness import join_with_client
 
@@ -45,7 +46,8 @@ def booted(join_lab, tmp_path, monkeypatch):
 def test_a_node_whose_log_replays_joins(booted):
     join_lab, _firmware, _log = booted
     service = join_lab.start("pcrs-only")
-    assert join_with_client(join_lab, service)["version"] == 1
+    ticket = join_with_client(join_lab, service)
+    assert isinstance(ticket, JoinTicket) and ticket.node_name == "worker-1"
 
 
 def test_a_log_with_one_digest_flipped_is_refused_as_a_mismatch(booted):
