@@ -55,6 +55,7 @@ def _run_main(monkeypatch, tmp_path, drills: dict, *argv: str) -> tuple[int, dic
         return drill
 
     monkeypatch.setattr(runner, "DrillLab", _Lab)
+    monkeypatch.setattr(runner.quickstart, "bring_up", lambda lab: {"site_seconds": 10.0, "rerun_seconds": 10.0})
     monkeypatch.setattr(runner, "load", load)
     monkeypatch.setattr(runner, "available", lambda: ["outage", "restore"])
     path = tmp_path / "drills.json"
