@@ -24,7 +24,7 @@ import quickstart  # noqa: E402 pylint: disable=wrong-import-position
 from drilllab import DrillLab, log  # noqa: E402 pylint: disable=wrong-import-position
 
 # The order matters: each drill starts from the healthy cluster the one before it left.
-ORDER = ("reboot", "outage", "restore", "renew", "rollover")
+ORDER = ("reboot", "outage", "restore", "renew", "rollover", "ha")
 
 
 def available() -> list[str]:
