@@ -5,14 +5,12 @@ for real by ansible-playbook with local hosts standing in for the nodes (no node
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets
 
@@ -23,18 +21,8 @@ CLUSTER_ID = SECRETS.cluster_id().hex()
 
 
 @pytest.fixture
-def site(tmp_path):
-    (tmp_path / "secrets").mkdir(mode=0o700)
-    secrets_file = tmp_path / "secrets" / "cluster-secrets.json"
-    secrets_file.write_text(json.dumps(SECRETS.to_document()))
-    os.chmod(secrets_file, 0o600)
-    inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                                  "confidential_node_python": sys.executable},
-                         "children": {"control_plane": {"hosts": {"cp-0": {"ansible_host": "192.0.2.10"}}},
-                                      "workers": {"hosts": {"worker-1": {"ansible_host": "192.0.2.21"}}},
-                                      "cluster": {"children": {"control_plane": {}, "workers": {}}}}}}
-    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    return tmp_path
+def site(local_site):
+    return local_site(SECRETS, {"cp-0": "192.0.2.10"}, {"worker-1": "192.0.2.21"})
 
 
 def _remove_node(site: Path, *extra: str) -> subprocess.CompletedProcess:
