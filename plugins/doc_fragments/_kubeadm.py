@@ -33,3 +33,21 @@ options:
     type: path
     default: kubeadm
 """
+
+    # The checks before the node lock (module_utils._kubeadm.preflight.PREFLIGHT_OPTIONS); each module's description
+    # says what it checks.
+    PREFLIGHT = r"""
+options:
+  preflight:
+    description:
+      - Only make the checks before the node lock (the installed versions and kubeadm's own preflight, as the
+        description says); change nothing.
+    type: bool
+    default: false
+    version_added: 0.2.0
+  kubelet_binary_path:
+    description: The kubelet whose version O(preflight=true) compares with O(kubernetes_version).
+    type: path
+    default: kubelet
+    version_added: 0.2.0
+"""

@@ -34,6 +34,7 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._kubeadm
+  - confidential.kubernetes._kubeadm.preflight
 attributes:
   check_mode:
     support: full
@@ -107,17 +108,6 @@ options:
     description: Where the rendered configuration is kept (mode 0600).
     type: path
     default: /etc/kubernetes/kubeadm-init.yaml
-  preflight:
-    description:
-      - Only check the node (versions, configuration, C(kubeadm init phase preflight)); change nothing.
-    type: bool
-    default: false
-    version_added: 0.2.0
-  kubelet_binary_path:
-    description: The kubelet whose version O(preflight=true) compares with O(kubernetes_version).
-    type: path
-    default: kubelet
-    version_added: 0.2.0
   ca_key_algorithm:
     description:
       - The key algorithm of the cluster's certificate authorities (C(ca), C(front-proxy-ca), C(etcd/ca)). The join service

@@ -37,6 +37,7 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._kubeadm
+  - confidential.kubernetes._kubeadm.preflight
 attributes:
   check_mode:
     support: full
@@ -77,21 +78,10 @@ options:
     type: list
     elements: str
     default: []
-  preflight:
-    description:
-      - Only check the node (versions, C(kubeadm join phase preflight) up to discovery); change nothing.
-    type: bool
-    default: false
-    version_added: 0.2.0
   kubernetes_version:
     description: With O(preflight=true), the version the installed kubeadm and kubelet must have (empty, any).
     type: str
     default: ""
-    version_added: 0.2.0
-  kubelet_binary_path:
-    description: The kubelet whose version O(preflight=true) checks.
-    type: path
-    default: kubelet
     version_added: 0.2.0
 """
 

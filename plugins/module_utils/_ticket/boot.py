@@ -39,6 +39,8 @@ from .._files import write_file_atomically
 from .._nodelock import NodeLockError
 from . import STATE_DISK_OPTIONS, NoJoinService, TicketError
 from .join import FRESH, MEMBER, REBOOTED, JoinSettings, NodeJoin
+# Defined beside the recover hand-over, which serves a node in this state.
+from .recover import WAITING_FOR_KEYS
 
 try:
     import yaml
@@ -47,7 +49,6 @@ except ImportError:  # reported by load_config()
 
 DEFAULT_CONFIG = "/etc/confidential-kubernetes/join.yml"
 DEFAULT_STATUS_FILE = "/run/confidential-kubernetes/boot-status.json"
-WAITING_FOR_KEYS = "waiting-for-keys"
 JOINING = "joining"
 # The states in which the kubelet and the join service may start (``--gate``): a member, or a node whose kubeadm join
 # (which starts the kubelet itself) is under way. Not before: a rebooted node's cluster state is on its locked disk.

@@ -22,6 +22,7 @@ from .._join.protocol import RECOVER, ProtocolError, RecoverHandOver
 from . import TicketError, cluster_id_of, key_state_disk, luks_uuid, open_envelope, take_ephemeral_key
 from .join import MEMBER, REBOOTED, NodeJoin
 
+# The boot-time join's state (in its status file) of a rebooted node that reaches no join service.
 WAITING_FOR_KEYS = "waiting-for-keys"
 
 

@@ -6,14 +6,12 @@ local hosts stand in for the control planes (a node task would fail on them, and
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup import snapshot
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets
@@ -43,19 +41,10 @@ def _stored(backups: Path, name: str, secrets: RootSecrets = SECRETS) -> Path:
 
 
 @pytest.fixture
-def site(tmp_path):
-    (tmp_path / "secrets").mkdir(mode=0o700)
-    secrets_file = tmp_path / "secrets" / "cluster-secrets.json"
-    secrets_file.write_text(json.dumps(SECRETS.to_document()))
-    os.chmod(secrets_file, 0o600)
-    _stored(tmp_path / "backups", GOOD)
-    hosts = {"cp-0": {"ansible_host": "192.0.2.10"}, "cp-1": {"ansible_host": "192.0.2.11"}}
-    inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                                  "confidential_node_python": sys.executable},
-                         "children": {"control_plane": {"hosts": hosts}, "workers": {"hosts": {}},
-                                      "cluster": {"children": {"control_plane": {}, "workers": {}}}}}}
-    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    return tmp_path
+def site(local_site):
+    site = local_site(SECRETS, {"cp-0": "192.0.2.10", "cp-1": "192.0.2.11"}, {})
+    _stored(site / "backups", GOOD)
+    return site
 
 
 def _restore(site: Path, *extra: str) -> subprocess.CompletedProcess:

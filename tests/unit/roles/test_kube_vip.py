@@ -33,7 +33,7 @@ def test_off_by_default(tmp_path):
 
 def test_with_a_vip_the_manifest_is_a_pinned_static_pod_for_it(tmp_path):
     run = render(tmp_path, kubernetes_api_vip="192.0.2.100", kubernetes_api_endpoint="192.0.2.100:8443",
-                 kube_vip_interface="eth1", kubernetes_version="v1.31.4", __join_kube_vip_init=True)
+                 kube_vip_interface="eth1", kubernetes_version="v1.31.4", join_kube_vip_before_init=True)
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = tmp_path / "manifests" / "kube-vip.yaml"
     assert oct(manifest.stat().st_mode & 0o777) == "0o600"
@@ -50,12 +50,12 @@ def test_with_a_vip_the_manifest_is_a_pinned_static_pod_for_it(tmp_path):
     assert set(container["securityContext"]["capabilities"]["add"]) == {"NET_ADMIN", "NET_RAW"}
 
     again = render(tmp_path, kubernetes_api_vip="192.0.2.100", kubernetes_api_endpoint="192.0.2.100:8443",
-                   kube_vip_interface="eth1", kubernetes_version="v1.31.4", __join_kube_vip_init=True)
+                   kube_vip_interface="eth1", kubernetes_version="v1.31.4", join_kube_vip_before_init=True)
     assert "changed=0" in again.stdout
     # After kubeadm init the init role renders it again for admin.conf, and a re-run keeps that.
     for dummy in range(2):
         after = render(tmp_path, kubernetes_api_vip="192.0.2.100", kubernetes_api_endpoint="192.0.2.100:8443",
-                       kube_vip_interface="eth1", kubernetes_version="v1.31.4", __join_kube_vip_init=False)
+                       kube_vip_interface="eth1", kubernetes_version="v1.31.4", join_kube_vip_before_init=False)
         assert yaml.safe_load(manifest.read_text())["spec"]["volumes"][0]["hostPath"]["path"] == "/etc/kubernetes/admin.conf"
     assert "changed=0" in after.stdout
 
@@ -67,3 +67,9 @@ def test_joining_control_planes_and_older_versions_use_admin_conf_and_port_6443(
     env = {item["name"]: item["value"] for item in pod["spec"]["containers"][0]["env"]}
     assert env["port"] == "6443" and "vip_interface" not in env
     assert pod["spec"]["volumes"][0]["hostPath"]["path"] == "/etc/kubernetes/admin.conf"
+
+
+def test_the_entry_point_refuses_a_wrong_option_before_rendering(tmp_path):
+    run = render(tmp_path, kubernetes_api_vip="192.0.2.100", join_kube_vip_before_init="sometimes")
+    assert run.returncode != 0
+    assert "join_kube_vip_before_init" in run.stdout and not (tmp_path / "manifests").exists()

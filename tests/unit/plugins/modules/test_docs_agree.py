@@ -156,16 +156,13 @@ def _shared_specs() -> dict[str, list[str]]:
 
 
 SHARED = _shared_specs()
-# Documented twice until kubeadm_init's docs move with it into _kubeadm (issue 26, item 8, in progress elsewhere).
-PENDING = {"kubelet_binary_path", "preflight"}
 
 
 def test_option_specs_are_shared():
     assert {"evidence", "nonce", "kubeconfig", "releases.release_name"} <= set(SHARED), SHARED
 
 
-@pytest.mark.parametrize("option", [pytest.param(option, marks=pytest.mark.xfail(strict=True, reason="issue 26 item 8"))
-                                    if option in PENDING else option for option in SHARED])
+@pytest.mark.parametrize("option", SHARED)
 def test_an_option_spec_shared_by_modules_is_documented_once_in_a_fragment(option, resolved_docs):
     path = tuple(option.split("."))
     modules = SHARED[option]
