@@ -58,6 +58,10 @@ stage "generated docs match their sources (versions table, argument specs)"
 python scripts/gen-docs-versions.py --check
 python scripts/variables-page.py --check
 
+stage "ruff: Python formatted (ruff format --check) and linted (ruff check)"
+ruff format --check --quiet .
+ruff check --quiet .
+
 stage "ansible-lint (production profile)"
 ansible-lint --profile production --offline -q roles playbooks extensions/molecule
 
