@@ -7,6 +7,7 @@ Run as root: .venv/bin/python bench/bringup.py [--scale] [--figures FILE]
 Uses the lab of CK_LAB_INDEX (default 0) in CK_LAB_DIR (default: a temporary directory) and tears it down after;
 refuses to run while this index's lab bridge exists. Ansible runs with at least as many forks as the lab has nodes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,9 @@ def bring_up(control_planes: int, workers: int, env: dict[str, str], floor: Path
     inventory = f"{env['CK_LAB_DIR']}/inventory.yml"
     env = dict(env, ANSIBLE_FORKS=str(max(int(env.get("ANSIBLE_FORKS", "5")), control_planes + workers)))
     try:
-        up, _up_output = timed([str(LAB), "up", "--control-planes", str(control_planes), "--workers", str(workers)], env)
+        up, _up_output = timed(
+            [str(LAB), "up", "--control-planes", str(control_planes), "--workers", str(workers)], env
+        )
         floor_time, _floor_output = timed([str(PLAYBOOK), "-i", inventory, str(floor)], env)
         first, _first_output = timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.site"], env)
         rerun, output = timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.site"], env)
@@ -62,16 +65,25 @@ def bring_up(control_planes: int, workers: int, env: dict[str, str], floor: Path
 
 def main() -> int:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    options.add_argument("--scale", action="store_true", help=f"1+2 and 1+29 nodes (lab up target: {SCALE_NODES} nodes in < {SCALE_SSH_TARGET:g} s)")
+    options.add_argument(
+        "--scale",
+        action="store_true",
+        help=f"1+2 and 1+29 nodes (lab up target: {SCALE_NODES} nodes in < {SCALE_SSH_TARGET:g} s)",
+    )
     _figures.add_option(options)
     args = options.parse_args()
     if Path("/sys/class/net", plan.BRIDGE).exists():
-        raise SystemExit(f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}): tear it down first (tests/lab/lab down)")
+        raise SystemExit(
+            f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}): tear it down first (tests/lab/lab down)"
+        )
     subprocess.run(["bash", str(REPO / "scripts" / "link-collection.sh")], check=True)
     figures, rows = [], []
     with tempfile.TemporaryDirectory(prefix="ck-bench-bringup-") as temporary:
-        env = dict(os.environ, CK_LAB_DIR=os.environ.get("CK_LAB_DIR") or temporary,
-                   ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"))
+        env = dict(
+            os.environ,
+            CK_LAB_DIR=os.environ.get("CK_LAB_DIR") or temporary,
+            ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        )
         floor = Path(temporary) / "floor.yml"
         floor.write_text(floor_playbook("cluster"))
         for control_planes, workers in SCALE_SHAPES if args.scale else SHAPES:
@@ -80,19 +92,35 @@ def main() -> int:
             times = bring_up(control_planes, workers, env, floor)
             rows.append((shape, times))
             ratio = times["rerun"] / times["floor"]
-            up_target = (f"< {SCALE_SSH_TARGET:g} s", times["up"] < SCALE_SSH_TARGET) if nodes >= SCALE_NODES else ("", None)
+            up_target = (
+                (f"< {SCALE_SSH_TARGET:g} s", times["up"] < SCALE_SSH_TARGET) if nodes >= SCALE_NODES else ("", None)
+            )
             figures += [
-                _figures.figure("bring-up", f"{shape}: lab up (booted, SSH answers)", round(times["up"], 2), "s", *up_target),
-                _figures.figure("bring-up", f"{shape}: floor playbook (facts + one command)", round(times["floor"], 2), "s"),
+                _figures.figure(
+                    "bring-up", f"{shape}: lab up (booted, SSH answers)", round(times["up"], 2), "s", *up_target
+                ),
+                _figures.figure(
+                    "bring-up", f"{shape}: floor playbook (facts + one command)", round(times["floor"], 2), "s"
+                ),
                 _figures.figure("bring-up", f"{shape}: site.yml first run", round(times["first"], 2), "s"),
                 _figures.figure("bring-up", f"{shape}: site.yml re-run (changed=0)", round(times["rerun"], 2), "s"),
-                _figures.figure("bring-up", f"{shape}: site.yml re-run / floor", round(ratio, 1), "x",
-                                f"<= {RERUN_TARGET:g}x", ratio <= RERUN_TARGET),
+                _figures.figure(
+                    "bring-up",
+                    f"{shape}: site.yml re-run / floor",
+                    round(ratio, 1),
+                    "x",
+                    f"<= {RERUN_TARGET:g}x",
+                    ratio <= RERUN_TARGET,
+                ),
             ]
-    print(f"{'real bring-up on the lab':<26} {'lab up s':>9} {'floor s':>8} {'site.yml s':>11} {'re-run s':>9} {'re-run/floor':>13}")
+    print(
+        f"{'real bring-up on the lab':<26} {'lab up s':>9} {'floor s':>8} {'site.yml s':>11} {'re-run s':>9} {'re-run/floor':>13}"
+    )
     for shape, times in rows:
-        print(f"{shape:<26} {times['up']:9.2f} {times['floor']:8.2f} {times['first']:11.2f} {times['rerun']:9.2f} "
-              f"{times['rerun'] / times['floor']:12.1f}x")
+        print(
+            f"{shape:<26} {times['up']:9.2f} {times['floor']:8.2f} {times['first']:11.2f} {times['rerun']:9.2f} "
+            f"{times['rerun'] / times['floor']:12.1f}x"
+        )
     _figures.write(args.figures, figures)
     return 0
 

@@ -7,6 +7,7 @@ Run as root: .venv/bin/python bench/day2.py [--control-planes N] [--workers M] [
 Uses the lab of CK_LAB_INDEX (default 0) in CK_LAB_DIR and tears it down after (the runner does); refuses to run while
 this index's lab bridge exists. About 20 minutes on a 2-core machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,27 +52,59 @@ def figures_from(document: dict) -> list[dict]:
         ready = outage.get("api_ready_seconds")
         met = ready is not None and ready <= API_READY_TARGET if document["control_planes"] == 3 else None
         rows += [
-            _figures.figure(BENCHMARK, f"{shape}: recover.yml start to API ready", ready, "s",
-                            f"<= {API_READY_TARGET:g} s" if met is not None else "", met),
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: recover.yml start to API ready",
+                ready,
+                "s",
+                f"<= {API_READY_TARGET:g} s" if met is not None else "",
+                met,
+            ),
             _figures.figure(BENCHMARK, f"{shape}: recover.yml run", outage.get("recover_seconds"), "s"),
-            _figures.figure(BENCHMARK, f"{shape}: recover.yml start to every node Ready",
-                            outage.get("all_ready_seconds"), "s"),
-            _figures.figure(BENCHMARK, f"{shape}: ConfigMaps after the outage", _count(outage.get("configmaps")),
-                            "objects", f"= {OBJECTS}", _count(outage.get("configmaps")) == OBJECTS),
-            _figures.figure(BENCHMARK, f"{shape}: second recover.yml changed", outage.get("rerun_changed"), "tasks",
-                            "= 0", outage.get("rerun_changed") == 0),
+            _figures.figure(
+                BENCHMARK, f"{shape}: recover.yml start to every node Ready", outage.get("all_ready_seconds"), "s"
+            ),
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: ConfigMaps after the outage",
+                _count(outage.get("configmaps")),
+                "objects",
+                f"= {OBJECTS}",
+                _count(outage.get("configmaps")) == OBJECTS,
+            ),
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: second recover.yml changed",
+                outage.get("rerun_changed"),
+                "tasks",
+                "= 0",
+                outage.get("rerun_changed") == 0,
+            ),
         ]
     restore = drills.get("restore", {}).get("figures", {}) if drills.get("restore", {}).get("result") == "ok" else {}
     if restore:
         rows += [
-            _figures.figure(BENCHMARK, f"{shape}: backup.yml snapshot + fetch, {OBJECTS} ConfigMaps",
-                            restore.get("snapshot_fetch_seconds"), "s"),
-            _figures.figure(BENCHMARK, f"{shape}: encrypted snapshot size ({restore.get('etcd_keys')} keys)",
-                            restore.get("snapshot_bytes"), "bytes"),
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: backup.yml snapshot + fetch, {OBJECTS} ConfigMaps",
+                restore.get("snapshot_fetch_seconds"),
+                "s",
+            ),
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: encrypted snapshot size ({restore.get('etcd_keys')} keys)",
+                restore.get("snapshot_bytes"),
+                "bytes",
+            ),
             _figures.figure(BENCHMARK, f"{shape}: restore.yml run", restore.get("restore_seconds"), "s"),
-            _figures.figure(BENCHMARK, f"{shape}: ConfigMaps after the restore",
-                            _count(restore.get("configmaps_restored")), "objects", f"= {OBJECTS}",
-                            _count(restore.get("configmaps_restored")) == OBJECTS),
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: ConfigMaps after the restore",
+                _count(restore.get("configmaps_restored")),
+                "objects",
+                f"= {OBJECTS}",
+                _count(restore.get("configmaps_restored")) == OBJECTS,
+            ),
         ]
     return rows
 
@@ -86,25 +119,43 @@ def main() -> int:
     from cklab import plan  # pylint: disable=import-outside-toplevel
 
     if Path("/sys/class/net", plan.BRIDGE).exists():
-        raise SystemExit(f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}): "
-                         "tear it down first (tests/lab/lab down)")
+        raise SystemExit(
+            f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}): tear it down first (tests/lab/lab down)"
+        )
     subprocess.run(["bash", str(REPO / "scripts" / "link-collection.sh")], check=True)
     with tempfile.TemporaryDirectory(prefix="ck-bench-day2-") as temporary:
         figures_json = Path(temporary) / "drills.json"
-        env = dict(os.environ, CK_LAB_DIR=os.environ.get("CK_LAB_DIR") or temporary,
-                   ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
-                   PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}")
-        done = subprocess.run([str(RUNNER), f"--control-planes={args.control_planes}", f"--workers={args.workers}",
-                               "--figures-json", str(figures_json), *DRILLS], env=env, stdin=subprocess.DEVNULL,
-                              stdout=sys.stderr, check=False, timeout=7200)
+        env = dict(
+            os.environ,
+            CK_LAB_DIR=os.environ.get("CK_LAB_DIR") or temporary,
+            ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+            PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
+        )
+        done = subprocess.run(
+            [
+                str(RUNNER),
+                f"--control-planes={args.control_planes}",
+                f"--workers={args.workers}",
+                "--figures-json",
+                str(figures_json),
+                *DRILLS,
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr,
+            check=False,
+            timeout=7200,
+        )
         if not figures_json.exists():
             raise SystemExit(f"tests/drills/run exited {done.returncode} without figures")
         figures = figures_from(json.loads(figures_json.read_text()))
     width = max(len(row["figure"]) for row in figures)
     for row in figures:
         verdict = "" if row["met"] is None else ("met" if row["met"] else "MISSED")
-        print(f"{row['figure']:<{width}}  {row['value'] if row['value'] is not None else '-':>10} {row['unit']:<8} "
-              f"{row['target']:<10} {verdict}")
+        print(
+            f"{row['figure']:<{width}}  {row['value'] if row['value'] is not None else '-':>10} {row['unit']:<8} "
+            f"{row['target']:<10} {verdict}"
+        )
     _figures.write(args.figures, figures)
     return 0 if done.returncode == 0 else 1
 

@@ -32,6 +32,7 @@ service spends at most 1.25x the floor per join, whatever else runs on the machi
 that nothing is hidden, the machine figure: tickets/s against 0.8 x all cores / floor, which a machine whose cores
 also run the clients cannot show.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,21 +69,34 @@ import grpc  # noqa: E402
 
 import join_harness  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import Evidence, qualifying_data  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
+    Evidence,
+    qualifying_data,
+)  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import NODE_LOCK_PCR  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import Verifier  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive, seal  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2_grpc as pb2_grpc  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import prove_activation  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import POLICY_CHECK_INTERVAL, ServiceConfig  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.credential import activation_proof, proof_matches  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import (
+    POLICY_CHECK_INTERVAL,
+    ServiceConfig,
+)  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.credential import (
+    activation_proof,
+    proof_matches,
+)  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, load_kubelet_csr  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.crypto import CheckRequest, SealRequest  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import JoinTicket  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import identity_of, public_key_digest, request_digest  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import (
+    identity_of,
+    public_key_digest,
+    request_digest,
+)  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service, grpc_server  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas  # noqa: E402
 
@@ -96,8 +110,20 @@ def _quote_batch(tcti: str, nonces: list[bytes], user_data: list[bytes], out: di
         pcrs = tpm.read_pcrs()
         for nonce, data in zip(nonces, user_data):
             attest, signature = tpm.quote(ak, qualifying_data(nonce, data))
-            out[nonce] = Evidence(variant="tpm", ak_public=ak_public, quote=attest, signature=signature, pcrs={"sha256": pcrs},
-                                  user_data=data, ek_public=ek_public, ek_certificate=certificate).to_json().encode()
+            out[nonce] = (
+                Evidence(
+                    variant="tpm",
+                    ak_public=ak_public,
+                    quote=attest,
+                    signature=signature,
+                    pcrs={"sha256": pcrs},
+                    user_data=data,
+                    ek_public=ek_public,
+                    ek_certificate=certificate,
+                )
+                .to_json()
+                .encode()
+            )
         tpm.flush(ak)
 
 
@@ -106,38 +132,62 @@ def prepare(stub, swtpms, count: int) -> list[tuple[bytes, bytes, bytes, str]]:
     nonces = [stub.GetNonce(pb2.GetNonceRequest()).nonce for _i in range(count)]
     keys = [seal.EphemeralKey.generate() for _i in range(count)]
     csrs = [join_harness.make_csr(NODE) for _i in range(count)]
-    user_data = [join_harness.bound_user_data(key.public_bytes(), "join", NODE, False, join_harness.DISK_UUID, csr)
-                 for key, csr in zip(keys, csrs)]
+    user_data = [
+        join_harness.bound_user_data(key.public_bytes(), "join", NODE, False, join_harness.DISK_UUID, csr)
+        for key, csr in zip(keys, csrs)
+    ]
     evidence: dict[bytes, bytes] = {}
-    workers = [threading.Thread(target=_quote_batch, args=(s.tcti, nonces[i::len(swtpms)], user_data[i::len(swtpms)], evidence))
-               for i, s in enumerate(swtpms)]
+    workers = [
+        threading.Thread(
+            target=_quote_batch, args=(s.tcti, nonces[i :: len(swtpms)], user_data[i :: len(swtpms)], evidence)
+        )
+        for i, s in enumerate(swtpms)
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
     joins = []
     for index, (nonce, key, csr) in enumerate(zip(nonces, keys, csrs)):
-        request = pb2.IssueJoinTicketRequest(evidence=evidence[nonce], nonce=nonce, node_name=NODE, control_plane=False,
-                                             kubelet_csr=csr, disk_uuid=join_harness.DISK_UUID)
+        request = pb2.IssueJoinTicketRequest(
+            evidence=evidence[nonce],
+            nonce=nonce,
+            node_name=NODE,
+            control_plane=False,
+            kubelet_csr=csr,
+            disk_uuid=join_harness.DISK_UUID,
+        )
         joins.append((request.SerializeToString(), key.private_bytes(), nonce, swtpms[index % len(swtpms)].tcti))
     return joins
 
 
-def run_clients(port: int, ca_pem: bytes, verifier_id: str, joins: list[tuple[bytes, bytes, bytes, str]], clients: int) -> tuple[float, list[float]]:
+def run_clients(
+    port: int, ca_pem: bytes, verifier_id: str, joins: list[tuple[bytes, bytes, bytes, str]], clients: int
+) -> tuple[float, list[float]]:
     """The timed phase: ``clients`` concurrent nodes (coroutines, each with its own TLS channel) send their joins one
     after another, activate each credential on their swtpm and open each ticket."""
     return asyncio.run(_run_clients(port, ca_pem, verifier_id, joins, clients))
 
 
-async def _run_clients(port: int, ca_pem: bytes, verifier_id: str, joins: list[tuple[bytes, bytes, bytes, str]],
-                       clients: int) -> tuple[float, list[float]]:
-    channels = [grpc.aio.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(ca_pem), options=[("grpc.use_local_subchannel_pool", 1)])
-                for _i in range(clients)]
+async def _run_clients(
+    port: int, ca_pem: bytes, verifier_id: str, joins: list[tuple[bytes, bytes, bytes, str]], clients: int
+) -> tuple[float, list[float]]:
+    channels = [
+        grpc.aio.secure_channel(
+            f"127.0.0.1:{port}", grpc.ssl_channel_credentials(ca_pem), options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        for _i in range(clients)
+    ]
     stubs = [pb2_grpc.JoinServiceStub(channel) for channel in channels]
     for stub in stubs:
         await stub.Health(pb2.HealthRequest())
-    work = [[(pb2.IssueJoinTicketRequest.FromString(request), seal.EphemeralKey.from_private_bytes(key), nonce, tcti)
-             for request, key, nonce, tcti in joins[i::clients]] for i in range(clients)]
+    work = [
+        [
+            (pb2.IssueJoinTicketRequest.FromString(request), seal.EphemeralKey.from_private_bytes(key), nonce, tcti)
+            for request, key, nonce, tcti in joins[i::clients]
+        ]
+        for i in range(clients)
+    ]
     latencies: list[float] = []
     loop = asyncio.get_running_loop()
     # One TPM does one thing at a time: the clients sharing a swtpm take turns.
@@ -149,10 +199,13 @@ async def _run_clients(port: int, ca_pem: bytes, verifier_id: str, joins: list[t
             challenge = await stub.IssueJoinTicket(request, timeout=30)
             step1 = time.perf_counter() - started
             async with tpm_turns[tcti]:
-                proof = await loop.run_in_executor(None, prove_activation, tcti, challenge.credential_blob,
-                                                   challenge.credential_encrypted_seed, nonce)
+                proof = await loop.run_in_executor(
+                    None, prove_activation, tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce
+                )
             started = time.perf_counter()
-            response = await stub.ActivateTicket(pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof), timeout=30)
+            response = await stub.ActivateTicket(
+                pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof), timeout=30
+            )
             key.open(response.sealed_ticket, "join", nonce, verifier_id)
             latencies.append(step1 + time.perf_counter() - started)
 
@@ -195,8 +248,17 @@ class FixedAnswers:
         return pb2.HealthResponse(status="SERVING")
 
 
-def transport_floor(config: ServiceConfig, runner, ca_pem: bytes, verifier_id: str, answers: tuple, join: tuple, tctis: list[str],
-                    count: int, clients: int) -> tuple[float, float]:
+def transport_floor(
+    config: ServiceConfig,
+    runner,
+    ca_pem: bytes,
+    verifier_id: str,
+    answers: tuple,
+    join: tuple,
+    tctis: list[str],
+    count: int,
+    clients: int,
+) -> tuple[float, float]:
     """Service CPU-seconds per join and p99 of gRPC alone: the service's server (``grpc_server``: its TLS, options and
     registration, on an event loop thread of its own) with FixedAnswers, met by the same clients doing the same TPM work.
     Every join sends ``join``'s request, activates ``answers``' credential (the swtpms are copies of one TPM) and opens
@@ -223,7 +285,9 @@ def transport_floor(config: ServiceConfig, runner, ca_pem: bytes, verifier_id: s
 
 
 async def _fixed_server(config: ServiceConfig, answers: tuple):
-    return grpc_server(config, FixedAnswers(*answers), Path(config.tls_cert).read_bytes(), Path(config.tls_key).read_bytes())
+    return grpc_server(
+        config, FixedAnswers(*answers), Path(config.tls_cert).read_bytes(), Path(config.tls_key).read_bytes()
+    )
 
 
 def floor(swtpm, pki: ClusterPki, policy, secrets: dict, payload_size: int) -> float:
@@ -285,13 +349,35 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
     64 in flight, with the CPU seconds per join of the service's process and of the workers. The steps are stateless, so
     one join's input serves every call; no client, TPM or gRPC competes for the cores."""
     request = pb2.IssueJoinTicketRequest.FromString(prepare(stub, swtpms, 1)[0][0])
-    check = CheckRequest(policy, "join", request.evidence, request.nonce, NODE, False, join_harness.DISK_UUID, request.kubelet_csr)
+    check = CheckRequest(
+        policy, "join", request.evidence, request.nonce, NODE, False, join_harness.DISK_UUID, request.kubelet_csr
+    )
     checked = service.issuer.crypto.check(check)
     # A worker's ticket, padded to about 3 kB with its CA certificate's length (the kubelet certificate is signed in).
-    ticket = JoinTicket(NODE, False, bytes(32), os.urandom(32), os.urandom(32), os.urandom(32), "10.0.0.10:6443",
-                        "abcdef.0123456789abcdef", ("sha256:" + "00" * 32,), os.urandom(1300).hex(), "", (), "")
-    sealing = SealRequest(ticket, checked.ephemeral_key, "join", request.nonce, checked.kubelet_key, NODE,
-                          datetime.datetime.now(datetime.timezone.utc))
+    ticket = JoinTicket(
+        NODE,
+        False,
+        bytes(32),
+        os.urandom(32),
+        os.urandom(32),
+        os.urandom(32),
+        "10.0.0.10:6443",
+        "abcdef.0123456789abcdef",
+        ("sha256:" + "00" * 32,),
+        os.urandom(1300).hex(),
+        "",
+        (),
+        "",
+    )
+    sealing = SealRequest(
+        ticket,
+        checked.ephemeral_key,
+        "join",
+        request.nonce,
+        checked.kubelet_key,
+        NODE,
+        datetime.datetime.now(datetime.timezone.utc),
+    )
     started = time.perf_counter()
     for _run in range(count // 4):
         service.issuer.crypto.check(check)
@@ -309,12 +395,18 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
         began, cpu, workers_cpu = time.perf_counter(), time.process_time(), _cpu_seconds(service.workers.pids())
         await asyncio.gather(*(one() for _run in range(count)))
         wall = time.perf_counter() - began
-        return count / wall, (time.process_time() - cpu) / count, (_cpu_seconds(service.workers.pids()) - workers_cpu) / count
+        return (
+            count / wall,
+            (time.process_time() - cpu) / count,
+            (_cpu_seconds(service.workers.pids()) - workers_cpu) / count,
+        )
 
     return (inline, *service.on_loop(through_pool()))
 
 
-def measure(args, service, lab, swtpms, runner, pki: ClusterPki, policy, algorithm: str, levels: list[int]) -> tuple[list[tuple], tuple, tuple]:
+def measure(
+    args, service, lab, swtpms, runner, pki: ClusterPki, policy, algorithm: str, levels: list[int]
+) -> tuple[list[tuple], tuple, tuple]:
     """Each level against ``service``: throughput, latencies, CPU, and the floor with ``pki``'s CA measured beside it; then
     the transport floor at the last level, with ``service``'s answers; then the CPU-bound steps alone."""
     channel = grpc.secure_channel(f"127.0.0.1:{service.port}", grpc.ssl_channel_credentials(lab.ca_pem))
@@ -329,15 +421,37 @@ def measure(args, service, lab, swtpms, runner, pki: ClusterPki, policy, algorit
         before = floor(swtpms[0], pki, policy, lab.secrets, 3000)
         pids = service.workers.pids()
         server_cpu = time.process_time() + _cpu_seconds(pids)
-        throughput, latencies, client_load = runner.apply(run_clients, (service.port, lab.ca_pem, service.issuer.verifier_id, joins, clients))
+        throughput, latencies, client_load = runner.apply(
+            run_clients, (service.port, lab.ca_pem, service.issuer.verifier_id, joins, clients)
+        )
         server_load = (time.process_time() + _cpu_seconds(pids) - server_cpu) * throughput / len(latencies)
         level_floor = min(before, floor(swtpms[0], pki, policy, lab.secrets, 3000))
         latencies.sort()
-        rows.append((algorithm, clients, len(latencies), throughput, level_floor, latencies[len(latencies) // 2],
-                     latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], server_load, client_load))
+        rows.append(
+            (
+                algorithm,
+                clients,
+                len(latencies),
+                throughput,
+                level_floor,
+                latencies[len(latencies) // 2],
+                latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+                server_load,
+                client_load,
+            )
+        )
     join = prepare(stub, swtpms, 1)[0]
-    transport = transport_floor(service.config, runner, lab.ca_pem, service.issuer.verifier_id, real_answers(stub, join), join,
-                                [s.tcti for s in swtpms], max(args.joins, levels[-1]), levels[-1])
+    transport = transport_floor(
+        service.config,
+        runner,
+        lab.ca_pem,
+        service.issuer.verifier_id,
+        real_answers(stub, join),
+        join,
+        [s.tcti for s in swtpms],
+        max(args.joins, levels[-1]),
+        levels[-1],
+    )
     capacity = worker_capacity(service, stub, swtpms, policy, args.joins * 2)
     channel.close()
     return rows, capacity, transport
@@ -359,9 +473,13 @@ def main() -> int:
     parser.add_argument("--joins", type=int, default=640, help="joins per concurrency level (default 640)")
     parser.add_argument("--levels", default="1,8,64", help="concurrent clients per level (default 1,8,64)")
     parser.add_argument("--clients-in-process", action="store_true", help="run the clients in the service's process")
-    parser.add_argument("--worker-processes", type=int, default=ServiceConfig.worker_processes,
-                        help=f"the service's worker_processes (default: the service's default, {ServiceConfig.worker_processes} here; "
-                             "0 = the CPU-bound steps in the event loop's thread)")
+    parser.add_argument(
+        "--worker-processes",
+        type=int,
+        default=ServiceConfig.worker_processes,
+        help=f"the service's worker_processes (default: the service's default, {ServiceConfig.worker_processes} here; "
+        "0 = the CPU-bound steps in the event loop's thread)",
+    )
     _figures.add_option(parser)
     args = parser.parse_args()
     levels = [int(v) for v in args.levels.split(",")]
@@ -382,39 +500,63 @@ def main() -> int:
         api = join_harness.FakeApi()
         # Real nodes are other machines: by default the clients run in a process of their own, so they do not
         # share the service's interpreter lock (--clients-in-process measures the other arrangement).
-        runner = (_InProcess() if args.clients_in_process
-                  else multiprocessing.get_context("spawn").Pool(1))
+        runner = _InProcess() if args.clients_in_process else multiprocessing.get_context("spawn").Pool(1)
         ecdsa_pki(work / "ecdsa-pki")
         rows, capacities, transports = [], {}, {}
         for algorithm, pki_dir in (("RSA-2048", lab.pki_dir), ("ECDSA-P256", work / "ecdsa-pki")):
             # The clients share one address: a real pool's nodes are as many addresses (the per-peer limits stay out of the way).
             # The policy and enrolment are looked at as often as a real service does (the tests' lab looks at every request).
-            config = lab.config(0, pki_dir=str(pki_dir), nonce_rate=1e6, nonce_burst=1e6, ticket_rate=1e6, ticket_burst=1e6,
-                                registration_check_interval=3600, policy_check_interval=POLICY_CHECK_INTERVAL,
-                                worker_processes=args.worker_processes)
-            service = build_service(config, lab.log, api.minter(), drain_delay=0.0, disk_bindings=api.bindings()).start()
-            measured, capacities[algorithm], transports[algorithm] = measure(args, service, lab, swtpms, runner, ClusterPki.load(str(pki_dir)),
-                                                                             policy, algorithm, levels)
+            config = lab.config(
+                0,
+                pki_dir=str(pki_dir),
+                nonce_rate=1e6,
+                nonce_burst=1e6,
+                ticket_rate=1e6,
+                ticket_burst=1e6,
+                registration_check_interval=3600,
+                policy_check_interval=POLICY_CHECK_INTERVAL,
+                worker_processes=args.worker_processes,
+            )
+            service = build_service(
+                config, lab.log, api.minter(), drain_delay=0.0, disk_bindings=api.bindings()
+            ).start()
+            measured, capacities[algorithm], transports[algorithm] = measure(
+                args, service, lab, swtpms, runner, ClusterPki.load(str(pki_dir)), policy, algorithm, levels
+            )
             rows += measured
             service.stop_now()
             service = None
         runner.close()
         cores = os.cpu_count() or 1
         workers = args.worker_processes
-        placement = f"{workers} worker process(es)" if workers else "no worker processes (the CPU-bound steps in the event loop's thread)"
-        print(f"join service benchmark: {cores} CPU(s), {placement}, Python {sys.version.split()[0]}, grpcio {grpc.__version__}, "
-              f"policy pcrs-only, {SWTPMS} swtpm instance(s), clients {'in the service process' if args.clients_in_process else 'in their own process'}; "
-              f"load average before {load_before}")
-        print("floor = nonce MAC + verify evidence + EK identity + CSR check + request digest + make the credential + activation proof "
-              "+ disk key + sign the kubelet certificate + HPKE seal, one thread, measured beside each level; "
-              "latency = the two RPCs (the node's credential activation not counted)")
-        print("CPU service = CPU time of the service's process and its workers / wall time; joins/CPU-s = tickets/s / CPU service; "
-              "per core = joins/CPU-s x floor (1.0: the service spends nothing beyond the crypto floor); "
-              "CA = the cluster CA that signs the kubelet certificate")
-        print(f"P2 verdict at {levels[-1]} clients: per core >= 0.8 and p99 < 150 ms. Beside it the machine figure: target/s = 0.8 x {cores} "
-              "cores / floor, ratio = tickets/s / target/s (the clients' CPU shares these cores)")
-        print(f"{'CA':>10} {'clients':>7} {'joins':>6} {'floor us':>8} {'tickets/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'CPU service':>11} "
-              f"{'CPU clients':>11} {'joins/CPU-s':>11} {'per core':>8} {'P2':>6} | {'target/s':>9} {'ratio':>6}")
+        placement = (
+            f"{workers} worker process(es)"
+            if workers
+            else "no worker processes (the CPU-bound steps in the event loop's thread)"
+        )
+        print(
+            f"join service benchmark: {cores} CPU(s), {placement}, Python {sys.version.split()[0]}, grpcio {grpc.__version__}, "
+            f"policy pcrs-only, {SWTPMS} swtpm instance(s), clients {'in the service process' if args.clients_in_process else 'in their own process'}; "
+            f"load average before {load_before}"
+        )
+        print(
+            "floor = nonce MAC + verify evidence + EK identity + CSR check + request digest + make the credential + activation proof "
+            "+ disk key + sign the kubelet certificate + HPKE seal, one thread, measured beside each level; "
+            "latency = the two RPCs (the node's credential activation not counted)"
+        )
+        print(
+            "CPU service = CPU time of the service's process and its workers / wall time; joins/CPU-s = tickets/s / CPU service; "
+            "per core = joins/CPU-s x floor (1.0: the service spends nothing beyond the crypto floor); "
+            "CA = the cluster CA that signs the kubelet certificate"
+        )
+        print(
+            f"P2 verdict at {levels[-1]} clients: per core >= 0.8 and p99 < 150 ms. Beside it the machine figure: target/s = 0.8 x {cores} "
+            "cores / floor, ratio = tickets/s / target/s (the clients' CPU shares these cores)"
+        )
+        print(
+            f"{'CA':>10} {'clients':>7} {'joins':>6} {'floor us':>8} {'tickets/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'CPU service':>11} "
+            f"{'CPU clients':>11} {'joins/CPU-s':>11} {'per core':>8} {'P2':>6} | {'target/s':>9} {'ratio':>6}"
+        )
         figures = []
         rows_of = {row[0]: row for row in rows if row[1] == levels[-1]}
         for algorithm, clients, count, throughput, level_floor, p50, p99, server_load, client_load in rows:
@@ -422,54 +564,111 @@ def main() -> int:
             last_level = clients == levels[-1]
             per_core = throughput * level_floor / max(server_load, 1e-9)
             met = per_core >= 0.8 and p99 < 0.150
-            print(f"{algorithm:>10} {clients:>7} {count:>6} {level_floor * 1e6:>8.0f} {throughput:>10.0f} {p50 * 1000:>7.1f} {p99 * 1000:>7.1f} "
-                  f"{server_load * 100:>10.0f}% {client_load * 100:>10.0f}% {throughput / max(server_load, 1e-9):>11.0f} {per_core:>8.2f} "
-                  f"{('met' if met else 'MISSED') if last_level else '-':>6} | {target:>9.0f} {throughput / target:>6.2f}")
+            print(
+                f"{algorithm:>10} {clients:>7} {count:>6} {level_floor * 1e6:>8.0f} {throughput:>10.0f} {p50 * 1000:>7.1f} {p99 * 1000:>7.1f} "
+                f"{server_load * 100:>10.0f}% {client_load * 100:>10.0f}% {throughput / max(server_load, 1e-9):>11.0f} {per_core:>8.2f} "
+                f"{('met' if met else 'MISSED') if last_level else '-':>6} | {target:>9.0f} {throughput / target:>6.2f}"
+            )
             label = f"{algorithm} CA, {clients} client(s)"
             figures += [
                 _figures.figure("join_service", f"{label}: tickets/s", round(throughput, 1), "1/s"),
-                _figures.figure("join_service", f"{label}: joins per service CPU-second", round(throughput / max(server_load, 1e-9)), "1/s"),
-                _figures.figure("join_service", f"{label}: per core (joins per service CPU-second x floor)", round(per_core, 2), "",
-                                ">= 0.8" if last_level else "", per_core >= 0.8 if last_level else None),
-                _figures.figure("join_service", f"{label}: throughput / (0.8 x {cores} cores / floor, {target:.0f}/s)",
-                                round(throughput / target, 2), ""),
+                _figures.figure(
+                    "join_service",
+                    f"{label}: joins per service CPU-second",
+                    round(throughput / max(server_load, 1e-9)),
+                    "1/s",
+                ),
+                _figures.figure(
+                    "join_service",
+                    f"{label}: per core (joins per service CPU-second x floor)",
+                    round(per_core, 2),
+                    "",
+                    ">= 0.8" if last_level else "",
+                    per_core >= 0.8 if last_level else None,
+                ),
+                _figures.figure(
+                    "join_service",
+                    f"{label}: throughput / (0.8 x {cores} cores / floor, {target:.0f}/s)",
+                    round(throughput / target, 2),
+                    "",
+                ),
                 _figures.figure("join_service", f"{label}: p50", round(p50 * 1000, 1), "ms"),
-                _figures.figure("join_service", f"{label}: p99", round(p99 * 1000, 1), "ms",
-                                "< 150 ms" if last_level else "", p99 < 0.150 if last_level else None),
+                _figures.figure(
+                    "join_service",
+                    f"{label}: p99",
+                    round(p99 * 1000, 1),
+                    "ms",
+                    "< 150 ms" if last_level else "",
+                    p99 < 0.150 if last_level else None,
+                ),
             ]
             if last_level:
-                figures.append(_figures.figure("join_service", f"floor per join, {algorithm} CA signs the kubelet certificate",
-                                               round(level_floor * 1e6), "us"))
-        print(f"transport floor at {levels[-1]} clients: the service's gRPC server (its TLS, options and registration) whose handlers "
-              "return one real join's answers, no crypto, no state; the same clients, joins and TPM work; its service CPU per join "
-              "measured as the service's. ceiling = floor / (floor + transport floor): the most per core can reach with this transport")
+                figures.append(
+                    _figures.figure(
+                        "join_service",
+                        f"floor per join, {algorithm} CA signs the kubelet certificate",
+                        round(level_floor * 1e6),
+                        "us",
+                    )
+                )
+        print(
+            f"transport floor at {levels[-1]} clients: the service's gRPC server (its TLS, options and registration) whose handlers "
+            "return one real join's answers, no crypto, no state; the same clients, joins and TPM work; its service CPU per join "
+            "measured as the service's. ceiling = floor / (floor + transport floor): the most per core can reach with this transport"
+        )
         for algorithm, (transport, transport_p99) in transports.items():
-            _algorithm, clients, _count, throughput, level_floor, _p50, _p99, server_load, _client_load = rows_of[algorithm]
+            _algorithm, clients, _count, throughput, level_floor, _p50, _p99, server_load, _client_load = rows_of[
+                algorithm
+            ]
             service_cpu = server_load / throughput
             ceiling = level_floor / (level_floor + transport)
-            print(f"{algorithm:>10}: transport floor {transport * 1e6:.0f} us per join (p99 {transport_p99 * 1000:.1f} ms), the service "
-                  f"{service_cpu * 1e6:.0f} us, floor {level_floor * 1e6:.0f} us: ceiling {ceiling:.2f}, per core {level_floor / service_cpu:.2f}; "
-                  f"the target 0.8 is {'within' if ceiling >= 0.8 else 'beyond'} this transport's reach")
+            print(
+                f"{algorithm:>10}: transport floor {transport * 1e6:.0f} us per join (p99 {transport_p99 * 1000:.1f} ms), the service "
+                f"{service_cpu * 1e6:.0f} us, floor {level_floor * 1e6:.0f} us: ceiling {ceiling:.2f}, per core {level_floor / service_cpu:.2f}; "
+                f"the target 0.8 is {'within' if ceiling >= 0.8 else 'beyond'} this transport's reach"
+            )
             label = f"{algorithm} CA, {clients} client(s)"
             figures += [
                 _figures.figure("join_service", f"{label}: service CPU per join", round(service_cpu * 1e6), "us"),
-                _figures.figure("join_service", f"{label}: transport floor (gRPC alone, fixed answers: service CPU per join)",
-                                round(transport * 1e6), "us"),
-                _figures.figure("join_service", f"{label}: per-core ceiling with this transport (floor / (floor + transport floor))",
-                                round(ceiling, 2), "", ">= 0.8 (P2 reachable)", ceiling >= 0.8),
+                _figures.figure(
+                    "join_service",
+                    f"{label}: transport floor (gRPC alone, fixed answers: service CPU per join)",
+                    round(transport * 1e6),
+                    "us",
+                ),
+                _figures.figure(
+                    "join_service",
+                    f"{label}: per-core ceiling with this transport (floor / (floor + transport floor))",
+                    round(ceiling, 2),
+                    "",
+                    ">= 0.8 (P2 reachable)",
+                    ceiling >= 0.8,
+                ),
             ]
-        print(f"CPU-bound steps alone (verify + credential + CSR check, then sign + seal; no client, TPM or gRPC): joins/s in one thread "
-              f"vs through the service ({placement}), 64 in flight, vs the machine figure 0.8 x {cores} cores / floor")
+        print(
+            f"CPU-bound steps alone (verify + credential + CSR check, then sign + seal; no client, TPM or gRPC): joins/s in one thread "
+            f"vs through the service ({placement}), 64 in flight, vs the machine figure 0.8 x {cores} cores / floor"
+        )
         for algorithm, (inline, pooled, main_cpu, workers_cpu) in capacities.items():
             level_floor = min(row[4] for row in rows if row[0] == algorithm)
             target = 0.8 * cores / level_floor
-            print(f"{algorithm:>10}: one thread {inline:.0f}/s, through the service {pooled:.0f}/s ({pooled / inline:.2f}x; CPU per join: "
-                  f"event loop {main_cpu * 1e6:.0f} us, workers {workers_cpu * 1e6:.0f} us), {target:.0f}/s: ratio {pooled / target:.2f}")
-            figures += [_figures.figure("join_service", f"{algorithm} CA: CPU-bound steps in one thread", round(inline), "1/s"),
-                        _figures.figure("join_service", f"{algorithm} CA: CPU-bound steps through the service ({workers} worker processes)",
-                                        round(pooled), "1/s")]
-        print(f"P2 target: at {levels[-1]} clients per core >= 0.8 (service CPU per join <= 1.25 x floor) and p99 < 150 ms; "
-              f"tokens minted: {len(api.tokens)}; bench time {time.perf_counter() - bench_started:.1f} s; load average after {_load()}")
+            print(
+                f"{algorithm:>10}: one thread {inline:.0f}/s, through the service {pooled:.0f}/s ({pooled / inline:.2f}x; CPU per join: "
+                f"event loop {main_cpu * 1e6:.0f} us, workers {workers_cpu * 1e6:.0f} us), {target:.0f}/s: ratio {pooled / target:.2f}"
+            )
+            figures += [
+                _figures.figure("join_service", f"{algorithm} CA: CPU-bound steps in one thread", round(inline), "1/s"),
+                _figures.figure(
+                    "join_service",
+                    f"{algorithm} CA: CPU-bound steps through the service ({workers} worker processes)",
+                    round(pooled),
+                    "1/s",
+                ),
+            ]
+        print(
+            f"P2 target: at {levels[-1]} clients per core >= 0.8 (service CPU per join <= 1.25 x floor) and p99 < 150 ms; "
+            f"tokens minted: {len(api.tokens)}; bench time {time.perf_counter() - bench_started:.1f} s; load average after {_load()}"
+        )
         _figures.write(args.figures, figures)
         return 0
     finally:

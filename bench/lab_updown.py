@@ -6,6 +6,7 @@ The base root is built first when the cache has none (not timed). The lab is the
 CK_LAB_DIR (default: a temporary directory), so labs of other indexes running side by side are not touched; refuses
 to run while this index's lab bridge exists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,10 @@ def main() -> int:
     _figures.add_option(options)
     args = options.parse_args()
     if Path("/sys/class/net", plan.BRIDGE).exists():
-        print(f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}); run 'tests/lab/lab down' with CK_LAB_INDEX={plan.LAB_INDEX} first",
-              file=sys.stderr)
+        print(
+            f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}); run 'tests/lab/lab down' with CK_LAB_INDEX={plan.LAB_INDEX} first",
+            file=sys.stderr,
+        )
         return 1
     env = {**os.environ, "CK_LAB_REPO_ROOT": str(REPO)}
     os.environ["CK_LAB_REPO_ROOT"] = str(REPO)
@@ -64,18 +67,29 @@ def main() -> int:
         env["CK_LAB_DIR"] = os.environ.get("CK_LAB_DIR") or temporary
         try:
             for _run in range(args.runs):
-                ups.append(timed([str(LAB), "up", "--control-planes", str(args.control_planes),
-                                  "--workers", str(args.workers)], env))
+                ups.append(
+                    timed(
+                        [str(LAB), "up", "--control-planes", str(args.control_planes), "--workers", str(args.workers)],
+                        env,
+                    )
+                )
                 downs.append(timed([str(LAB), "down"], env))
         finally:
             subprocess.run([str(LAB), "down"], env=env, capture_output=True, timeout=120, check=False)
     print(f"{'step':<24}{'runs':>5}{'min s':>8}{'median s':>10}{'max s':>8}")
     for label, values in ((f"up {nodes} nodes (to SSH)", ups), (f"down {nodes} nodes", downs)):
         print(f"{label:<24}{len(values):>5}{min(values):>8.2f}{statistics.median(values):>10.2f}{max(values):>8.2f}")
-    _figures.write(args.figures, [
-        _figures.figure("lab", f"up {nodes} nodes to SSH (median of {len(ups)})", round(statistics.median(ups), 2), "s"),
-        _figures.figure("lab", f"down {nodes} nodes (median of {len(downs)})", round(statistics.median(downs), 2), "s"),
-    ])
+    _figures.write(
+        args.figures,
+        [
+            _figures.figure(
+                "lab", f"up {nodes} nodes to SSH (median of {len(ups)})", round(statistics.median(ups), 2), "s"
+            ),
+            _figures.figure(
+                "lab", f"down {nodes} nodes (median of {len(downs)})", round(statistics.median(downs), 2), "s"
+            ),
+        ],
+    )
     return 0
 
 

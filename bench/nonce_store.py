@@ -5,6 +5,7 @@ milliseconds per issue + consume on a controller ledger file of 1,000 and of 10,
 Run: .venv/bin/python bench/nonce_store.py [--operations N] [--figures FILE]
 Target: the cost per operation does not grow with the number remembered (100,000 within 2x of 1,000).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,10 @@ unit_conftest()
 
 import _figures  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import nonces  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import MAX_LEDGER_ENTRIES, NonceStore  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import (
+    MAX_LEDGER_ENTRIES,
+    NonceStore,
+)  # noqa: E402
 
 
 class SteppingClock:
@@ -54,7 +58,9 @@ def filled_ledger(remembered: int, path: str) -> NonceStore:
     """A ledger file holding what ``filled`` remembers (written at once: filling it call by call takes minutes)."""
     memory = filled(remembered)
     with open(path, "wb") as handle:
-        handle.writelines(nonces._record(key, entry["issued"], entry["used"]) for key, entry in memory._memory.entries.items())
+        handle.writelines(
+            nonces._record(key, entry["issued"], entry["used"]) for key, entry in memory._memory.entries.items()
+        )
     return NonceStore(ttl=TTL, path=path, clock=memory._clock, max_outstanding=remembered + 100)
 
 
@@ -84,7 +90,9 @@ def per_ledger_operation(store: NonceStore, operations: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--operations", type=int, default=50_000, help="issue + consume pairs timed per size (default 50,000)")
+    parser.add_argument(
+        "--operations", type=int, default=50_000, help="issue + consume pairs timed per size (default 50,000)"
+    )
     _figures.add_option(parser)
     args = parser.parse_args()
     memory = {}
@@ -105,13 +113,22 @@ def main() -> int:
     for remembered, seconds in ledger.items():
         print(f"{'ledger file (controller)':<28} {remembered:>10,} {seconds * 1e3:>11.2f} ms")
     print(f"100,000 / 1,000 remembered = {ratio:.2f}x   (target <= 2x, O(1): {'met' if ratio <= 2 else 'MISSED'})")
-    _figures.write(args.figures, [
-        _figures.figure("nonce_store", "issue + consume, 1,000 remembered", round(memory[1_000] * 1e6, 1), "us"),
-        _figures.figure("nonce_store", "issue + consume, 100,000 remembered", round(memory[100_000] * 1e6, 1), "us"),
-        _figures.figure("nonce_store", "100,000 / 1,000 remembered", round(ratio, 2), "x", "<= 2x", ratio <= 2),
-        _figures.figure("nonce_store", f"ledger issue + consume, {MAX_LEDGER_ENTRIES:,} entries (cap)",
-                        round(ledger[MAX_LEDGER_ENTRIES] * 1e3, 2), "ms"),
-    ])
+    _figures.write(
+        args.figures,
+        [
+            _figures.figure("nonce_store", "issue + consume, 1,000 remembered", round(memory[1_000] * 1e6, 1), "us"),
+            _figures.figure(
+                "nonce_store", "issue + consume, 100,000 remembered", round(memory[100_000] * 1e6, 1), "us"
+            ),
+            _figures.figure("nonce_store", "100,000 / 1,000 remembered", round(ratio, 2), "x", "<= 2x", ratio <= 2),
+            _figures.figure(
+                "nonce_store",
+                f"ledger issue + consume, {MAX_LEDGER_ENTRIES:,} entries (cap)",
+                round(ledger[MAX_LEDGER_ENTRIES] * 1e3, 2),
+                "ms",
+            ),
+        ],
+    )
     return 0
 
 

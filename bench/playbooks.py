@@ -6,6 +6,7 @@ Brings up the lab of CK_LAB_INDEX (default 0) in CK_LAB_DIR (default: a temporar
 1 worker, and tears it down after; refuses to run while this index's lab bridge exists (labs of other indexes run
 side by side undisturbed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,12 +61,18 @@ def main() -> int:
     _figures.add_option(options)
     args = options.parse_args()
     if Path("/sys/class/net", plan.BRIDGE).exists():
-        raise SystemExit(f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}): tear it down first (tests/lab/lab down)")
+        raise SystemExit(
+            f"lab {plan.LAB_INDEX} is running (bridge {plan.BRIDGE}): tear it down first (tests/lab/lab down)"
+        )
     subprocess.run(["bash", str(REPO / "scripts" / "link-collection.sh")], check=True)
     with tempfile.TemporaryDirectory(prefix="ck-bench-playbooks-") as temporary:
         lab_dir = os.environ.get("CK_LAB_DIR") or temporary
-        env = dict(os.environ, CK_LAB_DIR=lab_dir, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
-                   ANSIBLE_HOST_KEY_CHECKING="True")
+        env = dict(
+            os.environ,
+            CK_LAB_DIR=lab_dir,
+            ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+            ANSIBLE_HOST_KEY_CHECKING="True",
+        )
         inventory = f"{lab_dir}/inventory.yml"
         floor = Path(temporary) / "floor.yml"
         floor.write_text(floor_playbook("control_plane[0]"))
@@ -75,8 +82,14 @@ def main() -> int:
             # init.yml alone expects kubeadm on the node: the node stack first (site.yml's node play does it), untimed.
             timed([str(PLAYBOOK), "-i", inventory, str(REPO / "tests" / "lab" / "node-stack.yml")], env)
             first = [timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.init"], env)]
-            rerun = [timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.init"], env) for _run in range(args.runs)]
-            site = [timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.site"], env) for _run in range(args.runs)]
+            rerun = [
+                timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.init"], env)
+                for _run in range(args.runs)
+            ]
+            site = [
+                timed([str(PLAYBOOK), "-i", inventory, "confidential.kubernetes.site"], env)
+                for _run in range(args.runs)
+            ]
         finally:
             subprocess.run([str(LAB), "down"], env=env, capture_output=True, check=False)
     print(f"{'playbook on the lab':<34} {'median s':>8} {'min s':>8} {'max s':>8}")
@@ -86,13 +99,22 @@ def main() -> int:
     print(row("site.yml, re-run (changed=0)", site))
     ratio = statistics.median(rerun) / statistics.median(floor_times)
     print(f"init re-run / floor = {ratio:.2f}x   (target < 2x: {'met' if ratio < 2 else 'MISSED'})")
-    _figures.write(args.figures, [
-        _figures.figure("playbooks", "floor: facts + one command (median)", round(statistics.median(floor_times), 2), "s"),
-        _figures.figure("playbooks", "init.yml first run", round(first[0], 2), "s"),
-        _figures.figure("playbooks", f"init.yml re-run (median of {len(rerun)})", round(statistics.median(rerun), 2), "s"),
-        _figures.figure("playbooks", f"site.yml re-run (median of {len(site)})", round(statistics.median(site), 2), "s"),
-        _figures.figure("playbooks", "init re-run / floor", round(ratio, 2), "x", "< 2x", ratio < 2),
-    ])
+    _figures.write(
+        args.figures,
+        [
+            _figures.figure(
+                "playbooks", "floor: facts + one command (median)", round(statistics.median(floor_times), 2), "s"
+            ),
+            _figures.figure("playbooks", "init.yml first run", round(first[0], 2), "s"),
+            _figures.figure(
+                "playbooks", f"init.yml re-run (median of {len(rerun)})", round(statistics.median(rerun), 2), "s"
+            ),
+            _figures.figure(
+                "playbooks", f"site.yml re-run (median of {len(site)})", round(statistics.median(site), 2), "s"
+            ),
+            _figures.figure("playbooks", "init re-run / floor", round(ratio, 2), "x", "< 2x", ratio < 2),
+        ],
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ CK_LAB_INDEX in CK_LAB_DIR (export both when other labs run beside yours). Each 
 own and hands its figures over through ``--figures``; one that fails shows as a failed row and makes the exit code 1.
 Missed targets are reported in the table (MISSED), not in the exit code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,15 +43,28 @@ def run(script: str, arguments: list[str], workdir: str) -> tuple[list[dict], st
     figures_file = Path(workdir) / f"{script}.json"
     started = time.monotonic()
     sys.stderr.write(f"bench: {script} {' '.join(arguments)} ...\n")
-    done = subprocess.run([sys.executable, str(BENCH / script), *arguments, "--figures", str(figures_file)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *arguments, "--figures", str(figures_file)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     elapsed = time.monotonic() - started
     sys.stderr.write(f"bench: {script} exit {done.returncode} after {elapsed:.0f} s\n")
     printout = done.stdout + done.stderr
     if done.returncode != 0 or not figures_file.exists():
         last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
-        return [{"benchmark": script.removesuffix(".py"), "figure": f"FAILED (exit {done.returncode}): {last[:100]}", "value": None,
-                 "unit": "", "target": "runs", "met": False}], printout
+        return [
+            {
+                "benchmark": script.removesuffix(".py"),
+                "figure": f"FAILED (exit {done.returncode}): {last[:100]}",
+                "value": None,
+                "unit": "",
+                "target": "runs",
+                "met": False,
+            }
+        ], printout
     return json.loads(figures_file.read_text()), printout
 
 
@@ -65,12 +79,22 @@ def cell(value: object) -> str:
 
 
 def table(figures: list[dict]) -> str:
-    rows = [HEADER] + [tuple(cell(f[key]) if key != "met" or f["target"] else "-"
-                             for key in ("benchmark", "figure", "value", "unit", "target", "met")) for f in figures]
+    rows = [HEADER] + [
+        tuple(
+            cell(f[key]) if key != "met" or f["target"] else "-"
+            for key in ("benchmark", "figure", "value", "unit", "target", "met")
+        )
+        for f in figures
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = []
     for number, row in enumerate(rows):
-        lines.append("  ".join(text.rjust(width) if index == 2 else text.ljust(width) for index, (text, width) in enumerate(zip(row, widths))).rstrip())
+        lines.append(
+            "  ".join(
+                text.rjust(width) if index == 2 else text.ljust(width)
+                for index, (text, width) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
         if number == 0:
             lines.append("  ".join("-" * width for width in widths))
     return "\n".join(lines)
@@ -79,7 +103,9 @@ def table(figures: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="leave out the lab benchmarks (lab bring-up, playbooks)")
-    parser.add_argument("--json", metavar="FILE", help="also write the figures and the machine they were taken on as JSON")
+    parser.add_argument(
+        "--json", metavar="FILE", help="also write the figures and the machine they were taken on as JSON"
+    )
     parser.add_argument("--scale", action="store_true", help="bring-up of 1+2 and 1+29 nodes instead of 1+2 and 3+3")
     parser.add_argument("--lab-runs", type=int, default=3, help="runs of each lab measurement (default 3)")
     parser.add_argument("--baseline", metavar="REF", help="also time the evidence verifier of this git ref (e.g. main)")
@@ -91,10 +117,28 @@ def main() -> int:
         for script, arguments, needs_lab in BENCHMARKS:
             name = script.removesuffix(".py")
             if needs_lab and args.quick:
-                figures.append({"benchmark": name, "figure": "skipped (--quick)", "value": None, "unit": "", "target": "", "met": None})
+                figures.append(
+                    {
+                        "benchmark": name,
+                        "figure": "skipped (--quick)",
+                        "value": None,
+                        "unit": "",
+                        "target": "",
+                        "met": None,
+                    }
+                )
                 continue
             if needs_lab and os.geteuid() != 0:
-                figures.append({"benchmark": name, "figure": "skipped: the lab needs root", "value": None, "unit": "", "target": "", "met": None})
+                figures.append(
+                    {
+                        "benchmark": name,
+                        "figure": "skipped: the lab needs root",
+                        "value": None,
+                        "unit": "",
+                        "target": "",
+                        "met": None,
+                    }
+                )
                 continue
             arguments = [a.format(lab_runs=args.lab_runs) for a in arguments]
             if script == "verify_evidence.py" and args.baseline:
@@ -105,13 +149,20 @@ def main() -> int:
             if args.verbose:
                 sys.stderr.write(printout)
             figures.extend(result)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
-    machine = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit or '?'}, {os.cpu_count()} CPU(s), "
-               f"Python {platform.python_version()}, lab index {os.environ.get('CK_LAB_INDEX', '0')}, {time.monotonic() - started:.0f} s")
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    machine = (
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit or '?'}, {os.cpu_count()} CPU(s), "
+        f"Python {platform.python_version()}, lab index {os.environ.get('CK_LAB_INDEX', '0')}, {time.monotonic() - started:.0f} s"
+    )
     print(f"benchmarks: {machine}")
     print(table(figures))
     missed = [f for f in figures if f["target"] and f["met"] is False]
-    print(f"{len(missed)} target(s) missed" + (": " + "; ".join(f"{f['benchmark']} {f['figure']}" for f in missed) if missed else ""))
+    print(
+        f"{len(missed)} target(s) missed"
+        + (": " + "; ".join(f"{f['benchmark']} {f['figure']}" for f in missed) if missed else "")
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"machine": machine, "commit": commit, "figures": figures}, handle, indent=1)

@@ -16,6 +16,7 @@ a drift of this shared machine's speed hits all of them alike; the figures are m
 rounds: before and after from one run.
 Targets (issue 15, P1): verify of the JSON document <= 1.5x the ECDSA floor and <= 0.8x Keylime's checkquote.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,10 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import qualifying_data  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+    MeasurementPolicy,
+    PcrRule,
+)  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import Verifier  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey  # noqa: E402
 
@@ -110,17 +114,25 @@ def work_floor(key, nonce: bytes, document: str):
         for name in ("ak_public", "quote", "signature", "user_data"):
             fields[name] = binascii.a2b_base64(fields[name], strict_mode=True)
         pcrs = fields["pcrs"]["sha256"]
-        values = [binascii.a2b_base64(pcrs[index], strict_mode=True) for index in quoted]  # in the order of the selection
+        values = [
+            binascii.a2b_base64(pcrs[index], strict_mode=True) for index in quoted
+        ]  # in the order of the selection
         raw = fields["signature"]  # TPMT_SIGNATURE: ECDSA, SHA-256, then r and s as TPM2B
         r_end = 6 + int.from_bytes(raw[4:6], "big")
-        signature = encode_dss_signature(int.from_bytes(raw[6:r_end], "big"), int.from_bytes(raw[r_end + 2:], "big"))
+        signature = encode_dss_signature(int.from_bytes(raw[6:r_end], "big"), int.from_bytes(raw[r_end + 2 :], "big"))
         quote = fields["quote"]
         key.verify(signature, quote, ecdsa)
         # TPMS_ATTEST: magic, type, qualifiedSigner, then extraData; the PCR digest (SHA-256) ends it.
         extra_start = 10 + int.from_bytes(quote[6:8], "big")
-        extra_end = extra_start + int.from_bytes(quote[extra_start - 2:extra_start], "big")
-        return (hmac.compare_digest(quote[extra_start:extra_end], hashlib.sha256(nonce + hashlib.sha256(fields["user_data"]).digest()).digest()),
-                hmac.compare_digest(quote[-32:], hashlib.sha256(b"".join(values)).digest()))
+        extra_end = extra_start + int.from_bytes(quote[extra_start - 2 : extra_start], "big")
+        return (
+            hmac.compare_digest(
+                quote[extra_start:extra_end],
+                hashlib.sha256(nonce + hashlib.sha256(fields["user_data"]).digest()).digest(),
+            ),
+            hmac.compare_digest(quote[-32:], hashlib.sha256(b"".join(values)).digest()),
+        )
+
     return call
 
 
@@ -134,7 +146,7 @@ def tpm2_tools_pcrblob(bank_alg: int, values: dict[int, bytes]) -> bytes:
     selection = struct.pack("<I", 1) + struct.pack("<HB", bank_alg, 3) + bitmap + b"\x00\x00"
     selection += (struct.pack("<HB", 0, 0) + bytes(5)) * 15
     ordered = [values[i] for i in sorted(values)]
-    chunks = [ordered[i:i + 8] for i in range(0, len(ordered), 8)]
+    chunks = [ordered[i : i + 8] for i in range(0, len(ordered), 8)]
     digests = struct.pack("<I", len(chunks))
     for chunk in chunks:
         digests += struct.pack("<I", len(chunk))
@@ -147,15 +159,24 @@ def tpm2_tools_pcrblob(bank_alg: int, values: dict[int, bytes]) -> bytes:
 def keylime_python(venv: Path) -> tuple[Path | None, str]:
     """The Keylime venv's interpreter, installing keylime there if needed; or None and the reason."""
     python = venv / "bin" / "python"
-    probe = [str(python), "-c", f"import keylime.tpm.tpm_util, importlib.metadata as m; assert m.version('keylime') == '{KEYLIME_VERSION}'"]
+    probe = [
+        str(python),
+        "-c",
+        f"import keylime.tpm.tpm_util, importlib.metadata as m; assert m.version('keylime') == '{KEYLIME_VERSION}'",
+    ]
     if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
         return python, ""
     try:
         if not python.exists():
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
         # The wheel declares no dependencies; checkquote needs cryptography, and keylime.config PyYAML.
-        install = subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"keylime=={KEYLIME_VERSION}", "cryptography", "pyyaml"],
-                                 capture_output=True, text=True, timeout=300, check=False)
+        install = subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", f"keylime=={KEYLIME_VERSION}", "cryptography", "pyyaml"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"cannot make the venv {venv}: {exc}"
     if install.returncode != 0:
@@ -172,7 +193,9 @@ class KeylimeTimer:
     def __init__(self, python: Path, evidence, nonce: bytes, workdir: Path):
         ak = tpm2.parse_public(evidence.ak_public).public_key()
         job = {
-            "aik_pem": ak.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode(),
+            "aik_pem": ak.public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            ).decode(),
             "nonce": qualifying_data(nonce, evidence.user_data).hex(),
             "sigblob": evidence.signature.hex(),
             "quoteblob": evidence.quote.hex(),
@@ -181,8 +204,13 @@ class KeylimeTimer:
         }
         self.errors = workdir / "keylime.err"
         with open(self.errors, "wb") as errors:
-            self.process = subprocess.Popen([str(python), "-c", KEYLIME_TIMER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=errors, text=True)
+            self.process = subprocess.Popen(
+                [str(python), "-c", KEYLIME_TIMER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+            )
         self.process.stdin.write(json.dumps(job) + "\n")
         self.process.stdin.flush()
         self._read()
@@ -207,8 +235,9 @@ class KeylimeTimer:
 
 def baseline_verify(ref: str, workdir: Path, values: dict[int, bytes]):
     """Verifier.verify of git ref ``ref``: its _attestation package extracted under ``workdir`` and imported by path."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "plugins/module_utils/_attestation"],
-                             capture_output=True, check=False)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "plugins/module_utils/_attestation"], capture_output=True, check=False
+    )
     if archive.returncode != 0:
         raise RuntimeError((archive.stderr.decode().strip().splitlines() or ["git archive failed"])[-1])
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
@@ -306,14 +335,18 @@ def main() -> int:
         "work floor": "floor: JSON+base64+ECDSA+SHA-256s",
         "Keylime": f"Keylime {KEYLIME_VERSION} tpm_util.checkquote",
     }
-    print(f"\n{len(document)}-byte evidence document, quote of 24 sha256 PCRs, policy on PCRs {', '.join(map(str, POLICY_PCRS))},"
-          f" ak_trust pcrs-only; {per_round * args.rounds} calls each in {args.rounds} rounds, gc off while timing\n")
+    print(
+        f"\n{len(document)}-byte evidence document, quote of 24 sha256 PCRs, policy on PCRs {', '.join(map(str, POLICY_PCRS))},"
+        f" ak_trust pcrs-only; {per_round * args.rounds} calls each in {args.rounds} rounds, gc off while timing\n"
+    )
     print(f"{'':42} {'median us':>10} {'min us':>9} {'/ ECDSA':>8} {'/ Keylime':>10}")
     for name in labels:
         if name in times:
             keylime_ratio = f"{median[name] / median['Keylime']:10.2f}" if "Keylime" in median else f"{'-':>10}"
-            print(f"{labels[name]:42} {median[name]:10.1f} {min(times[name]) / 1000:9.1f} {median[name] / median['ECDSA floor']:8.2f} "
-                  f"{keylime_ratio}")
+            print(
+                f"{labels[name]:42} {median[name]:10.1f} {min(times[name]) / 1000:9.1f} {median[name] / median['ECDSA floor']:8.2f} "
+                f"{keylime_ratio}"
+            )
     for note in notes:
         print(note)
 
@@ -321,37 +354,93 @@ def main() -> int:
         return "met" if met else "MISSED"
 
     floor_ratio = median["verify"] / median["ECDSA floor"]
-    print(f"\nverify / ECDSA floor = {floor_ratio:5.2f}x   (target <= {TARGET_FLOOR}x: {verdict(floor_ratio <= TARGET_FLOOR)};"
-          f" the work floor is {median['work floor'] / median['ECDSA floor']:.2f}x)")
+    print(
+        f"\nverify / ECDSA floor = {floor_ratio:5.2f}x   (target <= {TARGET_FLOOR}x: {verdict(floor_ratio <= TARGET_FLOOR)};"
+        f" the work floor is {median['work floor'] / median['ECDSA floor']:.2f}x)"
+    )
     figures = [
         _figures.figure("verify_evidence", "Verifier.verify, JSON document (median)", round(median["verify"], 1), "us"),
-        _figures.figure("verify_evidence", "floor: ECDSA-P256 verify of the quote (median)", round(median["ECDSA floor"], 1), "us"),
-        _figures.figure("verify_evidence", "floor: JSON+base64+ECDSA+SHA-256s, no checks (median)", round(median["work floor"], 1), "us"),
-        _figures.figure("verify_evidence", "verify / ECDSA floor", round(floor_ratio, 2), "x", f"<= {TARGET_FLOOR}x", floor_ratio <= TARGET_FLOOR),
-        _figures.figure("verify_evidence", "work floor / ECDSA floor", round(median["work floor"] / median["ECDSA floor"], 2), "x"),
+        _figures.figure(
+            "verify_evidence", "floor: ECDSA-P256 verify of the quote (median)", round(median["ECDSA floor"], 1), "us"
+        ),
+        _figures.figure(
+            "verify_evidence",
+            "floor: JSON+base64+ECDSA+SHA-256s, no checks (median)",
+            round(median["work floor"], 1),
+            "us",
+        ),
+        _figures.figure(
+            "verify_evidence",
+            "verify / ECDSA floor",
+            round(floor_ratio, 2),
+            "x",
+            f"<= {TARGET_FLOOR}x",
+            floor_ratio <= TARGET_FLOOR,
+        ),
+        _figures.figure(
+            "verify_evidence", "work floor / ECDSA floor", round(median["work floor"] / median["ECDSA floor"], 2), "x"
+        ),
     ]
     if "baseline verify" in median:
         figures += [
-            _figures.figure("verify_evidence", f"Verifier.verify of {args.baseline}, JSON document (median)", round(median["baseline verify"], 1), "us"),
-            _figures.figure("verify_evidence", f"Verifier.verify of {args.baseline} / ECDSA floor",
-                            round(median["baseline verify"] / median["ECDSA floor"], 2), "x"),
+            _figures.figure(
+                "verify_evidence",
+                f"Verifier.verify of {args.baseline}, JSON document (median)",
+                round(median["baseline verify"], 1),
+                "us",
+            ),
+            _figures.figure(
+                "verify_evidence",
+                f"Verifier.verify of {args.baseline} / ECDSA floor",
+                round(median["baseline verify"] / median["ECDSA floor"], 2),
+                "x",
+            ),
         ]
     if "Keylime" in median:
         keylime_ratio = median["verify"] / median["Keylime"]
-        print(f"verify / Keylime     = {keylime_ratio:5.2f}x   (target <= {TARGET_KEYLIME}x: {verdict(keylime_ratio <= TARGET_KEYLIME)};"
-              f" the work floor is {median['work floor'] / median['Keylime']:.2f}x, decoded Evidence {median['verify decoded'] / median['Keylime']:.2f}x)")
+        print(
+            f"verify / Keylime     = {keylime_ratio:5.2f}x   (target <= {TARGET_KEYLIME}x: {verdict(keylime_ratio <= TARGET_KEYLIME)};"
+            f" the work floor is {median['work floor'] / median['Keylime']:.2f}x, decoded Evidence {median['verify decoded'] / median['Keylime']:.2f}x)"
+        )
         figures += [
-            _figures.figure("verify_evidence", f"Keylime {KEYLIME_VERSION} checkquote (median)", round(median["Keylime"], 1), "us"),
-            _figures.figure("verify_evidence", "verify / Keylime checkquote", round(keylime_ratio, 2), "x", f"<= {TARGET_KEYLIME}x",
-                            keylime_ratio <= TARGET_KEYLIME),
-            _figures.figure("verify_evidence", "work floor / Keylime checkquote", round(median["work floor"] / median["Keylime"], 2), "x"),
+            _figures.figure(
+                "verify_evidence", f"Keylime {KEYLIME_VERSION} checkquote (median)", round(median["Keylime"], 1), "us"
+            ),
+            _figures.figure(
+                "verify_evidence",
+                "verify / Keylime checkquote",
+                round(keylime_ratio, 2),
+                "x",
+                f"<= {TARGET_KEYLIME}x",
+                keylime_ratio <= TARGET_KEYLIME,
+            ),
+            _figures.figure(
+                "verify_evidence",
+                "work floor / Keylime checkquote",
+                round(median["work floor"] / median["Keylime"], 2),
+                "x",
+            ),
         ]
         if "baseline verify" in median:
-            figures.append(_figures.figure("verify_evidence", f"Verifier.verify of {args.baseline} / Keylime checkquote",
-                                           round(median["baseline verify"] / median["Keylime"], 2), "x"))
+            figures.append(
+                _figures.figure(
+                    "verify_evidence",
+                    f"Verifier.verify of {args.baseline} / Keylime checkquote",
+                    round(median["baseline verify"] / median["Keylime"], 2),
+                    "x",
+                )
+            )
     else:
-        figures.append(_figures.figure("verify_evidence", f"Keylime {KEYLIME_VERSION} checkquote: not measured ({reason or 'failed'})",
-                                       None, "us", f"verify <= {TARGET_KEYLIME}x Keylime", False))
+        figures.append(
+            _figures.figure(
+                "verify_evidence",
+                f"Keylime {KEYLIME_VERSION} checkquote: not measured ({reason or 'failed'})",
+                None,
+                "us",
+                f"verify <= {TARGET_KEYLIME}x Keylime",
+                False,
+            )
+        )
     _figures.write(args.figures, figures)
     return 0
 

@@ -50,15 +50,28 @@ def render(name: str, rows: list) -> str:
     if name == "supported":
         return f"**{', '.join(row.version for row in rows)}**"
     if name == "rows":
-        lines = ["| Kubernetes | end of life | containerd | runc | crictl | CNI plugins | helm | etcd | CoreDNS "
-                 "| pause | Cilium chart | host packages |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines = [
+            "| Kubernetes | end of life | containerd | runc | crictl | CNI plugins | helm | etcd | CoreDNS "
+            "| pause | Cilium chart | host packages |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for row in rows:
             tags = [row.images[image].rsplit(":", 1)[1] for image in ("etcd", "coredns", "pause")]
             versions = [row.artifact_version(n) for n in ("containerd", "runc", "crictl", "cni_plugins", "helm")]
-            lines.append("| " + " | ".join([row.version, row.end_of_life.isoformat(), *versions, *tags,
-                                            row.artifact_version("cilium"),
-                                            ", ".join(row.host_packages) or "-"]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        row.version,
+                        row.end_of_life.isoformat(),
+                        *versions,
+                        *tags,
+                        row.artifact_version("cilium"),
+                        ", ".join(row.host_packages) or "-",
+                    ]
+                )
+                + " |"
+            )
         return "\n" + "\n".join(lines) + "\n"
     if name == "cilium":
         by_chart: dict[str, list[str]] = {}
@@ -73,7 +86,8 @@ def regenerate(text: str, names, rows: list, label: str) -> str:
         pattern = re.compile(rf"(<!-- generated:versions-{name} -->)(.*?)(<!-- /generated:versions-{name} -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(
-                f"{label}: no <!-- generated:versions-{name} --> ... <!-- /generated:versions-{name} --> markers")
+                f"{label}: no <!-- generated:versions-{name} --> ... <!-- /generated:versions-{name} --> markers"
+            )
         text = pattern.sub(lambda match: match.group(1) + render(name, rows) + match.group(3), text, count=1)
     return text
 
@@ -96,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 path.write_text(wanted, encoding="utf-8")
     if args.check and drifted:
-        print(f"the supported-versions lists of {', '.join(drifted)} are not the versions table's; run "
-              "scripts/gen-docs-versions.py", file=sys.stderr)
+        print(
+            f"the supported-versions lists of {', '.join(drifted)} are not the versions table's; run "
+            "scripts/gen-docs-versions.py",
+            file=sys.stderr,
+        )
         return 1
     for relative in drifted:
         print(f"rewrote {relative}")

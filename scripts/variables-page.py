@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Writes docs/variables.md, every variable of the collection, from the roles' argument specs (the one source).
 
-    python scripts/variables-page.py            # rewrite docs/variables.md
-    python scripts/variables-page.py --check    # exit 1 when docs/variables.md is not current
+python scripts/variables-page.py            # rewrite docs/variables.md
+python scripts/variables-page.py --check    # exit 1 when docs/variables.md is not current
 """
 
 from __future__ import annotations
@@ -53,20 +53,30 @@ def _rows(options: dict, prefix: str = "") -> list[str]:
 
 
 def render() -> str:
-    specs = {path.parent.parent.name: yaml.safe_load(path.read_text())["argument_specs"]
-             for path in sorted(REPO.glob("roles/*/meta/argument_specs.yml"))}
-    lines = ["# Variables", "",
-             "Every variable of the collection, from the roles' argument specs (`roles/*/meta/argument_specs.yml`),",
-             "written by `scripts/variables-page.py`; do not edit by hand. Every playbook checks the inventory's",
-             "against them first ([the inventory](inventory.md)).",
-             "`ansible-doc -t role confidential.kubernetes.<role>` shows the same.", ""]
+    specs = {
+        path.parent.parent.name: yaml.safe_load(path.read_text())["argument_specs"]
+        for path in sorted(REPO.glob("roles/*/meta/argument_specs.yml"))
+    }
+    lines = [
+        "# Variables",
+        "",
+        "Every variable of the collection, from the roles' argument specs (`roles/*/meta/argument_specs.yml`),",
+        "written by `scripts/variables-page.py`; do not edit by hand. Every playbook checks the inventory's",
+        "against them first ([the inventory](inventory.md)).",
+        "`ansible-doc -t role confidential.kubernetes.<role>` shows the same.",
+        "",
+    ]
     inventory = ("node", "inventory")
-    order = [inventory] + [(role, entry) for role, entries in specs.items() for entry in entries
-                           if (role, entry) != inventory]
+    order = [inventory] + [
+        (role, entry) for role, entries in specs.items() for entry in entries if (role, entry) != inventory
+    ]
     for role, entry in order:
         spec = specs[role][entry]
-        title = "The inventory (every playbook)" if (role, entry) == inventory else \
-            f"Role `{role}`" + ("" if entry == "main" else f", entry point `{entry}`")
+        title = (
+            "The inventory (every playbook)"
+            if (role, entry) == inventory
+            else f"Role `{role}`" + ("" if entry == "main" else f", entry point `{entry}`")
+        )
         lines += [f"## {title}", "", _text(spec.get("short_description")) + ".", ""]
         if spec.get("options"):
             lines += ["| variable | type | default | description |", "|---|---|---|---|", *_rows(spec["options"]), ""]

@@ -72,8 +72,9 @@ class ControlPlane:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
 
-    def kubectl(self, *args: str, kubeconfig: Path | None = None, stdin: bytes | None = None,
-                check: bool = True) -> subprocess.CompletedProcess:
+    def kubectl(
+        self, *args: str, kubeconfig: Path | None = None, stdin: bytes | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         argv = [str(self.bin / "kubectl"), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}", *args]
         done = subprocess.run(argv, input=stdin, capture_output=True, timeout=120, check=False)
         if check and done.returncode != 0:
@@ -88,8 +89,9 @@ class ControlPlane:
 
     def _start(self, name: str, argv: list[str]) -> None:
         log = open(self.root / f"{name}.log", "wb")  # pylint: disable=consider-using-with
-        self.processes[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                                start_new_session=True)
+        self.processes[name] = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
         log.close()
 
     def _ready(self) -> bool:
@@ -110,54 +112,89 @@ class ControlPlane:
             "apiVersion: kubeadm.k8s.io/v1beta2\nkind: ClusterConfiguration\n"
             f"kubernetesVersion: {KUBERNETES_VERSION}\ncertificatesDir: {self.pki}\n"
             f"controlPlaneEndpoint: 127.0.0.1:{self.api_port}\n"
-            "apiServer: {certSANs: [127.0.0.1, localhost]}\n")
+            "apiServer: {certSANs: [127.0.0.1, localhost]}\n"
+        )
         # The lab's default: the collection's ECDSA CAs, which kubeadm 1.20 must take as its own (kubeadm_init does the same).
         make_missing_cas(str(self.pki), missing_cas(str(self.pki)))
         self.kubeadm("init", "phase", "certs", "all", f"--config={config}")
         self.kubeadm("init", "phase", "kubeconfig", "admin", f"--config={config}", f"--kubeconfig-dir={self.root}")
-        self.kubeadm("init", "phase", "kubeconfig", "controller-manager", f"--config={config}",
-                     f"--kubeconfig-dir={self.root}")
+        self.kubeadm(
+            "init", "phase", "kubeconfig", "controller-manager", f"--config={config}", f"--kubeconfig-dir={self.root}"
+        )
         # kubeadm points the controller-manager at the advertise address; here the API server is on loopback only.
         manager_conf = self.root / "controller-manager.conf"
         manager_conf.write_text(manager_conf.read_text().replace(f"https://{ADVERTISE_ADDRESS}:", "https://127.0.0.1:"))
         pki = self.pki
-        self._start("etcd", [str(self.bin / "etcd"), f"--data-dir={self.root / 'etcd'}", "--name=test",
-                             f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
-                             f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
-                             f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-                             f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-                             f"--initial-cluster=test=http://127.0.0.1:{etcd_peer}"])
-        self._start("kube-apiserver", [
-            str(self.bin / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.api_port}", "--advertise-address=127.0.0.1",
-            "--insecure-port=0", "--endpoint-reconciler-type=none",
-            "--authorization-mode=Node,RBAC", "--enable-bootstrap-token-auth=true",
-            "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
-            f"--client-ca-file={pki / 'ca.crt'}", f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-            f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.96.0.0/12"])
+        self._start(
+            "etcd",
+            [
+                str(self.bin / "etcd"),
+                f"--data-dir={self.root / 'etcd'}",
+                "--name=test",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=test=http://127.0.0.1:{etcd_peer}",
+            ],
+        )
+        self._start(
+            "kube-apiserver",
+            [
+                str(self.bin / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                "--advertise-address=127.0.0.1",
+                "--insecure-port=0",
+                "--endpoint-reconciler-type=none",
+                "--authorization-mode=Node,RBAC",
+                "--enable-bootstrap-token-auth=true",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.96.0.0/12",
+            ],
+        )
         deadline = time.monotonic() + READY_TIMEOUT
         while not self._ready():
             exited = [name for name, process in self.processes.items() if process.poll() is not None]
             if exited or time.monotonic() > deadline:
                 self.stop()
-                logs = "\n".join(f"--- {name}:\n" + (self.root / f"{name}.log").read_text(errors="replace")[-1500:]
-                                 for name in self.processes)
-                raise RuntimeError(f"the control plane did not become ready ({', '.join(exited) or 'timeout'}):\n{logs}")
+                logs = "\n".join(
+                    f"--- {name}:\n" + (self.root / f"{name}.log").read_text(errors="replace")[-1500:]
+                    for name in self.processes
+                )
+                raise RuntimeError(
+                    f"the control plane did not become ready ({', '.join(exited) or 'timeout'}):\n{logs}"
+                )
             time.sleep(0.3)
         # Started once the API server answers: it gives the API server 10 s, which a loaded machine can exceed.
-        self._start("kube-controller-manager", [
-            str(self.bin / "kube-controller-manager"), f"--kubeconfig={self.root / 'controller-manager.conf'}",
-            f"--authentication-kubeconfig={self.root / 'controller-manager.conf'}",
-            f"--authorization-kubeconfig={self.root / 'controller-manager.conf'}",
-            "--controllers=*,bootstrapsigner,tokencleaner", "--leader-elect=false", "--port=0", "--secure-port=0",
-            "--use-service-account-credentials=true", f"--root-ca-file={pki / 'ca.crt'}",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}"])
+        self._start(
+            "kube-controller-manager",
+            [
+                str(self.bin / "kube-controller-manager"),
+                f"--kubeconfig={self.root / 'controller-manager.conf'}",
+                f"--authentication-kubeconfig={self.root / 'controller-manager.conf'}",
+                f"--authorization-kubeconfig={self.root / 'controller-manager.conf'}",
+                "--controllers=*,bootstrapsigner,tokencleaner",
+                "--leader-elect=false",
+                "--port=0",
+                "--secure-port=0",
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+            ],
+        )
         # kubeadm's bootstrap-token RBAC, CSR auto-approval and cluster-info, as kubeadm init makes them, then without
         # the tokens' certificate rights, as kubeadm_init leaves them (CK_TOKEN_CSR_RIGHTS=kubeadm keeps kubeadm's).
         self.kubeadm("init", "phase", "bootstrap-token", f"--config={config}", f"--kubeconfig={self.admin_kubeconfig}")

@@ -82,13 +82,20 @@ spec:
 """
 
 
-def make_chart(directory: Path, name: str = "gadgets", version: str = "1.0.0", crds: bool = True,
-               hook: bool | str = False, schema: str | None = None, secret: bool = False) -> Path:
+def make_chart(
+    directory: Path,
+    name: str = "gadgets",
+    version: str = "1.0.0",
+    crds: bool = True,
+    hook: bool | str = False,
+    schema: str | None = None,
+    secret: bool = False,
+) -> Path:
     """``<name>-<version>.tgz`` in ``directory``; ``hook`` adds a Job that never completes, run before upgrades (True)
     or at the hook event it names (for example ``pre-delete``)."""
     files = {
-        "Chart.yaml": f"apiVersion: v2\nname: {name}\nversion: {version}\nappVersion: \"{version}\"\n",
-        "values.yaml": "greeting: hello\n" + ("password: \"\"\n" if secret else ""),
+        "Chart.yaml": f'apiVersion: v2\nname: {name}\nversion: {version}\nappVersion: "{version}"\n',
+        "values.yaml": "greeting: hello\n" + ('password: ""\n' if secret else ""),
         "templates/configmap.yaml": CONFIGMAP,
     }
     if secret:

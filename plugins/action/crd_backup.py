@@ -11,7 +11,11 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm import ROLE_RELEASE_OPTIONS
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.backup import (
-    BackupError, backup_crds, make_upgrade_dir, save_release_inputs)
+    BackupError,
+    backup_crds,
+    make_upgrade_dir,
+    save_release_inputs,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import ValuesError, requested_values
 
 # The client is imported when a backup is taken: loading it costs every run that skips the backup (a re-run) ~0.2 s.
@@ -28,12 +32,19 @@ ARGUMENT_SPEC = dict(
 def kubernetes_get(kubeconfig: str, context: str | None):
     """An ApiGet over the official client: the raw JSON the API serves for a path."""
     from kubernetes import config as kube_config  # pylint: disable=import-outside-toplevel
+
     api_client = kube_config.new_client_from_config(config_file=kubeconfig, context=context)
 
     def api_get(path: str) -> dict:
         response = api_client.call_api(
-            path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-            response_type=None, _preload_content=False, _return_http_data_only=True, _request_timeout=60,
+            path,
+            "GET",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            response_type=None,
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=60,
         )
         return json.loads(response.data)
 
@@ -55,8 +66,12 @@ def take_backup(kubeconfig: str, context: str | None, backup_dir: str, releases:
         raise BackupError(str(exc)) from None
     finally:
         api_client.close()
-    return dict(backup_path=upgrade_dir, crds=counts["crds"], custom_resources=counts["custom_resources"],
-                files=len(counts["files"]) + len(saved))
+    return dict(
+        backup_path=upgrade_dir,
+        crds=counts["crds"],
+        custom_resources=counts["custom_resources"],
+        files=len(counts["files"]) + len(saved),
+    )
 
 
 class ActionModule(ActionBase):
@@ -68,13 +83,18 @@ class ActionModule(ActionBase):
         validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         params = validation.validated_parameters
         if not HAS_KUBERNETES:
-            result.update(failed=True, msg="the kubernetes Python library is needed on the controller (requirements.txt)")
+            result.update(
+                failed=True, msg="the kubernetes Python library is needed on the controller (requirements.txt)"
+            )
             return result
         if self._task.check_mode:
             result.update(changed=True, backup_path=None, msg="check mode: no backup written")
             return result
         try:
-            releases = [dict(r, merged_values=requested_values(r["values_files"], r["release_values"])) for r in params["releases"]]
+            releases = [
+                dict(r, merged_values=requested_values(r["values_files"], r["release_values"]))
+                for r in params["releases"]
+            ]
         except ValuesError as exc:
             result.update(failed=True, msg=f"backup failed, nothing was upgraded: {exc}")
             return result

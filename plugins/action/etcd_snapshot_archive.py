@@ -8,7 +8,11 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.snapshot import SnapshotError
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._etcd_backups import (
-    BackupError, choose, store, verify)
+    BackupError,
+    choose,
+    store,
+    verify,
+)
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
 
 ARGUMENT_SPEC = dict(

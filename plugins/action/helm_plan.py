@@ -36,10 +36,14 @@ class ActionModule(ActionBase):
         if failures:
             result.update(failed=True, msg="; ".join(failures), plans=[])
             return result
-        module_args = dict(params, resolved=resolved,
-                           releases=[{key: release[key] for key in NODE_RELEASE_KEYS} for release in params["releases"]])
-        planned = self._execute_module(module_name="confidential.kubernetes.helm_plan", module_args=module_args,
-                                       task_vars=task_vars)
+        module_args = dict(
+            params,
+            resolved=resolved,
+            releases=[{key: release[key] for key in NODE_RELEASE_KEYS} for release in params["releases"]],
+        )
+        planned = self._execute_module(
+            module_name="confidential.kubernetes.helm_plan", module_args=module_args, task_vars=task_vars
+        )
         result.update(planned)
         return result
 

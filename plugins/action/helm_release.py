@@ -33,19 +33,28 @@ class ActionModule(ActionBase):
             if probe.get("failed") or not probe.get("changed"):
                 return merge_hash(result, probe)
             if not HAS_KUBERNETES:
-                result.update(failed=True, msg="the kubernetes Python library is needed on the controller for the "
-                                               "backup before an uninstall (requirements.txt); nothing was uninstalled")
+                result.update(
+                    failed=True,
+                    msg="the kubernetes Python library is needed on the controller for the "
+                    "backup before an uninstall (requirements.txt); nothing was uninstalled",
+                )
                 return result
             try:
-                backup = take_backup(os.path.expanduser(args["backup_kubeconfig"]), None,
-                                     os.path.expanduser(args["backup_dir"]), [])
+                backup = take_backup(
+                    os.path.expanduser(args["backup_kubeconfig"]), None, os.path.expanduser(args["backup_dir"]), []
+                )
             except BackupError as exc:
-                result.update(failed=True, msg=f"backup failed, release {args.get('release_name', args.get('name'))} "
-                                               f"was not uninstalled: {exc}")
+                result.update(
+                    failed=True,
+                    msg=f"backup failed, release {args.get('release_name', args.get('name'))} "
+                    f"was not uninstalled: {exc}",
+                )
                 return result
             result["backup_path"] = backup["backup_path"]
         wrap_async = self._task.async_val and not self._connection.has_native_async
-        result = merge_hash(result, self._execute_module(module_name=MODULE, task_vars=task_vars, wrap_async=wrap_async))
+        result = merge_hash(
+            result, self._execute_module(module_name=MODULE, task_vars=task_vars, wrap_async=wrap_async)
+        )
         if not wrap_async:
             self._remove_tmp_path(self._connection._shell.tmpdir)
         return result

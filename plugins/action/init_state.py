@@ -48,7 +48,9 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=str(exc))
             return result
         module_args = dict(params, cluster_id=cluster_id)
-        state = self._execute_module(module_name="confidential.kubernetes.init_state", module_args=module_args, task_vars=task_vars)
+        state = self._execute_module(
+            module_name="confidential.kubernetes.init_state", module_args=module_args, task_vars=task_vars
+        )
         result.update(state)
         if state.get("failed"):
             return result
@@ -67,7 +69,9 @@ class ActionModule(ActionBase):
 
     def _store(self, path: str, task_vars) -> str | None:
         """Fetch the node's admin kubeconfig and write it 0600; returns why it failed, or None."""
-        fetched = self._execute_module(module_name="ansible.builtin.slurp", module_args={"src": ADMIN_CONF}, task_vars=task_vars)
+        fetched = self._execute_module(
+            module_name="ansible.builtin.slurp", module_args={"src": ADMIN_CONF}, task_vars=task_vars
+        )
         if fetched.get("failed"):
             return f"cannot read {ADMIN_CONF} on the node: {fetched.get('msg')}"
         write_private_file(path, base64.b64decode(fetched["content"]))

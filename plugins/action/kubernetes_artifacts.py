@@ -72,15 +72,28 @@ class ActionModule(ActionBase):
             cached: dict = {}
             for artifact in artifacts:
                 cached.setdefault(artifact.name, {})[artifact.arch] = _artifacts.cache_path(cache_dir, artifact)
-            result.update(changed=bool(missing), fetched=[a.label for a in missing], cache_dir=cache_dir,
-                          msg="check mode: nothing fetched", **_row_facts(row),
-                          artifacts={name: _entry(row.artifacts[name], paths) for name, paths in cached.items()
-                                     if name not in {a.name for a in missing}})
+            result.update(
+                changed=bool(missing),
+                fetched=[a.label for a in missing],
+                cache_dir=cache_dir,
+                msg="check mode: nothing fetched",
+                **_row_facts(row),
+                artifacts={
+                    name: _entry(row.artifacts[name], paths)
+                    for name, paths in cached.items()
+                    if name not in {a.name for a in missing}
+                },
+            )
             return result
         try:
             paths, fetched = _artifacts.fetch_all(
-                artifacts, cache_dir, mirror_url=params["mirror_url"] or None, source_dir=params["source_dir"] or None,
-                timeout=params["timeout"], progress=lambda line: display.display(f"[{host}] kubernetes_artifacts: {line}"))
+                artifacts,
+                cache_dir,
+                mirror_url=params["mirror_url"] or None,
+                source_dir=params["source_dir"] or None,
+                timeout=params["timeout"],
+                progress=lambda line: display.display(f"[{host}] kubernetes_artifacts: {line}"),
+            )
         except _artifacts.ArtifactError as exc:
             result.update(failed=True, msg=str(exc))
             return result
@@ -88,8 +101,9 @@ class ActionModule(ActionBase):
             changed=bool(fetched),
             fetched=fetched,
             cache_dir=cache_dir,
-            artifacts={name: _entry(row.artifacts[name], paths[name])
-                       for name in wanted if row.artifacts[name] is not None},
+            artifacts={
+                name: _entry(row.artifacts[name], paths[name]) for name in wanted if row.artifacts[name] is not None
+            },
             **_row_facts(row),
         )
         return result
@@ -97,14 +111,23 @@ class ActionModule(ActionBase):
 
 def _row_facts(row: _versions.Row) -> dict:
     """What the roles read of the row besides its artefacts."""
-    return dict(version=row.version, images=row.images, host_packages=list(row.host_packages),
-                end_of_life=row.end_of_life.isoformat() if row.end_of_life else None)
+    return dict(
+        version=row.version,
+        images=row.images,
+        host_packages=list(row.host_packages),
+        end_of_life=row.end_of_life.isoformat() if row.end_of_life else None,
+    )
 
 
 def _entry(table_entry: dict, paths: dict) -> dict:
     """The result of one artefact: its version and, per architecture (or once, for a chart), path, sha256, filename."""
+
     def item(path: str, sha256: str) -> dict:
         return dict(path=path, sha256=sha256, filename=os.path.basename(path))
+
     if None in paths:
         return dict(version=str(table_entry["version"]), **item(paths[None], table_entry["sha256"]))
-    return dict(version=str(table_entry["version"]), **{arch: item(path, table_entry[arch]["sha256"]) for arch, path in paths.items()})
+    return dict(
+        version=str(table_entry["version"]),
+        **{arch: item(path, table_entry[arch]["sha256"]) for arch, path in paths.items()},
+    )

@@ -12,7 +12,12 @@ import os
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
-    Enrolment, RegistryError, merge_enrolment, parse_bindings, parse_enrolment)
+    Enrolment,
+    RegistryError,
+    merge_enrolment,
+    parse_bindings,
+    parse_enrolment,
+)
 
 ARGUMENT_SPEC = dict(
     enrolment_file=dict(type="path", required=True),
@@ -20,13 +25,18 @@ ARGUMENT_SPEC = dict(
     # The cluster's disk bindings (the join services' mirrors: JSON documents of disk-bindings.json): a node is not
     # enrolled with a disk bound to another EK.
     disk_bindings=dict(type="list", elements="str", default=[], no_log=False),
-    nodes=dict(type="list", elements="dict", default=[], options=dict(
-        ek=dict(type="str", required=True),
-        node_name=dict(type="str", required=True),
-        control_plane=dict(type="bool", default=False),
-        disk_uuid=dict(type="str"),
-        ek_certificate=dict(type="str", no_log=False),
-    )),
+    nodes=dict(
+        type="list",
+        elements="dict",
+        default=[],
+        options=dict(
+            ek=dict(type="str", required=True),
+            node_name=dict(type="str", required=True),
+            control_plane=dict(type="bool", default=False),
+            disk_uuid=dict(type="str"),
+            ek_certificate=dict(type="str", no_log=False),
+        ),
+    ),
 )
 
 
@@ -41,16 +51,25 @@ class ActionModule(ActionBase):
         path = os.path.expanduser(params["enrolment_file"])
         try:
             nodes = [_enrolment(node) for node in params["nodes"]]
-            bindings = tuple(binding for number, text in enumerate(params["disk_bindings"])
-                             for binding in parse_bindings(text.encode(), f"disk bindings {number}"))
+            bindings = tuple(
+                binding
+                for number, text in enumerate(params["disk_bindings"])
+                for binding in parse_bindings(text.encode(), f"disk bindings {number}")
+            )
             changed, content = merge_enrolment(path, nodes, self._task.check_mode, tuple(params["absent"]), bindings)
         except (RegistryError, OSError) as exc:
             result.update(failed=True, msg=f"cannot enrol the nodes in {path}: {exc}; nothing was changed")
             return result
         enrolled = parse_enrolment(content, path).by_ek.values()
-        result.update(changed=changed, enrolment_file=path, digest=hashlib.sha256(content).hexdigest(),
-                      nodes={entry.node_name: {"ek": entry.ek, "control_plane": entry.control_plane, "disk_uuid": entry.disk_uuid}
-                             for entry in enrolled})
+        result.update(
+            changed=changed,
+            enrolment_file=path,
+            digest=hashlib.sha256(content).hexdigest(),
+            nodes={
+                entry.node_name: {"ek": entry.ek, "control_plane": entry.control_plane, "disk_uuid": entry.disk_uuid}
+                for entry in enrolled
+            },
+        )
         return result
 
 
@@ -61,4 +80,6 @@ def _enrolment(node: dict) -> Enrolment:
             certificate = base64.b64decode(node["ek_certificate"], validate=True)
         except (binascii.Error, ValueError):
             raise RegistryError(f"node {node['node_name']}: ek_certificate is not base64") from None
-    return Enrolment(node["ek"], node["node_name"], node["control_plane"], (node["disk_uuid"] or "").lower() or None, "", certificate)
+    return Enrolment(
+        node["ek"], node["node_name"], node["control_plane"], (node["disk_uuid"] or "").lower() or None, "", certificate
+    )

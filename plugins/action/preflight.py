@@ -12,7 +12,9 @@ from ansible.plugins.action import ActionBase
 from ansible.release import __version__ as ANSIBLE_CORE_VERSION
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._node.preflight import (
-    controller_problems, node_problems)
+    controller_problems,
+    node_problems,
+)
 
 try:
     import yaml

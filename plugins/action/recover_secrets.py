@@ -11,16 +11,24 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
-    NODE_LOCK_PCR, PolicyError)
+    NODE_LOCK_PCR,
+    PolicyError,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._files import FileTooLargeError, read_bounded
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import RECOVER, RecoverHandOver
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
-    RegistryError, parse_bindings, parse_enrolment)
+    RegistryError,
+    parse_bindings,
+    parse_enrolment,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
-    HAND_OVER_OPTIONS, attest, evidence_argument_refusal)
+    HAND_OVER_OPTIONS,
+    attest,
+    evidence_argument_refusal,
+)
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
 
 MAX_ENROLMENT_BYTES = 16 * 1024 * 1024
@@ -63,8 +71,11 @@ def _bound_disk(enrolment_file: str, ek: str, node_name: str, mirrors: dict | No
     if enrolled is None:
         raise Refused("not-enrolled", f"its TPM (EK {ek[:16]}...) is not enrolled in {path}")
     if not enrolled.control_plane:
-        raise Refused("not-a-control-plane", f"its TPM is enrolled as worker {enrolled.node_name}, not as a control "
-                                             "plane: workers rejoin through a join service once a control plane serves")
+        raise Refused(
+            "not-a-control-plane",
+            f"its TPM is enrolled as worker {enrolled.node_name}, not as a control "
+            "plane: workers rejoin through a join service once a control plane serves",
+        )
     if enrolled.node_name != node_name:
         raise Refused("name-not-granted", f"its TPM is enrolled as {enrolled.node_name}, not as {node_name}")
     if enrolled.disk_uuid:
@@ -77,11 +88,16 @@ def _bound_disk(enrolment_file: str, ek: str, node_name: str, mirrors: dict | No
             raise Refused("disk-not-bound", str(exc)) from None
         bound |= {b.disk_uuid for b in bindings if b.ek == ek and b.enrolment_id == enrolled.enrolment_id}
     if len(bound) > 1:
-        raise Refused("disk-not-bound", f"the control planes' disk bindings disagree on the disk of {node_name}: "
-                                        f"{', '.join(sorted(bound))}")
+        raise Refused(
+            "disk-not-bound",
+            f"the control planes' disk bindings disagree on the disk of {node_name}: {', '.join(sorted(bound))}",
+        )
     if not bound:
-        raise Refused("disk-not-bound", f"no state disk is enrolled for {node_name} in {path}, and no other control "
-                                        "plane's disk bindings name one for its TPM")
+        raise Refused(
+            "disk-not-bound",
+            f"no state disk is enrolled for {node_name} in {path}, and no other control "
+            "plane's disk bindings name one for its TPM",
+        )
     return bound.pop()
 
 
@@ -107,11 +123,18 @@ class ActionModule(ActionBase):
             ek = ek_identity(verified.evidence.ek_public)
             disk_uuid = _bound_disk(params["enrolment_file"], ek, params["node_name"], params["bindings_mirrors"])
             if disk_uuid.lower() != params["disk_uuid"].lower():
-                raise Refused("disk-not-bound", f"it reports state disk {params['disk_uuid']}, but the disk enrolled "
-                                                f"for it is {disk_uuid}")
+                raise Refused(
+                    "disk-not-bound",
+                    f"it reports state disk {params['disk_uuid']}, but the disk enrolled for it is {disk_uuid}",
+                )
             hand_over = RecoverHandOver.for_disk(secrets, disk_uuid)
-            sealed = seal.seal(hand_over.to_bytes(), verified.evidence.user_data, RECOVER, bytes.fromhex(params["nonce"]),
-                               params["verifier_id"])
+            sealed = seal.seal(
+                hand_over.to_bytes(),
+                verified.evidence.user_data,
+                RECOVER,
+                bytes.fromhex(params["nonce"]),
+                params["verifier_id"],
+            )
         except (ClusterSecretsError, PolicyError, seal.SealError) as exc:
             result.update(failed=True, msg=str(exc))
             return result

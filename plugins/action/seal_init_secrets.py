@@ -11,12 +11,23 @@ import os
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import NODE_LOCK_PCR, PolicyError, node_lock_mark
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+    NODE_LOCK_PCR,
+    PolicyError,
+    node_lock_mark,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
-    HAND_OVER_OPTIONS, attest, evidence_argument_refusal)
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load, load_or_create
+    HAND_OVER_OPTIONS,
+    attest,
+    evidence_argument_refusal,
+)
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import (
+    ClusterSecretsError,
+    load,
+    load_or_create,
+)
 
 ARGUMENT_SPEC = dict(
     HAND_OVER_OPTIONS,
@@ -41,7 +52,11 @@ class ActionModule(ActionBase):
         params = validation.validated_parameters
         result["changed"] = False
         try:
-            existing = load(params["secrets_file"], self._loader) if os.path.exists(os.path.expanduser(params["secrets_file"])) else None
+            existing = (
+                load(params["secrets_file"], self._loader)
+                if os.path.exists(os.path.expanduser(params["secrets_file"]))
+                else None
+            )
             policy = controller.resolve_policy(params["policy"], None, None)
             # A first node is fresh (PCR 15 zero), or already locked for this very cluster on a re-run.
             allowed = [bytes(32)] + ([node_lock_mark(existing.cluster_id())] if existing else [])
@@ -50,8 +65,13 @@ class ActionModule(ActionBase):
             secrets, created = (existing, False) if existing else load_or_create(params["secrets_file"], self._loader)
             cluster_id = secrets.cluster_id()
             payload = dict(secrets.to_document(), cluster_config=params["cluster_config"])
-            sealed = seal.seal(json.dumps(payload).encode(), verified.evidence.user_data, "init",
-                               bytes.fromhex(params["nonce"]), params["verifier_id"])
+            sealed = seal.seal(
+                json.dumps(payload).encode(),
+                verified.evidence.user_data,
+                "init",
+                bytes.fromhex(params["nonce"]),
+                params["verifier_id"],
+            )
         except (ClusterSecretsError, PolicyError, seal.SealError) as exc:
             result.update(failed=True, msg=str(exc))
             return result

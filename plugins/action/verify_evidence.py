@@ -10,7 +10,10 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import PolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest import (
-    ATTESTATION_OPTIONS, attest, evidence_argument_refusal)
+    ATTESTATION_OPTIONS,
+    attest,
+    evidence_argument_refusal,
+)
 
 ARGUMENT_SPEC = dict(
     ATTESTATION_OPTIONS,

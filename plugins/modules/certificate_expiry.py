@@ -153,16 +153,22 @@ def main() -> None:
     if params["threshold_days"] < 0:
         module.fail_json(msg=f"threshold_days must not be negative, got {params['threshold_days']}")
     try:
-        found, missing = expiry.scan(params["kubernetes_dir"], params["control_plane"],
-                                     params["kubelet_client_certificate"], tuple(params["certificates"]))
+        found, missing = expiry.scan(
+            params["kubernetes_dir"],
+            params["control_plane"],
+            params["kubelet_client_certificate"],
+            tuple(params["certificates"]),
+        )
     except expiry.ExpiryError as exc:
         module.fail_json(msg=str(exc))
     now = datetime.datetime.now(datetime.timezone.utc)
     result = expiry.summary(found, missing, now, datetime.timedelta(days=params["threshold_days"]))
     for entry in result["certificates"]:
         if entry["status"] == expiry.EXPIRING:
-            module.warn(f"{entry['path']} expires in {entry['days_left']:.1f} days ({entry['not_after']}), "
-                        f"less than {params['threshold_days']}")
+            module.warn(
+                f"{entry['path']} expires in {entry['days_left']:.1f} days ({entry['not_after']}), "
+                f"less than {params['threshold_days']}"
+            )
     module.exit_json(changed=False, **result)
 
 

@@ -96,7 +96,10 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.etcd import (
-    EtcdError, RestoreMember, restore_snapshot)
+    EtcdError,
+    RestoreMember,
+    restore_snapshot,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.module import etcd_argument_spec, etcdctl
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.snapshot import SnapshotError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import ConfigError, load_root_secrets
@@ -132,12 +135,24 @@ def main() -> None:
     missing = [name for name in MEMBER_OPTIONS if not params[name]]
     if missing and not module.check_mode:
         module.fail_json(msg=f"etcd restore needs {', '.join(missing)}")
-    member = RestoreMember(params["member_name"] or "", params["peer_urls"] or "", params["initial_cluster"] or "",
-                           params["initial_cluster_token"] or "", params["data_dir"] or "")
+    member = RestoreMember(
+        params["member_name"] or "",
+        params["peer_urls"] or "",
+        params["initial_cluster"] or "",
+        params["initial_cluster_token"] or "",
+        params["data_dir"] or "",
+    )
     try:
         secrets = load_root_secrets(params["secrets_file"])
-        result = restore_snapshot(etcdctl(module), secrets, params["src"], params["work_dir"], member,
-                                  params["expected_revision"], check_only=module.check_mode)
+        result = restore_snapshot(
+            etcdctl(module),
+            secrets,
+            params["src"],
+            params["work_dir"],
+            member,
+            params["expected_revision"],
+            check_only=module.check_mode,
+        )
     except (EtcdError, ConfigError, SnapshotError) as exc:
         module.fail_json(msg=str(exc), refused=type(exc).__name__)
     except OSError as exc:

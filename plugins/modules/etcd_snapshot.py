@@ -99,7 +99,10 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.etcd import (
-    EtcdError, Etcdctl, take_snapshot)
+    EtcdError,
+    Etcdctl,
+    take_snapshot,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.module import etcd_argument_spec, etcdctl
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.snapshot import SnapshotError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import ConfigError, load_root_secrets

@@ -103,7 +103,11 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm impo
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.chart import ChartRef
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.policy import VersionPolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.release import ReleaseManager
-from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import Helm, HelmError, ReleaseRequest
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import (
+    Helm,
+    HelmError,
+    ReleaseRequest,
+)
 
 RESOLVED_OPTIONS = dict(
     chart_name=dict(type="str", required=True),
@@ -123,10 +127,17 @@ def main() -> None:
     helm = Helm(params["binary_path"], params["kubeconfig"], params["context"])
     plans, failures = [], []
     for release, source in zip(params["releases"], params["resolved"]):
-        request = ReleaseRequest(release["release_name"], release["release_namespace"], release["chart_ref"],
-                                 source["chart_version"], release["chart_repo_url"])
+        request = ReleaseRequest(
+            release["release_name"],
+            release["release_namespace"],
+            release["chart_ref"],
+            source["chart_version"],
+            release["chart_repo_url"],
+        )
         chart = ChartRef(source["chart_name"], source["chart_version"], not release["chart_repo_url"])
-        skip = params["skip_version_policy"] if release["skip_version_policy"] is None else release["skip_version_policy"]
+        skip = (
+            params["skip_version_policy"] if release["skip_version_policy"] is None else release["skip_version_policy"]
+        )
         failure: dict = {}
         try:
             plans.append(ReleaseManager(helm, request, json.loads(source["values_json"]), skip).plan(chart))
@@ -136,8 +147,15 @@ def main() -> None:
             failure = dict(msg=f"release {request.release_name}: {exc}")
         if failure:
             failures.append(failure["msg"])
-            plans.append(dict(failure, failed=True, changed=False, release_name=request.release_name,
-                              release_namespace=request.release_namespace))
+            plans.append(
+                dict(
+                    failure,
+                    failed=True,
+                    changed=False,
+                    release_name=request.release_name,
+                    release_namespace=request.release_namespace,
+                )
+            )
     if failures:
         module.fail_json(msg="; ".join(failures), plans=plans, changed=False)
     module.exit_json(changed=False, plans=plans)

@@ -291,8 +291,16 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._helm impo
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.chart import ChartError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.policy import VersionPolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.release import ReleaseFailed, ReleaseManager
-from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import Helm, HelmError, ReleaseRequest
-from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import HAS_YAML, ValuesError, requested_values
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import (
+    Helm,
+    HelmError,
+    ReleaseRequest,
+)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import (
+    HAS_YAML,
+    ValuesError,
+    requested_values,
+)
 
 
 def main() -> None:
@@ -313,8 +321,10 @@ def main() -> None:
             backup_kubeconfig=dict(type="path"),
             **HELM_OPTIONS,
         ),
-        required_if=[("release_state", "present", ["chart_ref"]),
-                     ("release_state", "absent", ["backup_dir", "backup_kubeconfig"])],
+        required_if=[
+            ("release_state", "present", ["chart_ref"]),
+            ("release_state", "absent", ["backup_dir", "backup_kubeconfig"]),
+        ],
         supports_check_mode=True,
     )
     if not HAS_YAML:

@@ -132,7 +132,9 @@ def main() -> None:
             secrets_file=dict(type="path", required=True, no_log=False),
             admin_kubeconfig=dict(type="path"),
             cluster_id=dict(type="str"),
-            node_secrets_file=dict(type="path", default="/etc/confidential-kubernetes/cluster-secrets.json", no_log=False),
+            node_secrets_file=dict(
+                type="path", default="/etc/confidential-kubernetes/cluster-secrets.json", no_log=False
+            ),
             lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
             tcti=dict(type="str", default="auto"),
         ),
@@ -145,8 +147,9 @@ def main() -> None:
     if cluster_id is not None and not re.fullmatch(r"[0-9a-f]{64}", cluster_id):
         module.fail_json(msg="cluster_id must be 64 lower-case hex characters")
     try:
-        state = init_state(cluster_id, NodeLock.for_tcti(params["tcti"], params["lock_record"]), Kubeadm(),
-                           params["node_secrets_file"])
+        state = init_state(
+            cluster_id, NodeLock.for_tcti(params["tcti"], params["lock_record"]), Kubeadm(), params["node_secrets_file"]
+        )
     except TpmError as exc:
         module.fail_json(msg=f"cannot read PCR 15 to tell whether the node is initialised: {exc}")
     module.exit_json(changed=False, cluster_id=cluster_id, **state.to_result())

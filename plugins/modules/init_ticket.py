@@ -93,7 +93,15 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._reset import NEEDS_RESET
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
-    STATE_DISK_OPTIONS, TicketError, disk_uuid, keep_root_secrets, key_state_disk, open_sealed, root_secrets, take_ephemeral_key)
+    STATE_DISK_OPTIONS,
+    TicketError,
+    disk_uuid,
+    keep_root_secrets,
+    key_state_disk,
+    open_sealed,
+    root_secrets,
+    take_ephemeral_key,
+)
 
 
 def main() -> None:
@@ -102,7 +110,9 @@ def main() -> None:
             sealed=dict(type="str", required=True),
             nonce=dict(type="str", required=True),
             verifier_id=dict(type="str", default="confidential.kubernetes/controller"),
-            ephemeral_key_path=dict(type="path", default="/run/confidential-kubernetes/init-ephemeral.key", no_log=False),
+            ephemeral_key_path=dict(
+                type="path", default="/run/confidential-kubernetes/init-ephemeral.key", no_log=False
+            ),
             secrets_file=dict(type="path", default="/etc/confidential-kubernetes/cluster-secrets.json", no_log=False),
             lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
             tcti=dict(type="str", default="auto"),
@@ -118,25 +128,36 @@ def main() -> None:
         payload = open_sealed(key, params["sealed"], "init", params["nonce"], params["verifier_id"])
         secrets = root_secrets(payload, "sealed init secrets")
         cluster_id = secrets.cluster_id()
-        locked, lock_state = NodeLock.for_tcti(params["tcti"], params["lock_record"]).take(cluster_id, module.check_mode)
+        locked, lock_state = NodeLock.for_tcti(params["tcti"], params["lock_record"]).take(
+            cluster_id, module.check_mode
+        )
         disk = {}
         if params["state_disk"]:
             uuid, formatted = disk_uuid(params["state_disk"], module.check_mode)
             if uuid is None:  # check mode on a blank disk: formatting would come first
                 disk = {"changed": formatted}
             else:
-                disk = key_state_disk(params["state_disk"], derive.state_disk_key(secrets.master_key, secrets.master_salt, uuid),
-                                      module.check_mode)
+                disk = key_state_disk(
+                    params["state_disk"],
+                    derive.state_disk_key(secrets.master_key, secrets.master_salt, uuid),
+                    module.check_mode,
+                )
                 disk["changed"] = disk["changed"] or formatted
         kept = keep_root_secrets(params["secrets_file"], secrets, module.check_mode)
     except StateDiskError as exc:
-        module.fail_json(msg=f"{exc} (the node is locked for cluster {cluster_id.hex()}; "
-                             f"before another try, {NEEDS_RESET})",
-                         needs_reset=True)
+        module.fail_json(
+            msg=f"{exc} (the node is locked for cluster {cluster_id.hex()}; before another try, {NEEDS_RESET})",
+            needs_reset=True,
+        )
     except (TicketError, NodeLockError, TpmError, OSError) as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=locked or kept or disk.get("changed", False), cluster_id=cluster_id.hex(), node_lock=lock_state.to_result(),
-                     cluster_config=payload.get("cluster_config", {}), **({"state_disk": disk} if disk else {}))
+    module.exit_json(
+        changed=locked or kept or disk.get("changed", False),
+        cluster_id=cluster_id.hex(),
+        node_lock=lock_state.to_result(),
+        cluster_config=payload.get("cluster_config", {}),
+        **({"state_disk": disk} if disk else {}),
+    )
 
 
 if __name__ == "__main__":

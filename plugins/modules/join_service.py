@@ -163,9 +163,20 @@ import datetime
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2, joinservice_pb2_grpc, servercert
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join import (
+    joinservice_pb2,
+    joinservice_pb2_grpc,
+    servercert,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.daemon import (
-    ENROLMENT, POLICY, Deployment, JoinServiceError, ServiceFile, Systemd, apply)
+    ENROLMENT,
+    POLICY,
+    Deployment,
+    JoinServiceError,
+    ServiceFile,
+    Systemd,
+    apply,
+)
 
 # Option -> (what the result calls it, file name in config_dir, mode, backup, re-read by the service on change).
 FILES = {
@@ -200,18 +211,28 @@ def main() -> None:
     )
     params = module.params
     unit_path = f"{params['unit_dir']}/{params['unit_name']}"
-    files = [ServiceFile(what, f"{params['config_dir']}/{name}", params[option].encode(), mode, backup, watched)
-             for option, (what, name, mode, backup, watched) in FILES.items() if params[option] is not None]
+    files = [
+        ServiceFile(what, f"{params['config_dir']}/{name}", params[option].encode(), mode, backup, watched)
+        for option, (what, name, mode, backup, watched) in FILES.items()
+        if params[option] is not None
+    ]
     if params["unit"] is not None:
         files.append(ServiceFile("unit", unit_path, params["unit"].encode(), 0o644))
     missing = joinservice_pb2.IMPORT_ERROR or joinservice_pb2_grpc.IMPORT_ERROR or servercert.CRYPTOGRAPHY_IMPORT_ERROR
     if missing is not None:
         module.fail_json(msg=missing_required_lib("grpcio, protobuf and cryptography"), exception=str(missing))
-    deployment = Deployment(config_dir=params["config_dir"], unit_path=unit_path, files=files,
-                            tls_names=params["tls_names"], pki_dir=params["pki_dir"], endpoint=f"127.0.0.1:{params['port']}",
-                            health_timeout=params["health_timeout"], restart=params["restart"],
-                            only_if_installed=params["only_if_installed"],
-                            tls_renew_before=datetime.timedelta(days=params["tls_renew_before_days"]))
+    deployment = Deployment(
+        config_dir=params["config_dir"],
+        unit_path=unit_path,
+        files=files,
+        tls_names=params["tls_names"],
+        pki_dir=params["pki_dir"],
+        endpoint=f"127.0.0.1:{params['port']}",
+        health_timeout=params["health_timeout"],
+        restart=params["restart"],
+        only_if_installed=params["only_if_installed"],
+        tls_renew_before=datetime.timedelta(days=params["tls_renew_before_days"]),
+    )
     try:
         result = apply(deployment, Systemd(params["unit_name"]), module.check_mode, module.backup_local, module._diff)
     except JoinServiceError as exc:

@@ -162,9 +162,20 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import TOKEN_FILE
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import DEFAULT_RECORD, NodeLockError
-from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import SECRETS_FILE, STATE_DISK_OPTIONS, TicketError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
+    SECRETS_FILE,
+    STATE_DISK_OPTIONS,
+    TicketError,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import (
-    FRESH, JOIN_RECORD, MEMBER, PENDING, REBOOTED, JoinSettings, NodeJoin)
+    FRESH,
+    JOIN_RECORD,
+    MEMBER,
+    PENDING,
+    REBOOTED,
+    JoinSettings,
+    NodeJoin,
+)
 
 
 def main() -> None:
@@ -190,7 +201,9 @@ def main() -> None:
     if node.CRYPTOGRAPHY_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
     if not module.params["state_disk"]:
-        module.fail_json(msg="state_disk is required: the join service derives the node's disk key from the disk's LUKS UUID")
+        module.fail_json(
+            msg="state_disk is required: the join service derives the node's disk key from the disk's LUKS UUID"
+        )
     joining = NodeJoin(JoinSettings.of(module.params))
     try:
         state = joining.state()

@@ -197,10 +197,19 @@ kubelet_version:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import KUBEADM_OPTIONS, InitOptions, Kubeadm, KubeadmError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
+    KUBEADM_OPTIONS,
+    InitOptions,
+    Kubeadm,
+    KubeadmError,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import CA_KEY_ALGORITHMS
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.init import (
-    DEFAULT_CONFIG_PATH, InitRun, check_before_init, initialise)
+    DEFAULT_CONFIG_PATH,
+    InitRun,
+    check_before_init,
+    initialise,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS
 
 OPTION_NAMES = list(InitOptions.__dataclass_fields__)

@@ -142,8 +142,19 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    ADMIN_CONF, KUBEADM_OPTIONS, TOKEN_FILE, JoinOptions, Kubeadm, KubeadmError, config_api_version, join_with_token_file)
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import PREFLIGHT_OPTIONS, preflight_join
+    ADMIN_CONF,
+    KUBEADM_OPTIONS,
+    TOKEN_FILE,
+    JoinOptions,
+    Kubeadm,
+    KubeadmError,
+    config_api_version,
+    join_with_token_file,
+)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import (
+    PREFLIGHT_OPTIONS,
+    preflight_join,
+)
 
 OPTION_NAMES = list(JoinOptions.__dataclass_fields__)
 
@@ -171,12 +182,25 @@ def main() -> None:
     options = JoinOptions(**{name: params[name] for name in OPTION_NAMES})
     try:
         if params["preflight"]:
-            module.exit_json(**preflight_join(kubeadm, options, config_api_version(kubeadm.version(), params["config_api_version"]),
-                                              params["kubernetes_version"], params["kubelet_binary_path"],
-                                              params["ignore_preflight_errors"], module.check_mode))
-        result = join_with_token_file(kubeadm, options,
-                                      params["token_file"], params["ignore_preflight_errors"], params["config_api_version"],
-                                      module.check_mode)
+            module.exit_json(
+                **preflight_join(
+                    kubeadm,
+                    options,
+                    config_api_version(kubeadm.version(), params["config_api_version"]),
+                    params["kubernetes_version"],
+                    params["kubelet_binary_path"],
+                    params["ignore_preflight_errors"],
+                    module.check_mode,
+                )
+            )
+        result = join_with_token_file(
+            kubeadm,
+            options,
+            params["token_file"],
+            params["ignore_preflight_errors"],
+            params["config_api_version"],
+            module.check_mode,
+        )
         if options.control_plane and os.path.exists(ADMIN_CONF):
             result["revoked_token_bindings"] = kubeadm.revoke_token_certificate_rights(ADMIN_CONF, module.check_mode)
             result["changed"] = result["changed"] or bool(result["revoked_token_bindings"])

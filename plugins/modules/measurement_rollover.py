@@ -170,8 +170,10 @@ def main() -> None:
     before = _read(rollover.policy_file)
     try:
         algorithm = rollover.current().hash_algorithm if before else "sha256"
-        node_pcrs = {str(node): pcr_values_from_document(values, f"node_pcrs {node}", algorithm)
-                     for node, values in params["node_pcrs"].items()}
+        node_pcrs = {
+            str(node): pcr_values_from_document(values, f"node_pcrs {node}", algorithm)
+            for node, values in params["node_pcrs"].items()
+        }
         if params["mode"] == "add":
             outcome = rollover.add(policy_from_document(params["golden"]), params["golden_node"])
         elif params["mode"] == "retire":
@@ -183,11 +185,13 @@ def main() -> None:
     except (PolicyError, RolloverError) as exc:
         module.fail_json(msg=str(exc))
     for node, pcrs in sorted(outcome.nodes_on_old_values.items()) if params["mode"] == "retire" else ():
-        module.warn(f"{node} still runs the old values of PCR {','.join(map(str, pcrs))}: "
-                    "it is refused at its next rejoin")
+        module.warn(
+            f"{node} still runs the old values of PCR {','.join(map(str, pcrs))}: it is refused at its next rejoin"
+        )
     for node, pcrs in sorted(outcome.nodes_not_allowed.items()):
-        module.warn(f"{node} runs values of PCR {','.join(map(str, pcrs))} that the restored policy refuses "
-                    "at its next rejoin")
+        module.warn(
+            f"{node} runs values of PCR {','.join(map(str, pcrs))} that the restored policy refuses at its next rejoin"
+        )
     result = dict(
         changed=outcome.changed,
         msg=outcome.msg,
@@ -204,8 +208,9 @@ def main() -> None:
             after = policy_text(outcome.policy).decode() if outcome.policy else before
         else:
             after = _read(rollover.policy_file)
-        result["diff"] = dict(before=before, after=after, before_header=rollover.policy_file,
-                              after_header=rollover.policy_file)
+        result["diff"] = dict(
+            before=before, after=after, before_header=rollover.policy_file, after_header=rollover.policy_file
+        )
     module.exit_json(**result)
 
 

@@ -131,8 +131,14 @@ def main() -> None:
     if bad:
         module.fail_json(msg=f"PCR indices must be 0..23, got {bad}")
     try:
-        policy = node.read_measurements(params["tcti"], params["pcrs"] or [], params["bank"], params["ak_trust"],
-                                        params["warn_only"], params["event_log_path"])
+        policy = node.read_measurements(
+            params["tcti"],
+            params["pcrs"] or [],
+            params["bank"],
+            params["ak_trust"],
+            params["warn_only"],
+            params["event_log_path"],
+        )
     except (TpmError, EvidenceError) as exc:
         module.fail_json(msg=str(exc))
     pcrs = {index: rule["allowed"][0] for index, rule in policy["pcrs"].items()}

@@ -235,7 +235,11 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._node import NodeStateError
-from ansible_collections.confidential.kubernetes.plugins.module_utils._node.state import HostPreparation, NodeState, Outcome
+from ansible_collections.confidential.kubernetes.plugins.module_utils._node.state import (
+    HostPreparation,
+    NodeState,
+    Outcome,
+)
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -266,18 +270,30 @@ def main() -> None:
     )
     params = module.params
     if params["archive_sha256"] is not None and not SHA256.match(params["archive_sha256"]):
-        module.fail_json(msg=f"archive_sha256 must be 64 lower-case hexadecimal digits, not {params['archive_sha256']!r}")
+        module.fail_json(
+            msg=f"archive_sha256 must be 64 lower-case hexadecimal digits, not {params['archive_sha256']!r}"
+        )
     preparation = HostPreparation(
-        swap_off=params["swap_off"], fstab=params["fstab"],
-        kernel_modules=tuple(params["kernel_modules"]), modules_load_file=params["modules_load_file"],
-        sysctls=tuple((str(key), str(value)) for key, value in params["sysctls"].items()), sysctl_file=params["sysctl_file"])
+        swap_off=params["swap_off"],
+        fstab=params["fstab"],
+        kernel_modules=tuple(params["kernel_modules"]),
+        modules_load_file=params["modules_load_file"],
+        sysctls=tuple((str(key), str(value)) for key, value in params["sysctls"].items()),
+        sysctl_file=params["sysctl_file"],
+    )
     node = NodeState(check_mode=module.check_mode)
     try:
         packages = node.packages(params["packages"])
     except NodeStateError as exc:
         module.fail_json(msg=str(exc))
-    result = dict(architecture=node.architecture(), python_version=platform.python_version(), tools=node.tools(params["tools"]), packages=packages,
-                  stamps=node.stamps(params["stamps"]) if params["stamps"] else {}, services=node.services(params["services"]))
+    result = dict(
+        architecture=node.architecture(),
+        python_version=platform.python_version(),
+        tools=node.tools(params["tools"]),
+        packages=packages,
+        stamps=node.stamps(params["stamps"]) if params["stamps"] else {},
+        services=node.services(params["services"]),
+    )
     if params["venv"]:
         result["venv"] = node.venv(params["venv"], params["venv_imports"])
     if params["archive"]:
@@ -290,7 +306,9 @@ def main() -> None:
     except NodeStateError as exc:
         module.fail_json(msg=str(exc), changed=bool(outcome.changes), changes=outcome.changes, **result)
     except OSError as exc:
-        module.fail_json(msg=f"preparing the host: {exc}", changed=bool(outcome.changes), changes=outcome.changes, **result)
+        module.fail_json(
+            msg=f"preparing the host: {exc}", changed=bool(outcome.changes), changes=outcome.changes, **result
+        )
     if module._diff:
         result["diff"] = outcome.diff
     module.exit_json(changed=bool(outcome.changes), changes=outcome.changes, **result)

@@ -132,8 +132,9 @@ def main() -> None:
             sealed=dict(type="str", no_log=False),
             nonce=dict(type="str"),
             verifier_id=dict(type="str", default="confidential.kubernetes/controller"),
-            ephemeral_key_path=dict(type="path", default="/run/confidential-kubernetes/recover-ephemeral.key",
-                                    no_log=False),
+            ephemeral_key_path=dict(
+                type="path", default="/run/confidential-kubernetes/recover-ephemeral.key", no_log=False
+            ),
             lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
             join_record=dict(type="path", default="/etc/confidential-kubernetes/join.json"),
             status_file=dict(type="path", default="/run/confidential-kubernetes/boot-status.json"),
@@ -148,21 +149,31 @@ def main() -> None:
     params = module.params
     if not params["state_disk"]:
         module.fail_json(msg="state_disk is required: a member's state disk decides where it stands")
-    settings = JoinSettings(endpoints=[], cluster_ca="", node_name="", state_disk=params["state_disk"],
-                            tcti=params["tcti"], lock_record=params["lock_record"], join_record=params["join_record"])
+    settings = JoinSettings(
+        endpoints=[],
+        cluster_ca="",
+        node_name="",
+        state_disk=params["state_disk"],
+        tcti=params["tcti"],
+        lock_record=params["lock_record"],
+        join_record=params["join_record"],
+    )
     joining = NodeJoin(settings, NodeLock.for_tcti(params["tcti"], params["lock_record"]))
     try:
         found = standing(joining, params["status_file"])
         result = dict(found.to_result(), changed=False)
         if params["sealed"] is not None and found.node_state != MEMBER:
             if not found.waiting:
-                module.fail_json(msg=f"the node does not wait for the recover hand-over: {found.reason}; "
-                                     "nothing was opened", **result)
+                module.fail_json(
+                    msg=f"the node does not wait for the recover hand-over: {found.reason}; nothing was opened",
+                    **result,
+                )
             if module.check_mode:
                 result["changed"] = True
             else:
-                opened = recover(joining, params["sealed"], params["nonce"], params["verifier_id"],
-                                 params["ephemeral_key_path"])
+                opened = recover(
+                    joining, params["sealed"], params["nonce"], params["verifier_id"], params["ephemeral_key_path"]
+                )
                 result.update(opened)
     except (TicketError, NodeLockError, TpmError, StateDiskError, OSError) as exc:
         module.fail_json(msg=str(exc))

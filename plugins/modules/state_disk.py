@@ -173,9 +173,17 @@ mount_path:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
-from ansible_collections.confidential.kubernetes.plugins.module_utils._disk.keys import decode_disk_key, read_disk_key_file
+from ansible_collections.confidential.kubernetes.plugins.module_utils._disk.keys import (
+    decode_disk_key,
+    read_disk_key_file,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk.luks import (
-    DEFAULT_FILESYSTEM, DEFAULT_MOUNT_PATH, DEFAULT_NAME, STATES, StateDisk)
+    DEFAULT_FILESYSTEM,
+    DEFAULT_MOUNT_PATH,
+    DEFAULT_NAME,
+    STATES,
+    StateDisk,
+)
 
 
 def main() -> None:
@@ -205,9 +213,16 @@ def main() -> None:
             disk_key = decode_disk_key(params["disk_key"])
         elif params["disk_key_file"] is not None:
             disk_key = read_disk_key_file(params["disk_key_file"])
-        disk = StateDisk(params["device"], name=params["name"], mount_path=params["mount_path"], filesystem=params["filesystem"],
-                         initial_key_path=params["initial_key_path"], pbkdf_memory=params["pbkdf_memory"],
-                         pbkdf_iterations=params["pbkdf_iterations"], check_mode=module.check_mode)
+        disk = StateDisk(
+            params["device"],
+            name=params["name"],
+            mount_path=params["mount_path"],
+            filesystem=params["filesystem"],
+            initial_key_path=params["initial_key_path"],
+            pbkdf_memory=params["pbkdf_memory"],
+            pbkdf_iterations=params["pbkdf_iterations"],
+            check_mode=module.check_mode,
+        )
         result = disk.ensure(params["state"], disk_key, params["uuid_only"], params["allow_format"])
     except StateDiskError as exc:
         module.fail_json(msg=str(exc), **exc.result)

@@ -129,10 +129,13 @@ def main() -> None:
             include_ek_certificate=dict(type="bool", default=True),
             event_log_path=dict(type="path"),
             ephemeral_key_path=dict(type="path", no_log=False),
-            credential=dict(type="dict", options=dict(
-                blob=dict(type="str", required=True),
-                encrypted_seed=dict(type="str", required=True, no_log=False),
-            )),
+            credential=dict(
+                type="dict",
+                options=dict(
+                    blob=dict(type="str", required=True),
+                    encrypted_seed=dict(type="str", required=True, no_log=False),
+                ),
+            ),
         ),
         required_one_of=[("nonce", "credential")],
         mutually_exclusive=[("nonce", "credential")],
@@ -143,10 +146,19 @@ def main() -> None:
     params = module.params
     try:
         if params["credential"]:
-            secret = node.activate_credential(params["tcti"], params["credential"]["blob"], params["credential"]["encrypted_seed"])
+            secret = node.activate_credential(
+                params["tcti"], params["credential"]["blob"], params["credential"]["encrypted_seed"]
+            )
             module.exit_json(changed=False, activated_secret=base64.b64encode(secret).decode())
-        result = node.produce_evidence(params["tcti"], params["nonce"], params["hpke_suite"], params["include_ek_certificate"],
-                                       params["event_log_path"], params["ephemeral_key_path"], module.check_mode)
+        result = node.produce_evidence(
+            params["tcti"],
+            params["nonce"],
+            params["hpke_suite"],
+            params["include_ek_certificate"],
+            params["event_log_path"],
+            params["ephemeral_key_path"],
+            module.check_mode,
+        )
     except (EvidenceError, TpmError, OSError) as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(**result)

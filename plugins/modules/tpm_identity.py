@@ -82,8 +82,10 @@ def luks_uuid(module: AnsibleModule, device: str) -> str | None:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=dict(tcti=dict(type="str", default="auto"), state_disk=dict(type="str", default="")),
-                           supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec=dict(tcti=dict(type="str", default="auto"), state_disk=dict(type="str", default="")),
+        supports_check_mode=True,
+    )
     if node.CRYPTOGRAPHY_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("cryptography >= 47"), exception=str(node.CRYPTOGRAPHY_IMPORT_ERROR))
     try:
@@ -92,9 +94,13 @@ def main() -> None:
             tpm.flush(handle)
     except TpmError as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, ek=ek_identity(ek_public), ek_public=base64.b64encode(ek_public).decode(),
-                     ek_certificate=base64.b64encode(certificate).decode() if certificate else None,
-                     disk_uuid=luks_uuid(module, module.params["state_disk"]))
+    module.exit_json(
+        changed=False,
+        ek=ek_identity(ek_public),
+        ek_public=base64.b64encode(ek_public).decode(),
+        ek_certificate=base64.b64encode(certificate).decode() if certificate else None,
+        disk_uuid=luks_uuid(module, module.params["state_disk"]),
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ def cache_path(cache_dir: str, artifact: Artifact) -> str:
 Progress = Callable[[str], None]
 
 
-def _stream_verified(source, target_dir: str, artifact: Artifact, origin: str, total: int | None,
-                     progress: Progress) -> str:
+def _stream_verified(
+    source, target_dir: str, artifact: Artifact, origin: str, total: int | None, progress: Progress
+) -> str:
     """Copy ``source`` into a temporary file in ``target_dir`` while hashing; return its path only when it matches."""
     digest = hashlib.sha256()
     done = 0
@@ -80,15 +81,22 @@ def _stream_verified(source, target_dir: str, artifact: Artifact, origin: str, t
         if digest.hexdigest() != artifact.sha256:
             raise ArtifactError(
                 f"sha256 mismatch for {artifact.label} from {origin}: expected {artifact.sha256}, got "
-                f"{digest.hexdigest()}; it was not cached and nothing was installed")
+                f"{digest.hexdigest()}; it was not cached and nothing was installed"
+            )
         return tmp
     except BaseException:
         os.unlink(tmp)
         raise
 
 
-def fetch(artifact: Artifact, cache_dir: str, mirror_url: str | None = None, source_dir: str | None = None,
-          timeout: float = 60.0, progress: Progress = lambda line: None) -> tuple[str, bool]:
+def fetch(
+    artifact: Artifact,
+    cache_dir: str,
+    mirror_url: str | None = None,
+    source_dir: str | None = None,
+    timeout: float = 60.0,
+    progress: Progress = lambda line: None,
+) -> tuple[str, bool]:
     """The verified cached file of ``artifact``: (path, fetched). fetched is False on a verified cache hit.
 
     A cached file whose hash no longer matches is removed and fetched again. With ``source_dir`` the artefact is
@@ -126,7 +134,9 @@ def _cached_file_verifies(path: str, artifact: Artifact) -> bool:
     if found.fingerprint is not None and found != recorded:
         try:
             # Written whole or not at all, so that a concurrent run reads either record; both name a verified file.
-            write_file_atomically(record, f"{found.sha256} {found.mode:04o} {found.fingerprint}\n".encode("ascii"), 0o644)
+            write_file_atomically(
+                record, f"{found.sha256} {found.mode:04o} {found.fingerprint}\n".encode("ascii"), 0o644
+            )
         except OSError:
             pass  # a cache this controller cannot write to is still verified, by hashing, on every run
     return True
@@ -144,14 +154,22 @@ def _read_record(record: str) -> FileDigest | None:
     return FileDigest(match.group(1), int(match.group(2), 8), Fingerprint.parse(match.group(3)))
 
 
-def _fetch_to_temporary(artifact: Artifact, directory: str, mirror_url: str | None, source_dir: str | None,
-                        timeout: float, progress: Progress) -> str:
+def _fetch_to_temporary(
+    artifact: Artifact,
+    directory: str,
+    mirror_url: str | None,
+    source_dir: str | None,
+    timeout: float,
+    progress: Progress,
+) -> str:
     if source_dir:
         origin = os.path.join(source_dir, urllib.parse.urlsplit(artifact.url).path.lstrip("/"))
         progress(f"{artifact.label}: copying {origin}")
         try:
             with open(origin, "rb") as source:
-                return _stream_verified(source, directory, artifact, origin, os.fstat(source.fileno()).st_size, progress)
+                return _stream_verified(
+                    source, directory, artifact, origin, os.fstat(source.fileno()).st_size, progress
+                )
         except OSError as exc:
             raise ArtifactError(f"cannot read {artifact.label} from {origin}: {exc}") from exc
     origin = source_url(artifact, mirror_url)

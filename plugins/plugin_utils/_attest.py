@@ -9,10 +9,17 @@ import os
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller, tpm2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
-    MAX_DOCUMENT_BYTES, EvidenceError, check_containers)
+    MAX_DOCUMENT_BYTES,
+    EvidenceError,
+    check_containers,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
-    ActivationChallenge, VerificationError, VerificationResult, check_ek_template)
+    ActivationChallenge,
+    VerificationError,
+    VerificationResult,
+    check_ek_template,
+)
 
 # Options every attesting action takes, in its argument spec (doc fragment confidential.kubernetes._attestation).
 ATTESTATION_OPTIONS = dict(
@@ -62,36 +69,55 @@ def ek_challenge(verified: VerificationResult) -> ActivationChallenge:
     return ActivationChallenge(verified.ak_name, credential, secret)
 
 
-def attest(action, params: dict, policy: MeasurementPolicy, task_vars: dict,
-           prove_ek: bool = False) -> VerificationResult:
+def attest(
+    action, params: dict, policy: MeasurementPolicy, task_vars: dict, prove_ek: bool = False
+) -> VerificationResult:
     """Verify the evidence and, at AK trust level 2 (or with ``prove_ek`` at any level), prove the AK and EK by
     credential activation on the task's host.
 
     Raises VerificationError for every refusal.
     """
     if controller.CRYPTOGRAPHY_IMPORT_ERROR:
-        raise VerificationError("dependency", f"cryptography >= 47 is required on the controller: {controller.CRYPTOGRAPHY_IMPORT_ERROR}")
-    verified = controller.verify(params["evidence"], params["nonce"], policy, controller.load_ek_cas(params["ek_ca_file"]),
-                                 params["nonce_ledger"], params["nonce_ttl"])
+        raise VerificationError(
+            "dependency", f"cryptography >= 47 is required on the controller: {controller.CRYPTOGRAPHY_IMPORT_ERROR}"
+        )
+    verified = controller.verify(
+        params["evidence"],
+        params["nonce"],
+        policy,
+        controller.load_ek_cas(params["ek_ca_file"]),
+        params["nonce_ledger"],
+        params["nonce_ttl"],
+    )
     challenge = verified.challenge or (ek_challenge(verified) if prove_ek else None)
     if challenge is None:
         return verified
     if not params["activate_credential"]:
-        raise VerificationError("activation-required",
-                                "AK trust level 2 needs credential activation on the node, which activate_credential=false skips")
+        raise VerificationError(
+            "activation-required",
+            "AK trust level 2 needs credential activation on the node, which activate_credential=false skips",
+        )
     credential = challenge.credential
     answer = action._execute_module(
         module_name="confidential.kubernetes.tpm_evidence",
-        module_args={"tcti": params["tcti"], "credential": {
-            "blob": base64.b64encode(credential.blob).decode(),
-            "encrypted_seed": base64.b64encode(credential.encrypted_seed).decode()}},
+        module_args={
+            "tcti": params["tcti"],
+            "credential": {
+                "blob": base64.b64encode(credential.blob).decode(),
+                "encrypted_seed": base64.b64encode(credential.encrypted_seed).decode(),
+            },
+        },
         task_vars=task_vars,
     )
     if answer.get("failed"):
-        raise VerificationError("credential-activation", f"the node could not activate the AK credential: {answer.get('msg')}")
+        raise VerificationError(
+            "credential-activation", f"the node could not activate the AK credential: {answer.get('msg')}"
+        )
     try:
         activated = base64.b64decode(answer.get("activated_secret", ""), validate=True)
     except ValueError:
         activated = b""
     challenge.check(activated)
-    return VerificationResult(verified.evidence, verified.ak_name, verified.ak_trust_level, verified.pcrs, verified.warnings)
+    return VerificationResult(
+        verified.evidence, verified.ak_name, verified.ak_trust_level, verified.pcrs, verified.warnings
+    )

@@ -31,8 +31,9 @@ def snapshot_dirs(backup_dir: str) -> list[str]:
     """The snapshot directory names, oldest first (the names sort by time)."""
     if not os.path.isdir(backup_dir):
         return []
-    return sorted(name for name in os.listdir(backup_dir)
-                  if NAME.match(name) and os.path.isdir(os.path.join(backup_dir, name)))
+    return sorted(
+        name for name in os.listdir(backup_dir) if NAME.match(name) and os.path.isdir(os.path.join(backup_dir, name))
+    )
 
 
 def store(backup_dir: str, name: str, manifest: dict, keep: int) -> dict:
@@ -55,13 +56,15 @@ def store(backup_dir: str, name: str, manifest: dict, keep: int) -> dict:
         raise BackupError(f"{path} was not fetched")
     actual = file_sha256(path)
     if actual != manifest["sha256"] or os.path.getsize(path) != manifest["size"]:
-        raise BackupError(f"{path}: the fetched file (sha256 {actual}) is not the one the node wrote "
-                          f"(sha256 {manifest['sha256']})")
+        raise BackupError(
+            f"{path}: the fetched file (sha256 {actual}) is not the one the node wrote (sha256 {manifest['sha256']})"
+        )
     os.chmod(directory, 0o700)
     os.chmod(path, 0o600)
     document = dict(version=MANIFEST_VERSION, name=name, **{key: manifest[key] for key in sorted(manifest)})
-    write_file_atomically(os.path.join(directory, MANIFEST_FILE),
-                          (json.dumps(document, indent=2, sort_keys=True) + "\n").encode(), 0o600)
+    write_file_atomically(
+        os.path.join(directory, MANIFEST_FILE), (json.dumps(document, indent=2, sort_keys=True) + "\n").encode(), 0o600
+    )
     names = snapshot_dirs(backup_dir)
     pruned = [old for old in names[:-keep] if old != name]
     for old in pruned:
@@ -80,8 +83,10 @@ def choose(backup_dir: str, wanted: str) -> str:
     if os.path.isfile(directory):
         directory = os.path.dirname(directory)
     if not os.path.isdir(directory):
-        raise BackupError(f"no etcd snapshot {wanted!r} (looked for {directory}); "
-                          f"there are: {', '.join(snapshot_dirs(backup_dir)) or 'none'}")
+        raise BackupError(
+            f"no etcd snapshot {wanted!r} (looked for {directory}); "
+            f"there are: {', '.join(snapshot_dirs(backup_dir)) or 'none'}"
+        )
     return directory
 
 
@@ -107,8 +112,9 @@ def verify(directory: str, secrets: RootSecrets) -> dict:
         raise BackupError(f"{manifest_path} lacks {', '.join(missing)}")
     cluster = secrets.cluster_id()
     if manifest["cluster_id"] != cluster.hex():
-        raise snapshot.WrongClusterError(f"{path}: snapshot of cluster {manifest['cluster_id']}, "
-                                         f"not of this cluster {cluster.hex()}")
+        raise snapshot.WrongClusterError(
+            f"{path}: snapshot of cluster {manifest['cluster_id']}, not of this cluster {cluster.hex()}"
+        )
     if not os.path.isfile(path):
         raise BackupError(f"{path} is missing")
     size = os.path.getsize(path)

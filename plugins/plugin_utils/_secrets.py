@@ -8,7 +8,11 @@ import json
 import os
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import (
-    FIELDS, SECRET_BYTES, RootSecrets, RootSecretsError)
+    FIELDS,
+    SECRET_BYTES,
+    RootSecrets,
+    RootSecretsError,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._files import create_file_exclusively
 
 
@@ -37,14 +41,18 @@ def load(path: str, loader) -> RootSecrets:
     """Load existing secrets; a missing file is an error (only the init flow creates it)."""
     path = os.path.expanduser(path)
     if not os.path.exists(path):
-        raise ClusterSecretsError(f"cluster secrets file {path} does not exist: initialise the cluster first (playbook init.yml)")
+        raise ClusterSecretsError(
+            f"cluster secrets file {path} does not exist: initialise the cluster first (playbook init.yml)"
+        )
     return _load(path, loader)
 
 
 def _load(path: str, loader) -> RootSecrets:
     mode = os.stat(path).st_mode & 0o777
     if mode & 0o077:
-        raise ClusterSecretsError(f"cluster secrets file {path} has mode {mode:04o}; it must not be readable by group or others (chmod 600)")
+        raise ClusterSecretsError(
+            f"cluster secrets file {path} has mode {mode:04o}; it must not be readable by group or others (chmod 600)"
+        )
     try:
         payload = loader.load_from_file(path)
     except Exception as exc:  # noqa: BLE001 - the loader raises AnsibleError, vault errors and OSError alike

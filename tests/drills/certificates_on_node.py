@@ -2,11 +2,11 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """drill_renew's hands on a lab control plane: this file is piped to the node venv's Python, with one command.
 
-  report FILES...   JSON {file: notAfter (ISO)} of certificates and kubeconfigs (their client certificate)
-  served            JSON: whether the API server (6443) and the join service (9290) serve the certificates on disk
-  expire FILES...   re-sign each certificate (and each kubeconfig's) as it is, but expired yesterday, with the CA on
-                    the node that issued it: what a year's power-off leaves behind, without touching any clock
-  restart PODS...   restart static pods the way the kubelet does (manifest moved away until the port closes, then back)
+report FILES...   JSON {file: notAfter (ISO)} of certificates and kubeconfigs (their client certificate)
+served            JSON: whether the API server (6443) and the join service (9290) serve the certificates on disk
+expire FILES...   re-sign each certificate (and each kubeconfig's) as it is, but expired yesterday, with the CA on
+                  the node that issued it: what a year's power-off leaves behind, without touching any clock
+restart PODS...   restart static pods the way the kubelet does (manifest moved away until the port closes, then back)
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ def report(paths: list[str]) -> dict:
 
 def served() -> dict:
     result = {}
-    for name, port, path in (("apiserver", 6443, f"{PKI}/apiserver.crt"),
-                             ("joinservice", 9290, "/etc/confidential-kubernetes/joinservice.crt")):
+    for name, port, path in (
+        ("apiserver", 6443, f"{PKI}/apiserver.crt"),
+        ("joinservice", 9290, "/etc/confidential-kubernetes/joinservice.crt"),
+    ):
         pem = ssl.get_server_certificate(("127.0.0.1", port), timeout=10)
         result[name] = x509.load_pem_x509_certificate(pem.encode()) == _certificate(path)[0]
     return result
@@ -62,9 +64,15 @@ def expire(paths: list[str]) -> None:
     for path in paths:
         current, config = _certificate(path)
         ca, ca_key = authorities[current.issuer]
-        builder = (x509.CertificateBuilder().subject_name(current.subject).issuer_name(ca.subject)
-                   .public_key(current.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(days=366)).not_valid_after(now - datetime.timedelta(days=1)))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(current.subject)
+            .issuer_name(ca.subject)
+            .public_key(current.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=366))
+            .not_valid_after(now - datetime.timedelta(days=1))
+        )
         for extension in current.extensions:
             if extension.oid != x509.oid.ExtensionOID.AUTHORITY_KEY_IDENTIFIER:
                 builder = builder.add_extension(extension.value, extension.critical)

@@ -23,16 +23,30 @@ WAIT_SECONDS = 180.0
 READYZ = "kubectl --kubeconfig=/etc/kubernetes/admin.conf --request-timeout=2s get --raw=/readyz"
 READ_PCR15 = (
     f"{NODE_PYTHON} -c 'from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer "
-    "import Tpm\nwith Tpm(\"auto\") as tpm: print(tpm.read_pcrs(\"sha256\", (15,))[15].hex())'"
+    'import Tpm\nwith Tpm("auto") as tpm: print(tpm.read_pcrs("sha256", (15,))[15].hex())\''
 )
 
 
 def _objects() -> bytes:
     documents = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
-    documents += [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"cm-{i:03d}", "namespace": NAMESPACE},
-                   "data": {"index": str(i)}} for i in range(CONFIGMAPS)]
-    documents.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "stringData": {"token": "outage-drill"},
-                      "metadata": {"name": "drill-secret", "namespace": NAMESPACE}})
+    documents += [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"cm-{i:03d}", "namespace": NAMESPACE},
+            "data": {"index": str(i)},
+        }
+        for i in range(CONFIGMAPS)
+    ]
+    documents.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "stringData": {"token": "outage-drill"},
+            "metadata": {"name": "drill-secret", "namespace": NAMESPACE},
+        }
+    )
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}).encode()
 
 
@@ -93,8 +107,11 @@ def _lock_marks(lab) -> dict[str, str]:
 
 def drill(lab) -> dict:
     figures: dict = {}
-    lab.ssh(lab.control_planes()[0], "kubectl --kubeconfig=/etc/kubernetes/admin.conf apply -f - >/dev/null",
-            stdin=_objects())
+    lab.ssh(
+        lab.control_planes()[0],
+        "kubectl --kubeconfig=/etc/kubernetes/admin.conf apply -f - >/dev/null",
+        stdin=_objects(),
+    )
     before = _count(lab)
     assert before == (CONFIGMAPS, True), f"before the outage: {before[0]}/{CONFIGMAPS} ConfigMaps, secret {before[1]}"
     marks = _lock_marks(lab)
@@ -104,8 +121,10 @@ def drill(lab) -> dict:
     reset = {node: _pcr15(lab, node) for node in lab.hosts()}
     assert all(value == zero for value in reset.values()), f"PCR 15 not reset by the power cycle: {reset}"
     # The circle: every control plane's boot-time join reaches no join service and waits for keys.
-    _wait_for("every control plane waiting for keys",
-              lambda: all(_boot_state(lab, node) == "waiting-for-keys" for node in lab.control_planes()))
+    _wait_for(
+        "every control plane waiting for keys",
+        lambda: all(_boot_state(lab, node) == "waiting-for-keys" for node in lab.control_planes()),
+    )
     figures["waiting_control_planes"] = len(lab.control_planes())
 
     started = time.monotonic()

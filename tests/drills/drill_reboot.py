@@ -19,8 +19,10 @@ from drill_outage import WAIT_SECONDS, _boot_state, _lock_marks, _pcr15, _wait_f
 ELECTION_SECONDS = 6.0
 # The watcher's own API server (admin.conf names the cluster's endpoint, the first control plane's without a VIP), with
 # a generous timeout: the lab's 2 cores are shared, and a slow answer is no lost quorum.
-READYZ_VERBOSE = ("kubectl --kubeconfig=/etc/kubernetes/admin.conf --server=https://{address}:6443 "
-                  "--request-timeout=15s get --raw='/readyz?verbose'")
+READYZ_VERBOSE = (
+    "kubectl --kubeconfig=/etc/kubernetes/admin.conf --server=https://{address}:6443 "
+    "--request-timeout=15s get --raw='/readyz?verbose'"
+)
 
 
 def _watch_api(lab, node: str, failures: list, stop: threading.Event) -> None:
@@ -30,7 +32,9 @@ def _watch_api(lab, node: str, failures: list, stop: threading.Event) -> None:
         if done.returncode != 0:
             # kubectl quotes the body in its error with escaped newlines.
             said = (done.stdout + done.stderr).decode(errors="replace").replace("\\n", "\n")
-            failed = [line.strip() for line in said.splitlines() if line.strip().startswith("[-]")] or [said.strip()[-200:]]
+            failed = [line.strip() for line in said.splitlines() if line.strip().startswith("[-]")] or [
+                said.strip()[-200:]
+            ]
             failures.append((time.monotonic(), time.strftime("%H:%M:%S"), "; ".join(failed)))
         time.sleep(1)
 
@@ -76,7 +80,8 @@ def drill(lab) -> dict:
     said = " | ".join(f"{clock} {checks}" for _at, clock, checks in failures[:5])
     assert figures["readyz_longest_failure_seconds"] <= ELECTION_SECONDS, (
         f"the API of {watcher} failed /readyz for {figures['readyz_longest_failure_seconds']} s while {first} rebooted "
-        f"(longer than an etcd leader election): {said}")
+        f"(longer than an etcd leader election): {said}"
+    )
     if failures:
         lab.log(f"/readyz of {watcher} failed {len(failures)} time(s) during an etcd leader election: {said}")
     lab.playbook("verify")

@@ -20,20 +20,25 @@ from pathlib import Path
 
 # The product's own list of the files kubeadm renews (read from the source tree: the drill runs outside the collection).
 _SPEC = importlib.util.spec_from_file_location(
-    "drill_renew_expiry", Path(__file__).resolve().parents[2] / "plugins/module_utils/_kubeadm/expiry.py")
+    "drill_renew_expiry", Path(__file__).resolve().parents[2] / "plugins/module_utils/_kubeadm/expiry.py"
+)
 expiry = sys.modules.setdefault(_SPEC.name, importlib.util.module_from_spec(_SPEC))
 _SPEC.loader.exec_module(expiry)
 
 HELPER = (Path(__file__).with_name("certificates_on_node.py")).read_bytes()
 PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
 JOINSERVICE_CRT = "/etc/confidential-kubernetes/joinservice.crt"
-FILES = [f"/etc/kubernetes/{name}" for name in expiry.RENEWABLE_CERTIFICATES + expiry.RENEWABLE_KUBECONFIGS] + [JOINSERVICE_CRT]
+FILES = [f"/etc/kubernetes/{name}" for name in expiry.RENEWABLE_CERTIFICATES + expiry.RENEWABLE_KUBECONFIGS] + [
+    JOINSERVICE_CRT
+]
 STATIC_PODS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
 
 
 def _on_node(lab, node: str, *args: str) -> str:
     done = lab.ssh(node, " ".join([PYTHON, "-", *args]), stdin=HELPER, check=False)
-    assert done.returncode == 0, f"{node}: certificates_on_node {args[0]} failed: {done.stderr.decode(errors='replace')}"
+    assert done.returncode == 0, (
+        f"{node}: certificates_on_node {args[0]} failed: {done.stderr.decode(errors='replace')}"
+    )
     return done.stdout.decode()
 
 
@@ -60,7 +65,9 @@ def _assert_later(before: dict, after: dict, what: str) -> None:
 
 def _renew(lab, *args: str):
     run = lab.playbook("renew", *args, check=False)
-    assert run.rc == 0 and not run.failed_hosts, f"renew.yml {' '.join(args)} failed on {run.failed_hosts}:\n{run.last_failure()}"
+    assert run.rc == 0 and not run.failed_hosts, (
+        f"renew.yml {' '.join(args)} failed on {run.failed_hosts}:\n{run.last_failure()}"
+    )
     return run, round(run.seconds, 1)
 
 
@@ -82,8 +89,9 @@ def drill(lab) -> dict:
         _on_node(lab, node, "expire", *FILES)
     for node in lab.control_planes():
         _on_node(lab, node, "restart", *STATIC_PODS)
-    refused = lab.ssh(first, "kubectl --kubeconfig=/etc/kubernetes/admin.conf get --raw=/readyz --request-timeout=10s",
-                      check=False)
+    refused = lab.ssh(
+        first, "kubectl --kubeconfig=/etc/kubernetes/admin.conf get --raw=/readyz --request-timeout=10s", check=False
+    )
     assert refused.returncode != 0, "kubectl with an expired admin.conf still got an answer"
     expired = _expiries(lab)
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -101,6 +109,13 @@ def drill(lab) -> dict:
     assert verify.rc == 0, f"verify.yml failed after the renewals on {verify.failed_hosts}:\n{verify.last_failure()}"
     verify_seconds = round(verify.seconds, 1)
     ready_seconds = round(lab.wait_ready(), 1)
-    return {"control_planes": len(lab.control_planes()), "files_per_control_plane": len(FILES),
-            "forced_renew_s": forced_seconds, "forced_changed": forced.changed, "rerun_s": again_seconds,
-            "expired_renew_s": expired_seconds, "verify_s": verify_seconds, "ready_after_s": ready_seconds}
+    return {
+        "control_planes": len(lab.control_planes()),
+        "files_per_control_plane": len(FILES),
+        "forced_renew_s": forced_seconds,
+        "forced_changed": forced.changed,
+        "rerun_s": again_seconds,
+        "expired_renew_s": expired_seconds,
+        "verify_s": verify_seconds,
+        "ready_after_s": ready_seconds,
+    }

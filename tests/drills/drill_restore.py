@@ -15,12 +15,17 @@ from pathlib import Path
 
 NAMESPACE = "drill-restore"
 COUNT = 200
-ETCDCTL = ("ETCDCTL_API=3 etcdctl --endpoints=https://127.0.0.1:2379 --cacert=/etc/kubernetes/pki/etcd/ca.crt "
-           "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt "
-           "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key --command-timeout=10s")
+ETCDCTL = (
+    "ETCDCTL_API=3 etcdctl --endpoints=https://127.0.0.1:2379 --cacert=/etc/kubernetes/pki/etcd/ca.crt "
+    "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt "
+    "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key --command-timeout=10s"
+)
 # Names that sort before any real snapshot, so that "latest" never picks them.
-BAD = {"flipped": "etcd-20000101T000001Z", "truncated": "etcd-20000101T000002Z",
-       "other-cluster": "etcd-20000101T000003Z"}
+BAD = {
+    "flipped": "etcd-20000101T000001Z",
+    "truncated": "etcd-20000101T000002Z",
+    "other-cluster": "etcd-20000101T000003Z",
+}
 # The header (61 bytes) and the first chunk's stored nonce (12 bytes) come before its ciphertext.
 FIRST_CHUNK_CIPHERTEXT = 61 + 12
 REFUSAL = {"flipped": "fails authentication", "truncated": "truncated", "other-cluster": "not of this cluster"}
@@ -28,9 +33,15 @@ REFUSAL = {"flipped": "fails authentication", "truncated": "truncated", "other-c
 
 def _configmaps(count: int) -> bytes:
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-    items = [namespace] + [{"apiVersion": "v1", "kind": "ConfigMap", "data": {"n": str(n)},
-                            "metadata": {"name": f"cm-{n:03d}", "namespace": NAMESPACE, "labels": {"drill": "restore"}}}
-                           for n in range(count)]
+    items = [namespace] + [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "data": {"n": str(n)},
+            "metadata": {"name": f"cm-{n:03d}", "namespace": NAMESPACE, "labels": {"drill": "restore"}},
+        }
+        for n in range(count)
+    ]
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items}).encode()
 
 
@@ -54,15 +65,24 @@ def _other_clusters_snapshot(directory: Path) -> None:
     # pylint: disable=import-outside-toplevel
     from ansible_collections.confidential.kubernetes.plugins.module_utils._backup import snapshot
     from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets
+
     other = RootSecrets(os.urandom(32), os.urandom(32), os.urandom(32))
     plaintext = os.urandom(100_000)
     sink = io.BytesIO()
-    snapshot.encrypt(snapshot.backup_key(other.master_key, other.master_salt), other.cluster_id(),
-                     io.BytesIO(plaintext), len(plaintext), sink)
+    snapshot.encrypt(
+        snapshot.backup_key(other.master_key, other.master_salt),
+        other.cluster_id(),
+        io.BytesIO(plaintext),
+        len(plaintext),
+        sink,
+    )
     (directory / "etcd.cksnap").write_bytes(sink.getvalue())
     manifest = json.loads((directory / "manifest.json").read_text())
-    manifest.update(cluster_id=other.cluster_id().hex(), size=len(sink.getvalue()),
-                    sha256=hashlib.sha256(sink.getvalue()).hexdigest())
+    manifest.update(
+        cluster_id=other.cluster_id().hex(),
+        size=len(sink.getvalue()),
+        sha256=hashlib.sha256(sink.getvalue()).hexdigest(),
+    )
     (directory / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -74,19 +94,22 @@ def _make_bad_snapshots(good: Path) -> None:
         (directory / "manifest.json").write_text((good / "manifest.json").read_text())
         if kind == "flipped":
             inside = FIRST_CHUNK_CIPHERTEXT + 100
-            (directory / "etcd.cksnap").write_bytes(data[:inside] + bytes([data[inside] ^ 0x01]) + data[inside + 1:])
+            (directory / "etcd.cksnap").write_bytes(data[:inside] + bytes([data[inside] ^ 0x01]) + data[inside + 1 :])
         elif kind == "truncated":
-            (directory / "etcd.cksnap").write_bytes(data[:len(data) - 4096])
+            (directory / "etcd.cksnap").write_bytes(data[: len(data) - 4096])
         else:
             _other_clusters_snapshot(directory)
 
 
 def _wipe_etcd(lab, node: str) -> None:
     """etcd's data lost: stop the member, delete its data directory, start it again (it comes up empty or fails)."""
-    lab.ssh(node, "set -e; mv /etc/kubernetes/manifests/etcd.yaml /root/etcd.yaml.drill; "
-                  "for i in $(seq 60); do ss -ltn | grep -q ':2379 ' || break; sleep 1; done; "
-                  "! ss -ltn | grep -q ':2379 '; rm -rf /var/lib/etcd; "
-                  "mv /root/etcd.yaml.drill /etc/kubernetes/manifests/etcd.yaml")
+    lab.ssh(
+        node,
+        "set -e; mv /etc/kubernetes/manifests/etcd.yaml /root/etcd.yaml.drill; "
+        "for i in $(seq 60); do ss -ltn | grep -q ':2379 ' || break; sleep 1; done; "
+        "! ss -ltn | grep -q ':2379 '; rm -rf /var/lib/etcd; "
+        "mv /root/etcd.yaml.drill /etc/kubernetes/manifests/etcd.yaml",
+    )
 
 
 def drill(lab) -> dict:
@@ -111,11 +134,13 @@ def drill(lab) -> dict:
     identities = {node: _etcd_identity(lab, node) for node in lab.control_planes()}
     try:
         for kind, name in BAD.items():
-            run = lab.playbook("restore", "-e", f"confirm_restore={cluster_id}", "-e", f"restore_snapshot={name}",
-                               check=False)
+            run = lab.playbook(
+                "restore", "-e", f"confirm_restore={cluster_id}", "-e", f"restore_snapshot={name}", check=False
+            )
             assert run.rc != 0, f"restore.yml accepted the {kind} snapshot"
-            assert REFUSAL[kind] in run.output, f"{kind} snapshot: refusal does not say {REFUSAL[kind]!r}:\n" \
-                                                f"{run.last_failure()}"
+            assert REFUSAL[kind] in run.output, (
+                f"{kind} snapshot: refusal does not say {REFUSAL[kind]!r}:\n{run.last_failure()}"
+            )
             assert run.changed == 0, f"{kind} snapshot: restore.yml changed {run.changed} things before refusing"
             after = {node: _etcd_identity(lab, node) for node in lab.control_planes()}
             assert after == identities, f"{kind} snapshot: etcd changed although refused: {identities} -> {after}"
@@ -143,7 +168,12 @@ def drill(lab) -> dict:
     assert sorted(m["name"] for m in members) == sorted(lab.control_planes()), f"etcd members {members}"
     lab.playbook("verify")
     lab.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
-    return {"configmaps_restored": f"{restored}/{COUNT}", "snapshot_fetch_seconds": round(backup_seconds, 1),
-            "snapshot_bytes": manifest["size"], "etcd_keys": manifest["total_keys"],
-            "restore_seconds": round(restore_seconds, 1), "nodes_ready_after_s": round(ready_seconds, 1),
-            "refused": ",".join(BAD)}
+    return {
+        "configmaps_restored": f"{restored}/{COUNT}",
+        "snapshot_fetch_seconds": round(backup_seconds, 1),
+        "snapshot_bytes": manifest["size"],
+        "etcd_keys": manifest["total_keys"],
+        "restore_seconds": round(restore_seconds, 1),
+        "nodes_ready_after_s": round(ready_seconds, 1),
+        "refused": ",".join(BAD),
+    }

@@ -49,7 +49,8 @@ def drill(lab) -> dict:
             assert run.rc != 0, f"{node}'s rejoin with PCR 8 outside the policy was not refused"
             refusal = run.last_failure()
             assert re.search(rf"PCR\(s\) [0-9,]*\b{PCR_KERNEL_COMMAND_LINE}\b[0-9,]* do not match", refusal), (
-                f"{node}'s rejoin was refused, but not naming PCR {PCR_KERNEL_COMMAND_LINE}:\n{refusal}")
+                f"{node}'s rejoin was refused, but not naming PCR {PCR_KERNEL_COMMAND_LINE}:\n{refusal}"
+            )
         else:
             lab.wait_ready()
         return time.monotonic() - started
@@ -81,7 +82,8 @@ def drill(lab) -> dict:
         figures["add_seconds"] = round(added.seconds, 1)
         new_values = [value for value in allowed(PCR_KERNEL_COMMAND_LINE) if value not in old_values]
         assert allowed(PCR_KERNEL_COMMAND_LINE) == old_values + new_values and len(new_values) == 1, (
-            f"add did not allow exactly one new PCR 8 value beside the old: {allowed(PCR_KERNEL_COMMAND_LINE)}")
+            f"add did not allow exactly one new PCR 8 value beside the old: {allowed(PCR_KERNEL_COMMAND_LINE)}"
+        )
         backups = sorted(policy_file.parent.glob(policy_file.name + ".*~"), key=lambda path: path.stat().st_mtime)
         assert backups and backups[-1].read_bytes() == before_rollover, "add kept no backup of the policy before"
         enforced_everywhere(added)

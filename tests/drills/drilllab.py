@@ -45,7 +45,7 @@ class PlaybookRun:
     def last_failure(self) -> str:
         """The last failed task's lines (or the output's tail), for an assertion message."""
         marks = [m.start() for m in re.finditer(r"^fatal: |^failed: |^ERROR! ", self.output, re.MULTILINE)]
-        return self.output[marks[-1]:][:3000] if marks else self.output[-3000:]
+        return self.output[marks[-1] :][:3000] if marks else self.output[-3000:]
 
 
 class DrillLab:
@@ -59,7 +59,9 @@ class DrillLab:
     def lab(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         completed = subprocess.run([str(LAB), *args], capture_output=True, text=True, check=False)
         if check and completed.returncode != 0:
-            raise AssertionError(f"lab {' '.join(args)} failed (rc {completed.returncode}):\n{completed.stderr[-3000:]}")
+            raise AssertionError(
+                f"lab {' '.join(args)} failed (rc {completed.returncode}):\n{completed.stderr[-3000:]}"
+            )
         return completed
 
     def _group(self, group: str) -> dict[str, str]:
@@ -78,24 +80,47 @@ class DrillLab:
 
     def ssh_argv(self, node: str, command: str) -> list[str]:
         ssh_dir = self.dir / "ssh"
-        return ["ssh", "-i", str(ssh_dir / "id_ed25519"), "-o", "BatchMode=yes",
-                "-o", f"UserKnownHostsFile={ssh_dir / 'known_hosts'}", "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
-                "-o", "ConnectTimeout=10", f"root@{self.hosts()[node]}", command]
+        return [
+            "ssh",
+            "-i",
+            str(ssh_dir / "id_ed25519"),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={ssh_dir / 'known_hosts'}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=10",
+            f"root@{self.hosts()[node]}",
+            command,
+        ]
 
-    def ssh(self, node: str, command: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def ssh(
+        self, node: str, command: str, stdin: bytes | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         completed = subprocess.run(self.ssh_argv(node, command), input=stdin or b"", capture_output=True, check=False)
         if check and completed.returncode != 0:
-            raise AssertionError(f"ssh {node} {command!r} failed (rc {completed.returncode}): "
-                                 f"{completed.stderr.decode(errors='replace')[-2000:]}")
+            raise AssertionError(
+                f"ssh {node} {command!r} failed (rc {completed.returncode}): "
+                f"{completed.stderr.decode(errors='replace')[-2000:]}"
+            )
         return completed
 
     def kubectl(self, *args: str, check: bool = True, node: str | None = None) -> str:
         """kubectl with admin.conf on the first control plane (or NODE); arguments are quoted for the remote shell."""
         quoted = " ".join("'" + arg.replace("'", "'\\''") + "'" for arg in args)
-        completed = self.ssh(node or self.control_planes()[0],
-                             f"kubectl --kubeconfig=/etc/kubernetes/admin.conf --request-timeout=20s {quoted}",
-                             check=check)
+        completed = self.ssh(
+            node or self.control_planes()[0],
+            f"kubectl --kubeconfig=/etc/kubernetes/admin.conf --request-timeout=20s {quoted}",
+            check=check,
+        )
         return completed.stdout.decode(errors="replace")
 
     def playbook(self, name: str, *extra_args: str, check: bool = True) -> PlaybookRun:
@@ -103,14 +128,21 @@ class DrillLab:
         target = str(REPO / name) if "/" in name else f"confidential.kubernetes.{name}"
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_STDOUT_CALLBACK="default")
         started = time.monotonic()
-        completed = subprocess.run(["ansible-playbook", "-i", str(self.inventory), target, *extra_args],
-                                   capture_output=True, text=True, env=env, check=False)
-        run = PlaybookRun.parse(name, completed.returncode, completed.stdout + completed.stderr,
-                                time.monotonic() - started)
+        completed = subprocess.run(
+            ["ansible-playbook", "-i", str(self.inventory), target, *extra_args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        run = PlaybookRun.parse(
+            name, completed.returncode, completed.stdout + completed.stderr, time.monotonic() - started
+        )
         log(f"{name} {' '.join(extra_args)}: rc {run.rc}, changed={run.changed}, {run.seconds:.1f} s")
         if check and run.rc != 0:
-            raise AssertionError(f"{name} failed (rc {run.rc}, hosts {', '.join(run.failed_hosts) or '-'}):\n"
-                                 f"{run.last_failure()}")
+            raise AssertionError(
+                f"{name} failed (rc {run.rc}, hosts {', '.join(run.failed_hosts) or '-'}):\n{run.last_failure()}"
+            )
         return run
 
     def wait_ready(self, timeout: float = 300.0) -> float:
@@ -119,9 +151,14 @@ class DrillLab:
         want = set(self.hosts())
         not_ready = want
         while time.monotonic() - started < timeout:
-            listing = self.kubectl("get", "nodes", "-o",
-                                   "jsonpath={range .items[*]}{.metadata.name} "
-                                   "{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}", check=False)
+            listing = self.kubectl(
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} "
+                '{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
+                check=False,
+            )
             ready = {line.split()[0] for line in listing.splitlines() if line.endswith(" True")}
             not_ready = want - ready
             if not not_ready:

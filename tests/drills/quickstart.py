@@ -25,7 +25,7 @@ WORKED_EXAMPLE = REPO / "docs" / "inventory.md"
 LAB_OVERRIDES = {
     "kubernetes_version": "no server binaries newer than the lab's own 1.20.2 build are reachable here",
     "confidential_state_disk": "the lab's nodes are containers: the state disk is a file on the root filesystem, "
-                               "formatted but never mapped (the host kernel has no device-mapper)",
+    "formatted but never mapped (the host kernel has no device-mapper)",
 }
 # Variables of the lab's own inventory the quick start leaves out: the worked example says not to set it.
 NOT_FROM_LAB = {"ansible_python_interpreter"}
@@ -76,14 +76,17 @@ def bring_up(lab: DrillLab) -> dict:
     # A fresh operator has no policy yet: measurements.yml writes it (lab up wrote the lab's own).
     policy = beside_inventory("confidential_measurement_policy_file")
     policy.unlink(missing_ok=True)
-    path.write_text("# The worked example of docs/inventory.md with the lab's hosts (tests/drills/quickstart.py).\n"
-                    + yaml.safe_dump(inventory, sort_keys=False))
+    path.write_text(
+        "# The worked example of docs/inventory.md with the lab's hosts (tests/drills/quickstart.py).\n"
+        + yaml.safe_dump(inventory, sort_keys=False)
+    )
     lab.inventory = path
 
     golden = [lab.control_planes()[0], lab.workers()[0]]  # as the README's quick start: cp-0,worker-0
     prepare = lab.playbook("prepare")
-    enrol = lab.playbook("measurements", "-e", f"measurements_golden_node={','.join(golden)}",
-                         "-e", "measurements_merge=true")
+    enrol = lab.playbook(
+        "measurements", "-e", f"measurements_golden_node={','.join(golden)}", "-e", "measurements_merge=true"
+    )
     if not policy.exists():
         raise AssertionError(f"measurements.yml wrote no policy at {policy}")
     preflight = lab.playbook("verify")
@@ -91,6 +94,11 @@ def bring_up(lab: DrillLab) -> dict:
     rerun = lab.playbook("site")
     if rerun.changed:
         raise AssertionError(f"site.yml re-run reported changed={rerun.changed}")
-    return {"prepare_seconds": round(prepare.seconds, 1), "measurements_seconds": round(enrol.seconds, 1),
-            "golden_nodes": ",".join(golden), "preflight_verify_seconds": round(preflight.seconds, 1),
-            "site_seconds": round(site.seconds, 1), "rerun_seconds": round(rerun.seconds, 1)}
+    return {
+        "prepare_seconds": round(prepare.seconds, 1),
+        "measurements_seconds": round(enrol.seconds, 1),
+        "golden_nodes": ",".join(golden),
+        "preflight_verify_seconds": round(preflight.seconds, 1),
+        "site_seconds": round(site.seconds, 1),
+        "rerun_seconds": round(rerun.seconds, 1),
+    }

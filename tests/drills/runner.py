@@ -43,9 +43,14 @@ def load(name: str):
 def write_figures(path: str, control_planes: int, workers: int, results: list) -> None:
     """Every step's result, seconds and figures as JSON (bench/day2.py reads it): {"control_planes", "workers",
     "drills": [{"name", "result", "seconds", "figures"}, ...]}, "bring-up" first."""
-    document = {"control_planes": control_planes, "workers": workers,
-                "drills": [{"name": name, "result": result, "seconds": round(seconds, 1), "figures": figures}
-                           for name, result, seconds, figures in results]}
+    document = {
+        "control_planes": control_planes,
+        "workers": workers,
+        "drills": [
+            {"name": name, "result": result, "seconds": round(seconds, 1), "figures": figures}
+            for name, result, seconds, figures in results
+        ],
+    }
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(document, handle, indent=1, default=str)
         handle.write("\n")
@@ -81,8 +86,14 @@ def main() -> int:
                 results.append((name, "ok", time.monotonic() - drill_started, figures))
             except Exception as error:  # pylint: disable=broad-exception-caught
                 traceback.print_exc()
-                results.append((name, f"FAILED: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}",
-                                time.monotonic() - drill_started, {}))
+                results.append(
+                    (
+                        name,
+                        f"FAILED: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}",
+                        time.monotonic() - drill_started,
+                        {},
+                    )
+                )
                 break
     except AssertionError as error:
         results.append(("bring-up", f"FAILED: {str(error)[:2000]}", time.monotonic() - started, {}))

@@ -87,11 +87,13 @@ def _luks_add_key(spec, original):
             return original(self, old_key, new_key)
         keys = sys.modules[type(self).__module__]
         with keys.private_key_file(new_key) as new_key_file:
-            result = self._cryptsetup(["luksAddKey", "--batch-mode", *self._pbkdf_args(), "--key-file=-", self.device, new_key_file],
-                                      old_key)
+            result = self._cryptsetup(
+                ["luksAddKey", "--batch-mode", *self._pbkdf_args(), "--key-file=-", self.device, new_key_file], old_key
+            )
         if result.rc != 0:
             raise SystemExit(f"fault injector: luksAddKey failed: {result.message()}")
         _die()
+
     return change_key
 
 
@@ -104,10 +106,15 @@ def _kill_child(spec, original):
             child.stdin.write(stdin)
         child.stdin.close()
         deadline = time.monotonic() + float(spec.get("delay", 5))
-        while time.monotonic() < deadline and child.poll() is None and not os.path.exists(spec.get("wait_for", "/nonexistent")):
+        while (
+            time.monotonic() < deadline
+            and child.poll() is None
+            and not os.path.exists(spec.get("wait_for", "/nonexistent"))
+        ):
             time.sleep(0.005)
         child.kill()
         _die()
+
     return run_command
 
 
@@ -125,6 +132,7 @@ def _wrap(spec, original, is_async: bool):
             _die()
 
     if is_async:
+
         async def wrapper(*args, **kwargs):
             armed = _claim(spec)
             if armed and when == "before":
@@ -133,6 +141,7 @@ def _wrap(spec, original, is_async: bool):
             if armed and when == "after":
                 fire()
             return result
+
         return wrapper
 
     def wrapper(*args, **kwargs):  # pylint: disable=function-redefined
@@ -143,6 +152,7 @@ def _wrap(spec, original, is_async: bool):
         if armed and when == "after":
             fire()
         return result
+
     return wrapper
 
 

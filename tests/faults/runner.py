@@ -30,8 +30,10 @@ LAB = REPO / "tests" / "lab" / "lab"
 VENV_PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
 STATE_DISK = "/srv/state-disk.img"
 # The bootstrap-token Secrets as the real API server serves them (read on the control plane, as root).
-TOKEN_SECRETS = ("kubectl --kubeconfig=/etc/kubernetes/admin.conf get secrets --namespace=kube-system "
-                 "--field-selector=type=bootstrap.kubernetes.io/token -o json")
+TOKEN_SECRETS = (
+    "kubectl --kubeconfig=/etc/kubernetes/admin.conf get secrets --namespace=kube-system "
+    "--field-selector=type=bootstrap.kubernetes.io/token -o json"
+)
 PKI_KEYS = ("ca.key", "sa.key", "front-proxy-ca.key", "etcd/ca.key")
 DROP_IN_DIR = "/etc/systemd/system/confidential-joinservice.service.d"
 # Node paths that are not the cluster's: the node venv, the injector, and the LUKS image (ciphertext, 64 MiB).
@@ -71,20 +73,43 @@ class Lab:
         return found
 
     def ssh_argv(self, node: str, command: str) -> list[str]:
-        return ["ssh", "-i", str(self.dir / "ssh" / "id_ed25519"), "-o", "BatchMode=yes",
-                "-o", f"UserKnownHostsFile={self.dir / 'ssh' / 'known_hosts'}", "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
-                f"root@{self.hosts()[node]}", command]
+        return [
+            "ssh",
+            "-i",
+            str(self.dir / "ssh" / "id_ed25519"),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={self.dir / 'ssh' / 'known_hosts'}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "LogLevel=ERROR",
+            f"root@{self.hosts()[node]}",
+            command,
+        ]
 
-    def ssh(self, node: str, command: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def ssh(
+        self, node: str, command: str, stdin: bytes | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         completed = subprocess.run(self.ssh_argv(node, command), input=stdin or b"", capture_output=True, check=False)
         if check and completed.returncode != 0:
-            raise SystemExit(f"ssh {node} {command!r} failed (rc {completed.returncode}): {completed.stderr.decode()[-2000:]}")
+            raise SystemExit(
+                f"ssh {node} {command!r} failed (rc {completed.returncode}): {completed.stderr.decode()[-2000:]}"
+            )
         return completed
 
     def playbook(self, name: str, verbose: str = "", extra: list[str] | None = None) -> tuple[int, str, float]:
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_STDOUT_CALLBACK="default")
-        argv = ["ansible-playbook", "-i", str(self.inventory), str(REPO / name)] + ([verbose] if verbose else []) + (extra or [])
+        argv = (
+            ["ansible-playbook", "-i", str(self.inventory), str(REPO / name)]
+            + ([verbose] if verbose else [])
+            + (extra or [])
+        )
         started = time.monotonic()
         completed = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
         return completed.returncode, completed.stdout + completed.stderr, time.monotonic() - started
@@ -99,20 +124,32 @@ class Lab:
 
 def install_injector(lab: Lab, node: str, steps: list[dict]) -> None:
     """The injector and the step list in /opt/ck-faults, a .pth file in the node venv, the scanner in /run/ck-fault."""
-    bundle = json.dumps({"injector": (HERE / "ck_fault_injector.py").read_text(), "scanner": (HERE / "secretscan.py").read_text(),
-                         "steps": {"steps": steps}}).encode()
-    lab.ssh(node, "mkdir -p /opt/ck-faults /run/ck-fault && python3 -c '"
-            "import json, sys; b = json.load(sys.stdin); "
-            "open(\"/opt/ck-faults/ck_fault_injector.py\", \"w\").write(b[\"injector\"]); "
-            "open(\"/opt/ck-faults/secretscan.py\", \"w\").write(b[\"scanner\"]); "
-            "json.dump(b[\"steps\"], open(\"/opt/ck-faults/faults.json\", \"w\"))' && "
-            f"site=$({VENV_PYTHON} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') && "
-            "printf '/opt/ck-faults\\nimport ck_fault_injector\\n' > \"$site/ck-faults.pth\"", bundle)
+    bundle = json.dumps(
+        {
+            "injector": (HERE / "ck_fault_injector.py").read_text(),
+            "scanner": (HERE / "secretscan.py").read_text(),
+            "steps": {"steps": steps},
+        }
+    ).encode()
+    lab.ssh(
+        node,
+        "mkdir -p /opt/ck-faults /run/ck-fault && python3 -c '"
+        "import json, sys; b = json.load(sys.stdin); "
+        'open("/opt/ck-faults/ck_fault_injector.py", "w").write(b["injector"]); '
+        'open("/opt/ck-faults/secretscan.py", "w").write(b["scanner"]); '
+        'json.dump(b["steps"], open("/opt/ck-faults/faults.json", "w"))\' && '
+        f"site=$({VENV_PYTHON} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') && "
+        "printf '/opt/ck-faults\\nimport ck_fault_injector\\n' > \"$site/ck-faults.pth\"",
+        bundle,
+    )
 
 
 def service_restarts(lab: Lab, node: str) -> int:
     """How often systemd restarted the join service after it died (manual restarts do not count)."""
-    return int(lab.ssh(node, "systemctl show -p NRestarts --value confidential-joinservice.service").stdout.decode().strip() or 0)
+    return int(
+        lab.ssh(node, "systemctl show -p NRestarts --value confidential-joinservice.service").stdout.decode().strip()
+        or 0
+    )
 
 
 def arm(lab: Lab, step: dict) -> None:
@@ -120,8 +157,12 @@ def arm(lab: Lab, step: dict) -> None:
         lab.ssh(step["host"], f"echo {step['name']} > /run/ck-fault/step")
         return
     drop_in = f"[Service]\nEnvironment=CK_FAULT_STEP={step['name']}\nReadWritePaths=/run/ck-fault\n".encode()
-    lab.ssh(step["host"], f"mkdir -p {DROP_IN_DIR} && cat > {DROP_IN_DIR}/ck-fault.conf && "
-            "systemctl daemon-reload && systemctl restart confidential-joinservice.service", drop_in)
+    lab.ssh(
+        step["host"],
+        f"mkdir -p {DROP_IN_DIR} && cat > {DROP_IN_DIR}/ck-fault.conf && "
+        "systemctl daemon-reload && systemctl restart confidential-joinservice.service",
+        drop_in,
+    )
 
 
 def disarm(lab: Lab, step: dict, restarts_before: int) -> bool:
@@ -133,8 +174,11 @@ def disarm(lab: Lab, step: dict, restarts_before: int) -> bool:
     if step["where"] == "node":
         lab.ssh(step["host"], "rm -f /run/ck-fault/step")
     else:
-        lab.ssh(step["host"], f"rm -f {DROP_IN_DIR}/ck-fault.conf && systemctl daemon-reload && "
-                "systemctl restart confidential-joinservice.service")
+        lab.ssh(
+            step["host"],
+            f"rm -f {DROP_IN_DIR}/ck-fault.conf && systemctl daemon-reload && "
+            "systemctl restart confidential-joinservice.service",
+        )
     return fired
 
 
@@ -157,14 +201,22 @@ class ClusterSecrets:
             for name, value in raw.items():
                 found[name] = encodings(value)
             for node in self.lab.hosts():
-                uuid = self.lab.ssh(node, f"cryptsetup isLuks {STATE_DISK} && cryptsetup luksUUID {STATE_DISK}", check=False)
+                uuid = self.lab.ssh(
+                    node, f"cryptsetup isLuks {STATE_DISK} && cryptsetup luksUUID {STATE_DISK}", check=False
+                )
                 if uuid.returncode == 0:
-                    disk_key = derive.state_disk_key(raw["master_key"], raw["master_salt"], uuid.stdout.decode().strip().lower())
+                    disk_key = derive.state_disk_key(
+                        raw["master_key"], raw["master_salt"], uuid.stdout.decode().strip().lower()
+                    )
                     found[f"disk_key[{node}]"] = encodings(disk_key)
         for node in self.lab.hosts():
             # Short-lived node keys: the state disk's initial key, the init hand-over's ephemeral key.
-            listing = self.lab.ssh(node, "for f in /run/confidential-kubernetes/*.key; do [ -f \"$f\" ] && "
-                                   "echo \"$f $(od -An -tx1 -v \"$f\" | tr -d ' \\n')\"; done; true", check=False)
+            listing = self.lab.ssh(
+                node,
+                'for f in /run/confidential-kubernetes/*.key; do [ -f "$f" ] && '
+                'echo "$f $(od -An -tx1 -v "$f" | tr -d \' \\n\')"; done; true',
+                check=False,
+            )
             for line in listing.stdout.decode().splitlines():
                 path, _sep, value = line.partition(" ")
                 if value:
@@ -192,7 +244,9 @@ def bootstrap_tokens(secrets_json: bytes) -> list[str]:
         if isinstance(value, dict):
             data = value.get("data") if value.get("type") == "bootstrap.kubernetes.io/token" else None
             if isinstance(data, dict) and "token-id" in data and "token-secret" in data:
-                tokens.append(f"{base64.b64decode(data['token-id']).decode()}.{base64.b64decode(data['token-secret']).decode()}")
+                tokens.append(
+                    f"{base64.b64decode(data['token-id']).decode()}.{base64.b64decode(data['token-secret']).decode()}"
+                )
             for item in value.values():
                 visit(item)
         elif isinstance(value, list):
@@ -210,7 +264,9 @@ def bootstrap_tokens(secrets_json: bytes) -> list[str]:
 
 def scan_nodes(lab: Lab, scanner: Scanner, journals: bool) -> None:
     """Each node's persistent files (its overlay upper dir, read on the host), its tmpfs mounts and journal."""
-    request = json.dumps({"secrets": needles_to_hex(scanner.secrets), "roots": list(NODE_TMPFS), "skip": list(NODE_SKIP)}).encode()
+    request = json.dumps(
+        {"secrets": needles_to_hex(scanner.secrets), "roots": list(NODE_TMPFS), "skip": list(NODE_SKIP)}
+    ).encode()
     for node in lab.hosts():
         upper = lab.dir / "nodes" / node / "upper"
         scanner.tree(str(upper), f"{node}:/", skip=tuple(f"{node}:{path}" for path in NODE_SKIP))
@@ -235,11 +291,18 @@ def leftovers(lab: Lab) -> list[str]:
     """What a converged node must not keep: a second keyslot, an initial disk key, a key file on tmpfs."""
     problems = []
     for node in lab.hosts():
-        check = lab.ssh(node, f"cryptsetup isLuks {STATE_DISK} || exit 0; "
-                        f"cryptsetup luksDump --dump-json-metadata {STATE_DISK} | python3 -c "
-                        "'import json, sys; print(\"keyslots\", len(json.load(sys.stdin)[\"keyslots\"]))'; "
-                        "ls -d /run/confidential-kubernetes/*.key /dev/shm/ck-disk-key-* /run/ck-disk-key-* 2>/dev/null; true",
-                        check=False).stdout.decode().split("\n")
+        check = (
+            lab.ssh(
+                node,
+                f"cryptsetup isLuks {STATE_DISK} || exit 0; "
+                f"cryptsetup luksDump --dump-json-metadata {STATE_DISK} | python3 -c "
+                '\'import json, sys; print("keyslots", len(json.load(sys.stdin)["keyslots"]))\'; '
+                "ls -d /run/confidential-kubernetes/*.key /dev/shm/ck-disk-key-* /run/ck-disk-key-* 2>/dev/null; true",
+                check=False,
+            )
+            .stdout.decode()
+            .split("\n")
+        )
         for line in filter(None, check):
             if line != "keyslots 1":
                 problems.append(f"{node}: {line}")
@@ -286,8 +349,12 @@ def init_steps(lab: Lab, steps: list[dict], all_steps: list[dict], results: dict
 def fresh_worker(lab: Lab) -> None:
     """A new worker-0 (new overlay, new TPM: PCR 15 unmarked); the old one's Node object goes too."""
     lab.up(workers=0)
-    lab.ssh("cp-0", "test ! -e /etc/kubernetes/admin.conf || "
-            "kubectl --kubeconfig /etc/kubernetes/admin.conf delete node worker-0 --ignore-not-found", check=False)
+    lab.ssh(
+        "cp-0",
+        "test ! -e /etc/kubernetes/admin.conf || "
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf delete node worker-0 --ignore-not-found",
+        check=False,
+    )
     lab.up(workers=1)
     lab.node_stack()
 
@@ -309,16 +376,31 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
     if not fired:
         problems.append(f"the fault did not fire ({playbook} rc {rc}: {last_failure(crashed_output)})")
     if outcome != step["expect"]:
-        problems.append(f"expected {step['expect']}, got {outcome}" + ("" if rc_after == 0 else f": {last_failure(output)}"))
+        problems.append(
+            f"expected {step['expect']}, got {outcome}" + ("" if rc_after == 0 else f": {last_failure(output)}")
+        )
     if outcome == "converges":
         problems += [f"left over after converging: {entry}" for entry in leftovers(lab)]
     message = "" if rc_after == 0 else last_failure(output)
-    results["steps"].append({"name": step["name"], "expect": step["expect"], "outcome": outcome, "fired": fired, "message": message,
-                             "problems": problems, "hits": scanner.hits, "files": scanner.files, "bytes": scanner.bytes,
-                             "seconds": round(seconds + seconds_after, 1)})
+    results["steps"].append(
+        {
+            "name": step["name"],
+            "expect": step["expect"],
+            "outcome": outcome,
+            "fired": fired,
+            "message": message,
+            "problems": problems,
+            "hits": scanner.hits,
+            "files": scanner.files,
+            "bytes": scanner.bytes,
+            "seconds": round(seconds + seconds_after, 1),
+        }
+    )
     status = "ok" if not problems and not scanner.hits else "WRONG"
-    log(f"{status} {step['name']}: {outcome} (expected {step['expect']}; fired={fired}; crashed run rc {rc} {seconds:.0f} s, "
-        f"re-run {seconds_after:.0f} s; {scanner.files} files scanned, {len(scanner.hits)} secret(s) outside 0600)")
+    log(
+        f"{status} {step['name']}: {outcome} (expected {step['expect']}; fired={fired}; crashed run rc {rc} {seconds:.0f} s, "
+        f"re-run {seconds_after:.0f} s; {scanner.files} files scanned, {len(scanner.hits)} secret(s) outside 0600)"
+    )
     if message and not problems:
         log(f"   {message}")
     for problem in problems:
@@ -332,11 +414,24 @@ def run_step(lab: Lab, step: dict, playbook: str, results: dict) -> bool:
 # an operator would give. A playbook missing here is reported as a hygiene problem.
 # init.yml first: the join tokens are watched for from then on (they are deleted once their node registered).
 HYGIENE_PLAYBOOKS: list[tuple[str, list[str]]] = [
-    ("init.yml", []), ("site.yml", []), ("join.yml", []), ("cni.yml", []), ("upgrade.yml", []), ("verify.yml", []),
-    ("measurements.yml", ["-e", "measurements_golden_node=cp-0", "-e", "measurements_policy_file={lab}/enrolled-policy.yml"]),
-    ("prepare_image.yml", []), ("groups.yml", []), ("addresses.yml", []), ("prepare.yml", []),
+    ("init.yml", []),
+    ("site.yml", []),
+    ("join.yml", []),
+    ("cni.yml", []),
+    ("upgrade.yml", []),
+    ("verify.yml", []),
+    (
+        "measurements.yml",
+        ["-e", "measurements_golden_node=cp-0", "-e", "measurements_policy_file={lab}/enrolled-policy.yml"],
+    ),
+    ("prepare_image.yml", []),
+    ("groups.yml", []),
+    ("addresses.yml", []),
+    ("prepare.yml", []),
     # Day 2 on a healthy cluster: recover has nothing to do, backup takes the snapshot restore uses below, renew is forced.
-    ("recover.yml", []), ("backup.yml", []), ("renew.yml", ["-e", "certificates_force=true"]),
+    ("recover.yml", []),
+    ("backup.yml", []),
+    ("renew.yml", ["-e", "certificates_force=true"]),
 ]
 HYGIENE_DESTRUCTIVE_PLAYBOOKS: list[tuple[str, list[str]]] = [
     ("restore.yml", ["-e", "confirm_restore=CLUSTER_ID"]),
@@ -360,15 +455,22 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
     (lab.dir / "enrolled-policy.yml").unlink(missing_ok=True)
     for node in lab.hosts():
         install_injector(lab, node, all_steps)
-    unlisted = sorted({p.name for p in (REPO / "playbooks").glob("*.yml")} - {name for name, _extra in HYGIENE_PLAYBOOKS}
-                      - {name for name, _extra in HYGIENE_DESTRUCTIVE_PLAYBOOKS})
+    unlisted = sorted(
+        {p.name for p in (REPO / "playbooks").glob("*.yml")}
+        - {name for name, _extra in HYGIENE_PLAYBOOKS}
+        - {name for name, _extra in HYGIENE_DESTRUCTIVE_PLAYBOOKS}
+    )
     if unlisted:
-        results["hygiene_problems"].append(f"playbooks not in the hygiene run (add them to runner.py): {', '.join(unlisted)}")
+        results["hygiene_problems"].append(
+            f"playbooks not in the hygiene run (add them to runner.py): {', '.join(unlisted)}"
+        )
     outputs = []
 
     def run(playbooks: list[tuple[str, list[str]]]) -> None:
         for playbook, extra in playbooks:
-            rc, output, seconds = lab.playbook(f"playbooks/{playbook}", "-vvv", [arg.format(lab=lab.dir) for arg in extra])
+            rc, output, seconds = lab.playbook(
+                f"playbooks/{playbook}", "-vvv", [arg.format(lab=lab.dir) for arg in extra]
+            )
             log(f"hygiene: {playbook} -vvv rc {rc} in {seconds:.0f} s ({len(output)} bytes of output)")
             if rc != 0:
                 results["hygiene_problems"].append(f"{playbook} failed: {last_failure(output)}")
@@ -376,8 +478,12 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
 
     run(HYGIENE_PLAYBOOKS[:1])
     collector = ClusterSecrets(lab)
-    watch = subprocess.Popen(lab.ssh_argv(next(iter(lab.hosts())), TOKEN_SECRETS + " --watch"), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    watch = subprocess.Popen(
+        lab.ssh_argv(next(iter(lab.hosts())), TOKEN_SECRETS + " --watch"),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         run(HYGIENE_PLAYBOOKS[1:])
     finally:
@@ -388,21 +494,39 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
     scan_nodes(lab, scanner, journals=False)
     scan_controller(lab, scanner)
     cluster_id = cluster_id_of(lab)
-    run([(name, [arg.replace("CLUSTER_ID", cluster_id) for arg in extra]) for name, extra in HYGIENE_DESTRUCTIVE_PLAYBOOKS])
+    run(
+        [
+            (name, [arg.replace("CLUSTER_ID", cluster_id) for arg in extra])
+            for name, extra in HYGIENE_DESTRUCTIVE_PLAYBOOKS
+        ]
+    )
     for playbook, output in outputs:
         scanner.stream(f"ansible-playbook {playbook} -vvv", output.encode())
     scan_nodes(lab, scanner, journals=True)
     scan_controller(lab, scanner)
     # The scan must be able to fail: the secrets that rightly live in 0600 files must be found there.
-    for name, where in (("master_key", "cp-0:/etc/confidential-kubernetes/cluster-secrets.json"), ("pki/ca.key", "cp-0:/etc/kubernetes/pki/ca.key")):
+    for name, where in (
+        ("master_key", "cp-0:/etc/confidential-kubernetes/cluster-secrets.json"),
+        ("pki/ca.key", "cp-0:/etc/kubernetes/pki/ca.key"),
+    ):
         if not any(entry["secret"] == name and entry["where"] == where for entry in scanner.protected):
             results["hygiene_problems"].append(f"scanner self-check: {name} not found in {where}")
     if not any(name.startswith("bootstrap_token[") for name in scanner.secrets):
-        results["hygiene_problems"].append("scanner self-check: no bootstrap token found among the bootstrap-token Secrets the API server serves")
-    results["hygiene"] = {"runs": len(outputs), "bytes": scanner.bytes, "files": scanner.files + scanner.streams,
-                          "secrets": len(scanner.secrets), "hits": scanner.hits, "protected": len(scanner.protected)}
-    log(f"hygiene: {scanner.bytes} bytes in {scanner.files + scanner.streams} files/streams, {len(scanner.secrets)} secrets, "
-        f"{len(scanner.hits)} hits, {len(scanner.protected)} in 0600 files")
+        results["hygiene_problems"].append(
+            "scanner self-check: no bootstrap token found among the bootstrap-token Secrets the API server serves"
+        )
+    results["hygiene"] = {
+        "runs": len(outputs),
+        "bytes": scanner.bytes,
+        "files": scanner.files + scanner.streams,
+        "secrets": len(scanner.secrets),
+        "hits": scanner.hits,
+        "protected": len(scanner.protected),
+    }
+    log(
+        f"hygiene: {scanner.bytes} bytes in {scanner.files + scanner.streams} files/streams, {len(scanner.secrets)} secrets, "
+        f"{len(scanner.hits)} hits, {len(scanner.protected)} in 0600 files"
+    )
     for hit in scanner.hits:
         log(f"   secret {hit['secret']} in {hit['where']}{' (mode ' + hit['mode'] + ')' if 'mode' in hit else ''}")
     for problem in results["hygiene_problems"]:
@@ -444,13 +568,17 @@ def main() -> int:
         leaks = sum(len(r["hits"]) for r in done)
         converged = sum(1 for r in done if r["outcome"] == "converges" and not r["problems"])
         reset = sum(1 for r in done if r["outcome"] == "needs-reset" and not r["problems"])
-        print(f"faults: {len(done)} steps, {converged} converged, {reset} reported needs-reset, {wrong} wrong outcomes, "
-              f"{leaks} secrets outside 0600")
+        print(
+            f"faults: {len(done)} steps, {converged} converged, {reset} reported needs-reset, {wrong} wrong outcomes, "
+            f"{leaks} secrets outside 0600"
+        )
         failed |= bool(wrong or leaks)
     if args.suite in ("hygiene", "both"):
         hygiene = results["hygiene"]
-        print(f"secret hygiene: {hygiene['runs']} playbook runs, {hygiene['bytes']} bytes scanned in {hygiene['files']} files/streams, "
-              f"{hygiene['secrets']} secrets searched, {len(hygiene['hits'])} hits")
+        print(
+            f"secret hygiene: {hygiene['runs']} playbook runs, {hygiene['bytes']} bytes scanned in {hygiene['files']} files/streams, "
+            f"{hygiene['secrets']} secrets searched, {len(hygiene['hits'])} hits"
+        )
         for problem in results["hygiene_problems"]:
             print(f"  {problem}")
         failed |= bool(hygiene["hits"] or results["hygiene_problems"])

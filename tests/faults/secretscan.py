@@ -75,7 +75,7 @@ class Scanner:
         """Walk ``root``; a file is shown (and matched against ``skip``) as ``shown_as`` + its path below ``root``."""
         root = root.rstrip("/") or "/"
         for directory, dirnames, filenames in os.walk(root):
-            shown_dir = (shown_as.rstrip("/") + directory[len(root):]) or "/"
+            shown_dir = (shown_as.rstrip("/") + directory[len(root) :]) or "/"
             dirnames[:] = [d for d in dirnames if not _skipped(os.path.join(shown_dir, d), skip)]
             for filename in filenames:
                 shown = os.path.join(shown_dir, filename)
@@ -103,7 +103,13 @@ class Scanner:
             (self.protected if mode & 0o077 == 0 else self.hits).append(entry)
 
     def report(self) -> dict:
-        return {"files": self.files, "streams": self.streams, "bytes": self.bytes, "hits": self.hits, "protected": self.protected}
+        return {
+            "files": self.files,
+            "streams": self.streams,
+            "bytes": self.bytes,
+            "hits": self.hits,
+            "protected": self.protected,
+        }
 
 
 def _skipped(shown: str, skip: tuple[str, ...]) -> bool:

@@ -22,17 +22,29 @@ sys.path.insert(0, str(HERE))
 from secretscan import Scanner, encodings, pem_needles  # noqa: E402 pylint: disable=wrong-import-position
 
 COLLECTIONS = HERE.parent.parent / ".venv" / "collections"
-CALL_DERIVE = ("from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive; "
-               "derive.measurement_secret(bytes(32), bytes(32)); print('survived')")
+CALL_DERIVE = (
+    "from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive; "
+    "derive.measurement_secret(bytes(32), bytes(32)); print('survived')"
+)
 SECRET = bytes(range(7, 39))
 
 
 def _run(tmp_path: Path, step: dict, code: str = CALL_DERIVE) -> subprocess.CompletedProcess:
     (tmp_path / "faults.json").write_text(json.dumps({"steps": [step]}))
-    env = dict(os.environ, CK_FAULT_DIR=str(tmp_path), CK_FAULT_STEPS_FILE=str(tmp_path / "faults.json"), CK_FAULT_STEP=step["name"],
-               PYTHONPATH=os.pathsep.join([str(COLLECTIONS), str(HERE)]))
-    return subprocess.run([sys.executable, "-c", "import ck_fault_injector; " + code], env=env, capture_output=True, text=True,
-                          check=False)
+    env = dict(
+        os.environ,
+        CK_FAULT_DIR=str(tmp_path),
+        CK_FAULT_STEPS_FILE=str(tmp_path / "faults.json"),
+        CK_FAULT_STEP=step["name"],
+        PYTHONPATH=os.pathsep.join([str(COLLECTIONS), str(HERE)]),
+    )
+    return subprocess.run(
+        [sys.executable, "-c", "import ck_fault_injector; " + code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
@@ -52,9 +64,16 @@ def test_injector_leaves_other_functions_alone(tmp_path):
 
 
 def test_injector_patches_methods(tmp_path):
-    step = {"name": "method", "target": "_crypto.root_secrets:RootSecrets.measurement_secret", "when": "after", "action": "kill"}
-    code = ("from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets; "
-            "RootSecrets(bytes(32), bytes(32), bytes(32)).cluster_id()")
+    step = {
+        "name": "method",
+        "target": "_crypto.root_secrets:RootSecrets.measurement_secret",
+        "when": "after",
+        "action": "kill",
+    }
+    code = (
+        "from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets; "
+        "RootSecrets(bytes(32), bytes(32), bytes(32)).cluster_id()"
+    )
     assert _run(tmp_path, step, code).returncode == -signal.SIGKILL
 
 
@@ -75,7 +94,9 @@ def test_scanner_finds_base64_inside_longer_text(shift):
     assert Scanner({"s": encodings(SECRET)}).search(text) == ["s"]
 
 
-@pytest.mark.parametrize("form", [SECRET, SECRET.hex().encode(), SECRET.hex().upper().encode(), base64.urlsafe_b64encode(SECRET)])
+@pytest.mark.parametrize(
+    "form", [SECRET, SECRET.hex().encode(), SECRET.hex().upper().encode(), base64.urlsafe_b64encode(SECRET)]
+)
 def test_scanner_finds_each_encoding(form):
     assert Scanner({"s": encodings(SECRET)}).search(b"..." + form + b"...") == ["s"]
 
@@ -85,7 +106,11 @@ def test_scanner_misses_nothing_else():
 
 
 def test_pem_needles_find_a_key_line_and_the_base64_of_the_pem():
-    pem = b"-----BEGIN PRIVATE KEY-----\n" + b"\n".join(base64.b64encode(bytes([i] * 48)) for i in range(4)) + b"\n-----END PRIVATE KEY-----\n"
+    pem = (
+        b"-----BEGIN PRIVATE KEY-----\n"
+        + b"\n".join(base64.b64encode(bytes([i] * 48)) for i in range(4))
+        + b"\n-----END PRIVATE KEY-----\n"
+    )
     scanner = Scanner({"k": pem_needles(pem)})
     assert scanner.search(json.dumps({"x": pem.decode()}).encode()) == ["k"]
     assert scanner.search(b"data: " + base64.b64encode(b"ab" + pem)) == ["k"]

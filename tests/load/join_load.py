@@ -16,6 +16,7 @@ Checks: every valid join ends with a ticket that opens (0 lost, 0 valid refused)
 no token is minted twice, every delivered ticket carries a minted token and every minted token was delivered, both
 service processes exit 0, the policy reload is in the service log. Prints the summary line and exits 1 on a failure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,10 +115,20 @@ def run_clients(endpoint: str, ca_pem: bytes, clients: list[Client], progress, s
             try:
                 # Every client is a TPM of its own (one EK, as a real node has; the join service keeps one pending
                 # challenge per EK and client), enrolled under its own name with its own disk.
-                payload = request_ticket([endpoint], ca_pem, client.tcti, client.node_name, disk_uuid=client.disk_uuid,
-                                         kubelet_csr_pem=join_harness.make_csr(client.node_name), attempts=ATTEMPTS,
-                                         backoff=BACKOFF,
-                                         max_backoff=MAX_BACKOFF, timeout=30, total_timeout=180, sleep=counted_sleep)
+                payload = request_ticket(
+                    [endpoint],
+                    ca_pem,
+                    client.tcti,
+                    client.node_name,
+                    disk_uuid=client.disk_uuid,
+                    kubelet_csr_pem=join_harness.make_csr(client.node_name),
+                    attempts=ATTEMPTS,
+                    backoff=BACKOFF,
+                    max_backoff=MAX_BACKOFF,
+                    timeout=30,
+                    total_timeout=180,
+                    sleep=counted_sleep,
+                )
                 token = payload.bootstrap_token
             except JoinError as exc:
                 code, reason = exc.code, exc.reason
@@ -125,7 +136,11 @@ def run_clients(endpoint: str, ca_pem: bytes, clients: list[Client], progress, s
             except Exception as exc:  # noqa: BLE001 - anything else is a lost join, reported by name
                 code, reason, exhausted = "client-error", f"{type(exc).__name__}: {exc}", True
             with lock:
-                outcomes.append(Outcome(node, client.tampered, token, code, reason, exhausted, len(retries), time.monotonic() - started))
+                outcomes.append(
+                    Outcome(
+                        node, client.tampered, token, code, reason, exhausted, len(retries), time.monotonic() - started
+                    )
+                )
             progress.put(1)
 
     threads = [threading.Thread(target=node_joins, args=(client,)) for client in clients]
@@ -150,8 +165,12 @@ class ServiceProcess:
     def __init__(self, config: Path, tokens: Path, log: Path, endpoint: str, ca_pem: bytes):
         self.log = log
         with open(log, "wb") as handle:
-            self.process = subprocess.Popen([sys.executable, str(SERVICE), "--config", str(config), "--tokens", str(tokens)],
-                                            stdin=subprocess.DEVNULL, stdout=handle, stderr=handle)
+            self.process = subprocess.Popen(
+                [sys.executable, str(SERVICE), "--config", str(config), "--tokens", str(tokens)],
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=handle,
+            )
         deadline = time.monotonic() + 60
         with grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(ca_pem)) as channel:
             stub = pb2_grpc.JoinServiceStub(channel)
@@ -207,8 +226,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--joins", type=int, default=int(os.environ.get("CK_LOAD_JOINS", "2000")))
     parser.add_argument("--clients", type=int, default=int(os.environ.get("CK_LOAD_CLIENTS", "64")))
-    parser.add_argument("--ak-trust", choices=("pcrs-only", "ek-certificate"), default=os.environ.get("CK_LOAD_AK_TRUST", "pcrs-only"),
-                        help="the policy's AK trust: ek-certificate adds the EK chain check and a credential activation per join")
+    parser.add_argument(
+        "--ak-trust",
+        choices=("pcrs-only", "ek-certificate"),
+        default=os.environ.get("CK_LOAD_AK_TRUST", "pcrs-only"),
+        help="the policy's AK trust: ek-certificate adds the EK chain check and a credential activation per join",
+    )
     args = parser.parse_args()
     if args.clients < TAMPERED_EVERY or args.joins < 3 * args.clients:
         parser.error(f"need at least {TAMPERED_EVERY} clients and 3 joins per client")
@@ -223,8 +246,9 @@ def main() -> int:
         # a time.
         manufactured = [conftest.ManufacturedTpm(work / "tpm-0", work / "ek-ca")]
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-            manufactured += pool.map(lambda i: conftest.ManufacturedTpm(work / f"tpm-{i}", work / "ek-ca"),
-                                     range(1, args.clients))
+            manufactured += pool.map(
+                lambda i: conftest.ManufacturedTpm(work / f"tpm-{i}", work / "ek-ca"), range(1, args.clients)
+            )
         swtpms = [conftest.SwtpmInstance(tpm) for tpm in manufactured]
         lab = join_harness.JoinLab(work / "node", swtpms[-1])
         policy = lab.write_policy(args.ak_trust)
@@ -241,16 +265,33 @@ def main() -> int:
         endpoint = f"127.0.0.1:{port}"
         config = work / "joinservice.json"
         # All clients share 127.0.0.1, where a real cluster's nodes are as many addresses: the per-peer limits are lifted.
-        config.write_text(json.dumps(dataclasses.asdict(lab.config(port, grace_period=GRACE_PERIOD, policy_check_interval=0.5,
-                                                                   registration_check_interval=5, nonce_rate=1e6, nonce_burst=1e6,
-                                                                   ticket_rate=1e6, ticket_burst=1e6))))
+        config.write_text(
+            json.dumps(
+                dataclasses.asdict(
+                    lab.config(
+                        port,
+                        grace_period=GRACE_PERIOD,
+                        policy_check_interval=0.5,
+                        registration_check_interval=5,
+                        nonce_rate=1e6,
+                        nonce_burst=1e6,
+                        ticket_rate=1e6,
+                        ticket_burst=1e6,
+                    )
+                )
+            )
+        )
         tokens = work / "tokens"
         services.append(ServiceProcess(config, tokens, work / "service-1.log", endpoint, lab.ca_pem))
 
         context = multiprocessing.get_context("spawn")
         progress, results, start = context.Queue(), context.Queue(), context.Event()
-        processes = [context.Process(target=run_clients, args=(endpoint, lab.ca_pem, clients[i::CLIENT_PROCESSES], progress, start, results))
-                     for i in range(CLIENT_PROCESSES)]
+        processes = [
+            context.Process(
+                target=run_clients, args=(endpoint, lab.ca_pem, clients[i::CLIENT_PROCESSES], progress, start, results)
+            )
+            for i in range(CLIENT_PROCESSES)
+        ]
         for process in processes:
             process.start()
         ready = 0
@@ -296,8 +337,16 @@ def main() -> int:
             instance.stop()
 
 
-def report(args, outcomes: list[Outcome], tokens: Path, services: list[ServiceProcess], restart, second_exit: int,
-           policy_changed_at: int | None, duration: float) -> int:
+def report(
+    args,
+    outcomes: list[Outcome],
+    tokens: Path,
+    services: list[ServiceProcess],
+    restart,
+    second_exit: int,
+    policy_changed_at: int | None,
+    duration: float,
+) -> int:
     failures = []
     valid = [o for o in outcomes if not o.tampered]
     tampered = [o for o in outcomes if o.tampered]
@@ -318,31 +367,51 @@ def report(args, outcomes: list[Outcome], tokens: Path, services: list[ServicePr
     checks = [
         (len(outcomes) == args.joins, f"{len(outcomes)} outcomes for {args.joins} joins"),
         (not lost, f"{len(lost)} lost, e.g. {[(o.node, o.code, o.reason) for o in lost[:3]]}"),
-        (not valid_refused, f"{len(valid_refused)} valid refused, e.g. {[(o.node, o.code, o.reason) for o in valid_refused[:3]]}"),
-        (len(tampered_refused) == len(tampered), f"{len(tampered) - len(tampered_refused)} tampered joins not refused as pcr-policy"),
+        (
+            not valid_refused,
+            f"{len(valid_refused)} valid refused, e.g. {[(o.node, o.code, o.reason) for o in valid_refused[:3]]}",
+        ),
+        (
+            len(tampered_refused) == len(tampered),
+            f"{len(tampered) - len(tampered_refused)} tampered joins not refused as pcr-policy",
+        ),
         (not tampered_admitted, f"{len(tampered_admitted)} tampered nodes got a ticket"),
         (duplicates == 0, f"{duplicates} duplicate tokens minted"),
         (all(count == 1 for count in delivered.values()), "a token was delivered to two joins"),
         (not unminted, f"{len(unminted)} delivered tokens were never minted"),
         (not undelivered, f"{len(undelivered)} minted tokens were never delivered"),
-        (restart is not None and restart[1] == 0 and second_exit == 0, f"service exit codes {restart and restart[1]}, {second_exit}"),
+        (
+            restart is not None and restart[1] == 0 and second_exit == 0,
+            f"service exit codes {restart and restart[1]}, {second_exit}",
+        ),
         (len(starts) == 2, f"{len(starts)} service starts logged, expected 2"),
         (any(7 in e.get("pcrs", []) for e in reloads), f"no policy reload with PCR 7 logged ({reloads})"),
     ]
     failures = [message for ok, message in checks if not ok]
     seconds = sorted(o.seconds for o in valid if o.token)
     retried = sum(1 for o in outcomes if o.retries)
-    print(f"join service under load: {args.clients} clients ({args.clients // TAMPERED_EVERY} tampered) in {CLIENT_PROCESSES} processes, "
-          f"one swtpm each, ak_trust {args.ak_trust}, {os.cpu_count()} CPU(s), grpcio {grpc.__version__}")
-    print(f"policy changed after {policy_changed_at} joins; restart after {restart[0] if restart else '-'} joins: "
-          f"drain and exit {restart[2]:.1f} s, new process serving {restart[3]:.1f} s later" if restart else "no restart happened")
-    print(f"tickets {len(seconds)}, {len(seconds) / duration:.1f}/s; join latency with retries p50 {statistics.median(seconds) * 1000:.0f} ms, "
-          f"p99 {seconds[int(len(seconds) * 0.99)] * 1000:.0f} ms, max {seconds[-1] * 1000:.0f} ms; {retried} joins retried"
-          if seconds else "no tickets")
+    print(
+        f"join service under load: {args.clients} clients ({args.clients // TAMPERED_EVERY} tampered) in {CLIENT_PROCESSES} processes, "
+        f"one swtpm each, ak_trust {args.ak_trust}, {os.cpu_count()} CPU(s), grpcio {grpc.__version__}"
+    )
+    print(
+        f"policy changed after {policy_changed_at} joins; restart after {restart[0] if restart else '-'} joins: "
+        f"drain and exit {restart[2]:.1f} s, new process serving {restart[3]:.1f} s later"
+        if restart
+        else "no restart happened"
+    )
+    print(
+        f"tickets {len(seconds)}, {len(seconds) / duration:.1f}/s; join latency with retries p50 {statistics.median(seconds) * 1000:.0f} ms, "
+        f"p99 {seconds[int(len(seconds) * 0.99)] * 1000:.0f} ms, max {seconds[-1] * 1000:.0f} ms; {retried} joins retried"
+        if seconds
+        else "no tickets"
+    )
     print(f"service refusals by reason: {dict(sorted(refusals.items(), key=str))}")
-    print(f"load: {len(outcomes)} joins, {args.clients} clients, {len(starts) - 1} restart, {len(reloads)} policy change: "
-          f"{len(lost)} lost, {duplicates} duplicate tokens, {len(valid_refused)} valid refused, "
-          f"{len(tampered_refused)}/{len(tampered)} tampered refused, {duration:.1f} s")
+    print(
+        f"load: {len(outcomes)} joins, {args.clients} clients, {len(starts) - 1} restart, {len(reloads)} policy change: "
+        f"{len(lost)} lost, {duplicates} duplicate tokens, {len(valid_refused)} valid refused, "
+        f"{len(tampered_refused)}/{len(tampered)} tampered refused, {duration:.1f} s"
+    )
     for message in failures:
         print(f"FAILED: {message}")
     return 1 if failures else 0

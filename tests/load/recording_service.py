@@ -6,6 +6,7 @@ Run: python tests/load/recording_service.py --config FILE --tokens FILE
 Each registered token is appended to the tokens file as one line ``<token> <node name>`` (O_APPEND, one write per
 line, so the lines of two service processes never interleave).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,11 @@ sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins" / "module_utils" / "_
 
 from join_harness import FakeApi  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import service  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import TOKEN_PATTERN, TokenMinter, TokenMintError  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import (
+    TOKEN_PATTERN,
+    TokenMinter,
+    TokenMintError,
+)  # noqa: E402
 
 
 class RecordingMinter(TokenMinter):
@@ -54,7 +59,9 @@ def main() -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--tokens", required=True, help="file the minted tokens are appended to")
     args = parser.parse_args()
-    return service.main(["--config", args.config], token_minter=RecordingMinter(args.tokens), disk_bindings=FakeApi().bindings())
+    return service.main(
+        ["--config", args.config], token_minter=RecordingMinter(args.tokens), disk_bindings=FakeApi().bindings()
+    )
 
 
 if __name__ == "__main__":

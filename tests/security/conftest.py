@@ -72,16 +72,22 @@ def pytest_terminal_summary(terminalreporter):
     if not _LEDGER.secrets:
         return
     refused = sum(_LEDGER.outcomes.values())
-    terminalreporter.write_line(f"protocol attacks: {len(_LEDGER.secrets)} attacks, {refused} refused, "
-                                f"{sum(_LEDGER.secrets.values())} secrets obtained")
+    terminalreporter.write_line(
+        f"protocol attacks: {len(_LEDGER.secrets)} attacks, {refused} refused, "
+        f"{sum(_LEDGER.secrets.values())} secrets obtained"
+    )
     flood = dict(_LEDGER.flood)
     for source, figures in sorted(flood.pop("connections", {}).items()):
-        terminalreporter.write_line(f"connection flood: {figures['connects']} connects from {source} in {figures['seconds']} s "
-                                    f"(refused: {figures['refused']}); {figures['joins']} genuine joins meanwhile, "
-                                    f"p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms")
+        terminalreporter.write_line(
+            f"connection flood: {figures['connects']} connects from {source} in {figures['seconds']} s "
+            f"(refused: {figures['refused']}); {figures['joins']} genuine joins meanwhile, "
+            f"p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms"
+        )
     for name, figures in sorted(flood.pop("step1", {}).items()):
         terminalreporter.write_line(f"{name}: {figures}")
     if flood:
-        terminalreporter.write_line(f"flood: {flood['calls']} GetNonce from one client absorbed at {flood['per_second']}/s "
-                                    f"({flood['seconds']} s; {flood['outcomes']}); {flood['joins']}/20 genuine joins meanwhile, "
-                                    f"p50 {flood['p50_ms']} ms, max {flood['max_ms']} ms")
+        terminalreporter.write_line(
+            f"flood: {flood['calls']} GetNonce from one client absorbed at {flood['per_second']}/s "
+            f"({flood['seconds']} s; {flood['outcomes']}); {flood['joins']}/20 genuine joins meanwhile, "
+            f"p50 {flood['p50_ms']} ms, max {flood['max_ms']} ms"
+        )

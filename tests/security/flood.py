@@ -53,8 +53,13 @@ async def flood(endpoint: str, ca_pem: bytes, count: int, in_flight: int, server
 
         await asyncio.gather(*(worker() for _i in range(in_flight)))
         seconds = time.monotonic() - started
-    return {"calls": sum(outcomes.values()), "outcomes": dict(outcomes), "details": details, "seconds": round(seconds, 2),
-            "per_second": round(sum(outcomes.values()) / seconds)}
+    return {
+        "calls": sum(outcomes.values()),
+        "outcomes": dict(outcomes),
+        "details": details,
+        "seconds": round(seconds, 2),
+        "per_second": round(sum(outcomes.values()) / seconds),
+    }
 
 
 def main() -> int:

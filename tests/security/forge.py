@@ -36,7 +36,9 @@ class SoftwareQuoter:
         numbers = self.key.public_key().public_numbers()
         ak_public = base64.b64decode(genuine["ak_public"])
         # TPMT_PUBLIC of an ECC P-256 key ends with its point: TPM2B x, TPM2B y (32 bytes each).
-        assert ak_public[-68:-66] == b"\x00\x20" and ak_public[-34:-32] == b"\x00\x20", "the template's AK is not ECC P-256"
+        assert ak_public[-68:-66] == b"\x00\x20" and ak_public[-34:-32] == b"\x00\x20", (
+            "the template's AK is not ECC P-256"
+        )
         self.ak_public = ak_public[:-68] + _tpm2b(numbers.x.to_bytes(32, "big")) + _tpm2b(numbers.y.to_bytes(32, "big"))
         self.ak_name = tpm2.parse_public(self.ak_public).name
         self.quote_template = base64.b64decode(genuine["quote"])
@@ -46,13 +48,21 @@ class SoftwareQuoter:
         signer_size = struct.unpack_from(">H", self.quote_template, 6)[0]
         position = 8 + signer_size
         extra_size = struct.unpack_from(">H", self.quote_template, position)[0]
-        rest = self.quote_template[position + 2 + extra_size:]
+        rest = self.quote_template[position + 2 + extra_size :]
         attest = head + _tpm2b(self.ak_name) + _tpm2b(qualifying_data(nonce, user_data)) + rest
         r, s = decode_dss_signature(self.key.sign(attest, ec.ECDSA(hashes.SHA256())))
-        signature = struct.pack(">HH", TPM_ALG_ECDSA, TPM_ALG_SHA256) + _tpm2b(r.to_bytes(32, "big")) + _tpm2b(s.to_bytes(32, "big"))
+        signature = (
+            struct.pack(">HH", TPM_ALG_ECDSA, TPM_ALG_SHA256)
+            + _tpm2b(r.to_bytes(32, "big"))
+            + _tpm2b(s.to_bytes(32, "big"))
+        )
         document = dict(self.template)
-        document.update(ak_public=base64.b64encode(self.ak_public).decode(), quote=base64.b64encode(attest).decode(),
-                        signature=base64.b64encode(signature).decode(), user_data=base64.b64encode(user_data).decode())
+        document.update(
+            ak_public=base64.b64encode(self.ak_public).decode(),
+            quote=base64.b64encode(attest).decode(),
+            signature=base64.b64encode(signature).decode(),
+            user_data=base64.b64encode(user_data).decode(),
+        )
         return document
 
 

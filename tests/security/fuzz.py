@@ -50,12 +50,24 @@ import atheris  # noqa: E402
 with atheris.instrument_imports(include=["ansible_collections.confidential.kubernetes"]):
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import eventlog, issuer
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
-        MeasurementPolicy, PcrRule, PolicyError, dump_policy, parse_policy)
+        MeasurementPolicy,
+        PcrRule,
+        PolicyError,
+        dump_policy,
+        parse_policy,
+    )
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
-        VerificationError, Verifier, load_ca_certificates)
+        VerificationError,
+        Verifier,
+        load_ca_certificates,
+    )
     from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import X25519, EphemeralKey
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import JoinRequest, Refusal, RejoinRequest
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import (
+        JoinRequest,
+        Refusal,
+        RejoinRequest,
+    )
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import Undecodable, _tolerant
 
@@ -150,21 +162,28 @@ class EvidenceTarget(Target):
             self.golden = _genuine(instance.tcti, self.nonce, EphemeralKey.generate().public_bytes())
             others = [
                 _genuine(instance.tcti, self.nonce, EphemeralKey.generate().public_bytes(), include_ek=False),
-                _genuine(instance.tcti, self.nonce, os.urandom(32),
-                         event_log=eventlogs.ipl_log({9: ["/boot/vmlinuz"]})),
+                _genuine(
+                    instance.tcti, self.nonce, os.urandom(32), event_log=eventlogs.ipl_log({9: ["/boot/vmlinuz"]})
+                ),
             ]
         finally:
             instance.stop()
         values = self.golden.pcrs["sha256"]
         rules = {i: PcrRule(i, (values[i],)) for i in POLICY_PCRS}
         cas = load_ca_certificates(tpms.tpms["lab"].ca_pem)
-        self.verifiers = [Verifier(MeasurementPolicy("sha256", rules, "pcrs-only")),
-                          Verifier(MeasurementPolicy("sha256", rules, "ek-certificate"), cas)]
+        self.verifiers = [
+            Verifier(MeasurementPolicy("sha256", rules, "pcrs-only")),
+            Verifier(MeasurementPolicy("sha256", rules, "ek-certificate"), cas),
+        ]
         genuine = [self.golden.to_json().encode()] + [e.to_json().encode() for e in others]
         self.documents = [json.loads(seed) for seed in genuine]
         golden = self.documents[0]
-        self.seeds = genuine + [AS_TEXT + genuine[0], AS_OBJECT + genuine[0],
-                                _long_text_with_a_lone_surrogate(golden), _keys_of_mixed_types(golden)]
+        self.seeds = genuine + [
+            AS_TEXT + genuine[0],
+            AS_OBJECT + genuine[0],
+            _long_text_with_a_lone_surrogate(golden),
+            _keys_of_mixed_types(golden),
+        ]
 
     def run(self, data):
         verifier = self.verifiers[len(data) % 2]
@@ -176,8 +195,11 @@ class EvidenceTarget(Target):
             return "rejected", exc.reason
         genuine = self.golden if result.evidence.user_data == self.golden.user_data else None
         signed = (result.evidence.quote, result.evidence.signature, result.evidence.ak_public)
-        if genuine is None or signed != (genuine.quote, genuine.signature, genuine.ak_public) or any(
-                result.pcrs[i] != genuine.pcrs["sha256"][i] for i in POLICY_PCRS):
+        if (
+            genuine is None
+            or signed != (genuine.quote, genuine.signature, genuine.ak_public)
+            or any(result.pcrs[i] != genuine.pcrs["sha256"][i] for i in POLICY_PCRS)
+        ):
             # The other seeds are genuine too (same TPM, same nonce): accepted only if unchanged where it matters.
             if not any(document["quote"] == _b64(result.evidence.quote) for document in self.documents[1:]):
                 raise Finding("evidence accepted that is not a genuine quote")
@@ -195,11 +217,22 @@ def _b64(raw: bytes) -> str:
 
 
 _POLICY_REASONS = [
-    ("size", r"larger than"), ("not-yaml", r"neither JSON nor YAML"), ("not-mapping", r"must be a mapping, got"),
-    ("unknown-key", r"unknown key"), ("version", r"version .* is not supported"), ("hash-algorithm", r"hash_algorithm"),
-    ("ak-trust", r"ak_trust"), ("pcrs-shape", r"'pcrs' must be"), ("index", r"PCR index"), ("rule-shape", r"rule must be|must be \{"),
-    ("allowed", r"'allowed' must|'expected' must"), ("hex", r"hex digest"), ("flag", r"must be true or false"), ("empty", r"are empty"),
-    ("depth", r"nested too deeply"), ("unreadable-value", r"cannot be read"),
+    ("size", r"larger than"),
+    ("not-yaml", r"neither JSON nor YAML"),
+    ("not-mapping", r"must be a mapping, got"),
+    ("unknown-key", r"unknown key"),
+    ("version", r"version .* is not supported"),
+    ("hash-algorithm", r"hash_algorithm"),
+    ("ak-trust", r"ak_trust"),
+    ("pcrs-shape", r"'pcrs' must be"),
+    ("index", r"PCR index"),
+    ("rule-shape", r"rule must be|must be \{"),
+    ("allowed", r"'allowed' must|'expected' must"),
+    ("hex", r"hex digest"),
+    ("flag", r"must be true or false"),
+    ("empty", r"are empty"),
+    ("depth", r"nested too deeply"),
+    ("unreadable-value", r"cannot be read"),
 ]
 
 
@@ -220,6 +253,7 @@ class PolicyTarget(Target):
         own = MeasurementPolicy("sha256", {i: PcrRule(i, (values[i],), i == 9) for i in POLICY_PCRS}, "pcrs-only")
         constellation = {str(i): {"expected": values[i].hex(), "warnOnly": i == 9} for i in POLICY_PCRS}
         import yaml
+
         self.seeds = [
             dump_policy(own).encode(),
             yaml.safe_dump(own.to_document()).encode(),
@@ -237,9 +271,13 @@ class PolicyTarget(Target):
             message = str(exc)
             if not message.startswith("fuzzed policy"):
                 raise Finding(f"PolicyError does not name its source: {message[:200]}") from None
-            return "rejected", next((code for code, pattern in _POLICY_REASONS if re.search(pattern, message)), "policy-error")
+            return "rejected", next(
+                (code for code, pattern in _POLICY_REASONS if re.search(pattern, message)), "policy-error"
+            )
         # A policy that loads must be usable: verifying genuine evidence against it only ever refuses with a reason.
-        if not isinstance(policy.rules, dict) or not all(isinstance(r.allowed, tuple) and r.allowed for r in policy.rules.values()):
+        if not isinstance(policy.rules, dict) or not all(
+            isinstance(r.allowed, tuple) and r.allowed for r in policy.rules.values()
+        ):
             raise Finding("policy loaded with an empty rule")
         try:
             Verifier(policy).verify(self.golden_json, self.nonce)
@@ -275,6 +313,7 @@ class JoinTarget(Target):
         import tempfile
         from join_harness import DISK_UUID, JoinLab, bound_user_data, make_csr
         from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
         self.swtpm = tpms.start("lab")
         self.lab = JoinLab(Path(tempfile.mkdtemp(prefix="ck-fuzz-join-")), self.swtpm)
         self.nonce = os.urandom(32)
@@ -283,24 +322,51 @@ class JoinTarget(Target):
         self.service = self.lab.start("ek-certificate", nonces=_Reusable(self.nonce), ticket_rate=1e6, ticket_burst=1e6)
         self.issuer = self.service.issuer
         stub, self.channel = self.lab.stub(self.service)
-        self.raw_calls = {kind: self.channel.unary_unary(f"/confidential.kubernetes.join.v1.JoinService/{method}")
-                          for kind, method in ((b"J", "IssueJoinTicket"), (b"R", "IssueRejoinTicket"), (b"A", "ActivateTicket"))}
+        self.raw_calls = {
+            kind: self.channel.unary_unary(f"/confidential.kubernetes.join.v1.JoinService/{method}")
+            for kind, method in ((b"J", "IssueJoinTicket"), (b"R", "IssueRejoinTicket"), (b"A", "ActivateTicket"))
+        }
         self.inputs = 0
-        self.csrs = [make_csr("worker-1"), make_csr("cp-2"), make_csr("worker-1", rsa.generate_private_key(65537, 1024)),
-                     make_csr("worker-1", ec.generate_private_key(ec.SECP521R1())), make_csr("")]
+        self.csrs = [
+            make_csr("worker-1"),
+            make_csr("cp-2"),
+            make_csr("worker-1", rsa.generate_private_key(65537, 1024)),
+            make_csr("worker-1", ec.generate_private_key(ec.SECP521R1())),
+            make_csr(""),
+        ]
         # Genuine evidence quotes the ephemeral key followed by the digest of exactly the request it comes with.
-        bound = [bound_user_data(EphemeralKey.generate().public_bytes(), "join", "worker-1", False, DISK_UUID, self.csrs[0]),
-                 bound_user_data(EphemeralKey.generate(X25519).public_bytes(), "join", "", False, DISK_UUID.upper(), self.csrs[4]),
-                 bound_user_data(EphemeralKey.generate().public_bytes(), "rejoin", "worker-1", False, DISK_UUID)]
+        bound = [
+            bound_user_data(EphemeralKey.generate().public_bytes(), "join", "worker-1", False, DISK_UUID, self.csrs[0]),
+            bound_user_data(
+                EphemeralKey.generate(X25519).public_bytes(), "join", "", False, DISK_UUID.upper(), self.csrs[4]
+            ),
+            bound_user_data(EphemeralKey.generate().public_bytes(), "rejoin", "worker-1", False, DISK_UUID),
+        ]
         evidence, nameless, rejoin = (_genuine(self.swtpm.tcti, self.nonce, data).to_json().encode() for data in bound)
         self.evidences = [evidence, nameless, rejoin]
         self.seeds = [
-            b"J" + pb2.IssueJoinTicketRequest(evidence=evidence, nonce=self.nonce, node_name="worker-1", control_plane=False,
-                                              kubelet_csr=self.csrs[0], disk_uuid=DISK_UUID).SerializeToString(),
-            b"J" + pb2.IssueJoinTicketRequest(evidence=nameless, nonce=self.nonce, node_name="", control_plane=False,
-                                              kubelet_csr=self.csrs[4], disk_uuid=DISK_UUID.upper()).SerializeToString(),
-            b"R" + pb2.IssueRejoinTicketRequest(evidence=rejoin, nonce=self.nonce, node_name="worker-1",
-                                                disk_uuid=DISK_UUID).SerializeToString(),
+            b"J"
+            + pb2.IssueJoinTicketRequest(
+                evidence=evidence,
+                nonce=self.nonce,
+                node_name="worker-1",
+                control_plane=False,
+                kubelet_csr=self.csrs[0],
+                disk_uuid=DISK_UUID,
+            ).SerializeToString(),
+            b"J"
+            + pb2.IssueJoinTicketRequest(
+                evidence=nameless,
+                nonce=self.nonce,
+                node_name="",
+                control_plane=False,
+                kubelet_csr=self.csrs[4],
+                disk_uuid=DISK_UUID.upper(),
+            ).SerializeToString(),
+            b"R"
+            + pb2.IssueRejoinTicketRequest(
+                evidence=rejoin, nonce=self.nonce, node_name="worker-1", disk_uuid=DISK_UUID
+            ).SerializeToString(),
             b"A" + pb2.ActivateTicketRequest(nonce=self.nonce, activation_proof=os.urandom(32)).SerializeToString(),
         ]
         self.evidence_documents = [json.loads(e) for e in self.evidences]
@@ -317,19 +383,31 @@ class JoinTarget(Target):
         try:
             # What the JoinServicer methods hand to the issuer.
             if kind == b"R":
-                self.issuer.begin_rejoin(RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid))
+                self.issuer.begin_rejoin(
+                    RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
+                )
                 return "accepted", "rejoin challenge"
             if kind == b"A":
                 self.issuer.take(request.nonce, request.activation_proof)
                 raise Finding("an activation proof of random bytes was accepted")
-            challenge = self.issuer.begin_join(JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane,
-                                                           request.kubelet_csr, request.disk_uuid))
+            challenge = self.issuer.begin_join(
+                JoinRequest(
+                    request.evidence,
+                    request.nonce,
+                    request.node_name,
+                    request.control_plane,
+                    request.kubelet_csr,
+                    request.disk_uuid,
+                )
+            )
         except Refusal as refusal:
             if refusal.code not in ("INVALID_ARGUMENT", "PERMISSION_DENIED", "FAILED_PRECONDITION", "ABORTED"):
                 raise Finding(f"refusal {refusal.reason} with status {refusal.code}") from None
             return "rejected", refusal.reason
         if challenge.node_name != "worker-1" or challenge.control_plane:
-            raise Finding(f"the registry granted {challenge.node_name} (control plane: {challenge.control_plane}) to worker-1's TPM")
+            raise Finding(
+                f"the registry granted {challenge.node_name} (control plane: {challenge.control_plane}) to worker-1's TPM"
+            )
         return "accepted", "join challenge"
 
     def _over_grpc(self, kind: bytes, body: bytes) -> tuple[str, str]:
@@ -353,8 +431,17 @@ class JoinTarget(Target):
         if op == 1:
             return kind + mutate.mutate_bytes(body, rng)
         if op == 2:  # protobuf merges a concatenation: fields given twice, unknown fields
-            extra = rng.choice([b"\x1a\x03cp1", b"\x20\x01", b"\x12\x00", b"\xf8\x07\x01", b"\x0a\xff\xff\xff\xff\x0f", b"\x32\x02\xc3\x28",
-                                rng.randbytes(rng.randrange(1, 12))])
+            extra = rng.choice(
+                [
+                    b"\x1a\x03cp1",
+                    b"\x20\x01",
+                    b"\x12\x00",
+                    b"\xf8\x07\x01",
+                    b"\x0a\xff\xff\xff\xff\x0f",
+                    b"\x32\x02\xc3\x28",
+                    rng.randbytes(rng.randrange(1, 12)),
+                ]
+            )
             return kind + (body + extra if rng.random() < 0.5 else extra + body)
         request = _tolerant(message_type.FromString)(body)
         if isinstance(request, Undecodable):
@@ -366,22 +453,57 @@ class JoinTarget(Target):
                 request.nonce = rng.choice([b"", os.urandom(32), self.nonce, mutate.mutate_bytes(self.nonce, rng)])
             return kind + request.SerializeToString()
         if op <= 6:
-            request.evidence = mutate.mutate_json(request.evidence or rng.choice(self.evidences), rng, self.evidence_documents)
+            request.evidence = mutate.mutate_json(
+                request.evidence or rng.choice(self.evidences), rng, self.evidence_documents
+            )
         elif op == 7:
-            request.nonce = rng.choice([b"", os.urandom(32), self.nonce[:31], self.nonce + b"\x00", bytes(32),
-                                        mutate.mutate_bytes(self.nonce, rng)])
+            request.nonce = rng.choice(
+                [
+                    b"",
+                    os.urandom(32),
+                    self.nonce[:31],
+                    self.nonce + b"\x00",
+                    bytes(32),
+                    mutate.mutate_bytes(self.nonce, rng),
+                ]
+            )
         elif op == 8:
-            request.node_name = rng.choice(["Worker-1", "worker_1", "", "a" * 254, "worker-1.", "-worker", "cp-2", "worker-1\u0000",
-                                            "w\u00f6rker", "worker-1 ", "x" * 63 + "." + "y" * 63, "\U0001d518", "..", "worker-2"])
+            request.node_name = rng.choice(
+                [
+                    "Worker-1",
+                    "worker_1",
+                    "",
+                    "a" * 254,
+                    "worker-1.",
+                    "-worker",
+                    "cp-2",
+                    "worker-1\u0000",
+                    "w\u00f6rker",
+                    "worker-1 ",
+                    "x" * 63 + "." + "y" * 63,
+                    "\U0001d518",
+                    "..",
+                    "worker-2",
+                ]
+            )
         elif op == 9 and kind != b"R":
             if rng.random() < 0.5:
                 request.kubelet_csr = rng.choice(self.csrs)
             else:
                 request.kubelet_csr = mutate.mutate_bytes(request.kubelet_csr or self.csrs[0], rng)
         elif op == 10:
-            request.disk_uuid = rng.choice(["", "not-a-uuid", "0D3B1C4E-9F2A-4E57-8A61-2F4C9B7D5E13", "0d3b1c4e9f2a4e578a612f4c9b7d5e13",
-                                            "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13\n", "\uff10" * 8 + "-9f2a-4e57-8a61-2f4c9b7d5e13",
-                                            "../../etc/passwd", "{0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13}"])
+            request.disk_uuid = rng.choice(
+                [
+                    "",
+                    "not-a-uuid",
+                    "0D3B1C4E-9F2A-4E57-8A61-2F4C9B7D5E13",
+                    "0d3b1c4e9f2a4e578a612f4c9b7d5e13",
+                    "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13\n",
+                    "\uff10" * 8 + "-9f2a-4e57-8a61-2f4c9b7d5e13",
+                    "../../etc/passwd",
+                    "{0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13}",
+                ]
+            )
         elif kind != b"R":
             request.control_plane = not request.control_plane
         return kind + request.SerializeToString()
@@ -394,10 +516,17 @@ class JoinTarget(Target):
 
 
 _EVENT_LOG_REASONS = [
-    ("size", r"larger than"), ("empty", r"is empty"), ("not-bytes", r"must be bytes"), ("truncated", r"truncated"),
-    ("not-crypto-agile", r"must be EV_NO_ACTION|Spec ID Event03"), ("spec-version", r"spec version"),
-    ("algorithms", r"algorithm|digest size"), ("vendor-info", r"vendor information"), ("pcr-index", r"PCR index"),
-    ("digest-count", r"digest\(s\)|two .* digests"), ("too-many-events", r"more than"),
+    ("size", r"larger than"),
+    ("empty", r"is empty"),
+    ("not-bytes", r"must be bytes"),
+    ("truncated", r"truncated"),
+    ("not-crypto-agile", r"must be EV_NO_ACTION|Spec ID Event03"),
+    ("spec-version", r"spec version"),
+    ("algorithms", r"algorithm|digest size"),
+    ("vendor-info", r"vendor information"),
+    ("pcr-index", r"PCR index"),
+    ("digest-count", r"digest\(s\)|two .* digests"),
+    ("too-many-events", r"more than"),
     ("locality", r"StartupLocality"),
 ]
 
@@ -411,7 +540,9 @@ class EventLogTarget(Target):
         golden = eventlogs.firmware_log(locality=None)
         self.golden = eventlog.golden_events(eventlog.parse(golden), "sha256")
         self.seeds = [
-            golden, eventlogs.firmware_log(), eventlogs.firmware_log(command_line="quiet", banks=("sha256",)),
+            golden,
+            eventlogs.firmware_log(),
+            eventlogs.firmware_log(command_line="quiet", banks=("sha256",)),
             eventlogs.firmware_log(banks=("sha1", "sha256", "sha384", "sha512")),
             eventlogs.ipl_log({8: ["grub_cmd: linux /vmlinuz", "kernel_cmdline: ro"], 9: ["/vmlinuz", "/initrd"]}),
             eventlog.build(("sha256",), []),
@@ -425,8 +556,9 @@ class EventLogTarget(Target):
             message = str(exc)
             if not message.startswith("event"):
                 raise Finding(f"EventLogError does not name the log or the event: {message[:200]}") from None
-            reason = next((code for code, pattern in _EVENT_LOG_REASONS if re.search(pattern, message)),
-                          "event-log-error")
+            reason = next(
+                (code for code, pattern in _EVENT_LOG_REASONS if re.search(pattern, message)), "event-log-error"
+            )
             return "rejected", reason
         # A log that parses must be usable throughout: named, described (bounded), compared with the golden log.
         for event in log.events:
@@ -443,22 +575,22 @@ class EventLogTarget(Target):
         data = bytearray(data)
         choice = rng.random()
         if not data or choice < 0.15:
-            return bytes(rng.choice(self.seeds)[:rng.randrange(1, 200)])  # truncated inside the header
+            return bytes(rng.choice(self.seeds)[: rng.randrange(1, 200)])  # truncated inside the header
         position = rng.randrange(len(data))
         if choice < 0.45:  # a size, count, PCR index or type field: boundary values
             value = rng.choice([0, 1, 2, 3, 8, 23, 24, 255, 0x7FFFFFFF, 0xFFFFFFFF, len(data), rng.getrandbits(32)])
-            data[position:position + 4] = value.to_bytes(4, "little")
+            data[position : position + 4] = value.to_bytes(4, "little")
         elif choice < 0.6:  # an algorithm id or a digest size
             value = rng.choice([0x0004, 0x000B, 0x000C, 0x000D, 0x0012, 0, 0xFFFF, 20, 32, 65])
-            data[position:position + 2] = value.to_bytes(2, "little")
+            data[position : position + 2] = value.to_bytes(2, "little")
         elif choice < 0.75:
             data[position] ^= 1 << rng.randrange(8)
         elif choice < 0.85:
-            del data[position:position + rng.randrange(1, 64)]
+            del data[position : position + rng.randrange(1, 64)]
         else:  # an event repeated or spliced in from another log
             other = rng.choice(self.seeds)
             start = rng.randrange(len(other))
-            data[position:position] = other[start:start + rng.randrange(1, 400)]
+            data[position:position] = other[start : start + rng.randrange(1, 400)]
         return bytes(data)
 
 
@@ -498,14 +630,26 @@ class Campaign:
             self.artifacts.mkdir(parents=True, exist_ok=True)
             path = self.artifacts / f"{self.target.name}-{hashlib.sha256(data).hexdigest()[:16]}"
             path.write_bytes(data)
-            sys.stderr.write(f"UNHANDLED {where}: {str(exc)[:300]}\n  input: {path}\n{''.join(traceback.format_exception(exc)[-6:])}\n")
+            sys.stderr.write(
+                f"UNHANDLED {where}: {str(exc)[:300]}\n  input: {path}\n{''.join(traceback.format_exception(exc)[-6:])}\n"
+            )
 
     def summary(self) -> str:
-        reasons = ", ".join(f"{reason.split(':', 1)[1]} {n}" for reason, n in self.reasons.most_common() if reason.startswith("rejected:"))
-        accepted = ", ".join(f"{reason.split(':', 1)[1]} {n}" for reason, n in self.reasons.most_common() if reason.startswith("accepted:"))
-        return (f"fuzz {self.target.name}: {self.count} inputs, {self.outcomes['accepted']} accepted ({accepted or '-'}), "
-                f"{self.outcomes['rejected']} rejected (reasons: {reasons or '-'}), {sum(self.unhandled.values())} unhandled, "
-                f"{time.monotonic() - self.started:.1f} s")
+        reasons = ", ".join(
+            f"{reason.split(':', 1)[1]} {n}"
+            for reason, n in self.reasons.most_common()
+            if reason.startswith("rejected:")
+        )
+        accepted = ", ".join(
+            f"{reason.split(':', 1)[1]} {n}"
+            for reason, n in self.reasons.most_common()
+            if reason.startswith("accepted:")
+        )
+        return (
+            f"fuzz {self.target.name}: {self.count} inputs, {self.outcomes['accepted']} accepted ({accepted or '-'}), "
+            f"{self.outcomes['rejected']} rejected (reasons: {reasons or '-'}), {sum(self.unhandled.values())} unhandled, "
+            f"{time.monotonic() - self.started:.1f} s"
+        )
 
     def finish(self) -> None:
         sys.stdout.write(self.summary() + "\n")
@@ -525,7 +669,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("target", choices=sorted(TARGETS))
     parser.add_argument("--runs", type=int, default=int(os.environ.get("FUZZ_RUNS", DEFAULT_RUNS)))
     parser.add_argument("--seed", type=int, default=int(os.environ.get("FUZZ_SEED", "1")))
-    parser.add_argument("--artifacts", type=Path, default=Path(os.environ.get("FUZZ_ARTIFACTS", "/tmp/ck-fuzz-artifacts")))
+    parser.add_argument(
+        "--artifacts", type=Path, default=Path(os.environ.get("FUZZ_ARTIFACTS", "/tmp/ck-fuzz-artifacts"))
+    )
     args = parser.parse_args(argv)
     tpms = support.ManufacturedTpms()
     target = TARGETS[args.target](tpms)
@@ -551,9 +697,22 @@ def main(argv: list[str] | None = None) -> None:
         return result[:max_size]
 
     campaign.started = time.monotonic()
-    atheris.Setup([sys.argv[0], f"-seed={args.seed}", f"-runs={args.runs * 2}", f"-max_len={target.max_len}", "-rss_limit_mb=3072",
-                   "-timeout=60", "-mutate_depth=2", "-print_final_stats=0", "-print_pcs=0", str(corpus)],
-                  campaign.test_one_input, custom_mutator=custom_mutator)
+    atheris.Setup(
+        [
+            sys.argv[0],
+            f"-seed={args.seed}",
+            f"-runs={args.runs * 2}",
+            f"-max_len={target.max_len}",
+            "-rss_limit_mb=3072",
+            "-timeout=60",
+            "-mutate_depth=2",
+            "-print_final_stats=0",
+            "-print_pcs=0",
+            str(corpus),
+        ],
+        campaign.test_one_input,
+        custom_mutator=custom_mutator,
+    )
     try:
         atheris.Fuzz()
     finally:

@@ -14,10 +14,65 @@ import random
 
 import yaml
 
-UNICODE = ["\u0000", "\ud800", "\udfff", "\u202e", "\ufeff", "\u00e9", "\U0001d518", "\uff21\uff21==", "\u0663", "\u00b2",
-           "\u0130", "\u212a", "\n", "\t", " ", "\u2028", "\U0010ffff", "\x7f", "\\", "\"", "\u00a0"]
-SCALARS = [None, True, False, 0, -1, 1, 2, 23, 24, 2 ** 31, 2 ** 64, -2 ** 63, 0.5, -0.0, 1e308, float("inf"), float("nan"), "",
-           "0", "15", "23", "24", "-1", "00", "1 ", "tpm", "sha256", "sha1", "AA==", "AAAA", "=", "====", "true", "null"]
+UNICODE = [
+    "\u0000",
+    "\ud800",
+    "\udfff",
+    "\u202e",
+    "\ufeff",
+    "\u00e9",
+    "\U0001d518",
+    "\uff21\uff21==",
+    "\u0663",
+    "\u00b2",
+    "\u0130",
+    "\u212a",
+    "\n",
+    "\t",
+    " ",
+    "\u2028",
+    "\U0010ffff",
+    "\x7f",
+    "\\",
+    '"',
+    "\u00a0",
+]
+SCALARS = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2,
+    23,
+    24,
+    2**31,
+    2**64,
+    -(2**63),
+    0.5,
+    -0.0,
+    1e308,
+    float("inf"),
+    float("nan"),
+    "",
+    "0",
+    "15",
+    "23",
+    "24",
+    "-1",
+    "00",
+    "1 ",
+    "tpm",
+    "sha256",
+    "sha1",
+    "AA==",
+    "AAAA",
+    "=",
+    "====",
+    "true",
+    "null",
+]
 
 
 def _b64(raw: bytes) -> str:
@@ -49,21 +104,32 @@ def _random_value(rng: random.Random, depth: int = 0):
     if kind == 2:
         return "".join(rng.choice(UNICODE + ["A", "b", "0", "+", "/"]) for unused in range(rng.randrange(1, 12)))
     if kind == 3:
-        return rng.choice([_b64(rng.randbytes(rng.choice([1, 20, 31, 32, 33, 48, 64, 100]))), "AAAA" * rng.randrange(1, 40)])
+        return rng.choice(
+            [_b64(rng.randbytes(rng.choice([1, 20, 31, 32, 33, 48, 64, 100]))), "AAAA" * rng.randrange(1, 40)]
+        )
     if kind == 4:
         return [_random_value(rng, depth + 1) for unused in range(rng.randrange(0, 4))]
-    return {rng.choice(["0", "15", "sha256", "x", "", "allowed", "expected", "warnOnly"]): _random_value(rng, depth + 1)
-            for unused in range(rng.randrange(0, 4))}
+    return {
+        rng.choice(["0", "15", "sha256", "x", "", "allowed", "expected", "warnOnly"]): _random_value(rng, depth + 1)
+        for unused in range(rng.randrange(0, 4))
+    }
 
 
 def _huge(rng: random.Random, limit: int):
     """A value far larger than any genuine one; ``limit`` bounds its size in characters, and one in ten is beyond any limit."""
     if rng.random() < 0.1:
         return "A" * rng.randrange(300_000, 400_000)
-    return rng.choice([
-        10 ** rng.randrange(20, 4200), -(10 ** rng.randrange(20, 400)), 1e308, "A" * rng.randrange(1000, limit),
-        "\u00e9" * rng.randrange(100, limit // 8), [0] * rng.randrange(100, limit // 3), {str(i): "AA==" for i in range(rng.randrange(50, limit // 12))},
-    ])
+    return rng.choice(
+        [
+            10 ** rng.randrange(20, 4200),
+            -(10 ** rng.randrange(20, 400)),
+            1e308,
+            "A" * rng.randrange(1000, limit),
+            "\u00e9" * rng.randrange(100, limit // 8),
+            [0] * rng.randrange(100, limit // 3),
+            {str(i): "AA==" for i in range(rng.randrange(50, limit // 12))},
+        ]
+    )
 
 
 def _base64_garbage(rng: random.Random, original: object) -> str:
@@ -75,14 +141,14 @@ def _base64_garbage(rng: random.Random, original: object) -> str:
     if choice == 1:
         return base64.urlsafe_b64encode(raw + b"\xfb\xff").decode()  # '-' and '_'
     if choice == 2:
-        return text[:len(text) // 2] + "\n" + text[len(text) // 2:]
+        return text[: len(text) // 2] + "\n" + text[len(text) // 2 :]
     if choice == 3:
         return text + "===="
     if choice == 4:
         return " " + text
     if choice == 5 and isinstance(original, str) and original:
         cut = rng.randrange(len(original))
-        return original[:cut] + rng.choice("!*.~=%") + original[cut + 1:]
+        return original[:cut] + rng.choice("!*.~=%") + original[cut + 1 :]
     if choice == 6:
         return "data:;base64," + text
     return text
@@ -102,15 +168,15 @@ def _inner(rng: random.Random, value: str) -> str | None:
         if op == 0 and raw:
             raw[i] ^= 1 << rng.randrange(8)
         elif op == 1:
-            del raw[rng.randrange(len(raw) + 1):]
+            del raw[rng.randrange(len(raw) + 1) :]
         elif op == 2 and len(raw) > 2:
-            raw[i:i + 2] = rng.choice([b"\xff\xff", b"\x00\x00", b"\x00\x01", b"\x10\x00", b"\x00\x20"])
+            raw[i : i + 2] = rng.choice([b"\xff\xff", b"\x00\x00", b"\x00\x01", b"\x10\x00", b"\x00\x20"])
         elif op == 3:
             raw[i:i] = rng.randbytes(rng.randrange(1, 64))
         elif op == 4 and raw:
             raw[i] = rng.choice([0, 0xFF, 0x80, 0x7F, 0x01])
         else:
-            raw += raw[:rng.randrange(1, 64)]
+            raw += raw[: rng.randrange(1, 64)]
     return _b64(bytes(raw))
 
 
@@ -133,8 +199,9 @@ def _dump(doc, rng: random.Random, raw: dict[str, str] | None = None) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-def mutate_tree(doc, rng: random.Random, splice_from: list | None = None, huge_limit: int = 300_000,
-                max_depth: int = 50_000) -> bytes:
+def mutate_tree(
+    doc, rng: random.Random, splice_from: list | None = None, huge_limit: int = 300_000, max_depth: int = 50_000
+) -> bytes:
     """One structural mutation of a parsed JSON document; returns the serialised result."""
     places = list(_paths(doc))
     raw: dict[str, str] = {}
@@ -182,7 +249,9 @@ def mutate_tree(doc, rng: random.Random, splice_from: list | None = None, huge_l
             donor_path, donor_key = rng.choice(donor_places)
             parent[key] = json.loads(json.dumps(_at(donor, donor_path)[donor_key]))
     elif isinstance(parent, dict):  # an extra field
-        parent[rng.choice(["extra", "Version", "pcrs ", "version\u0000", str(rng.randrange(30)), "__proto__"])] = _random_value(rng)
+        parent[rng.choice(["extra", "Version", "pcrs ", "version\u0000", str(rng.randrange(30)), "__proto__"])] = (
+            _random_value(rng)
+        )
     else:
         parent.append(_random_value(rng))
     return _dump(doc, rng, raw)
@@ -198,10 +267,12 @@ def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
             i = rng.randrange(len(raw))
             raw[i] ^= 1 << rng.randrange(8)
     elif op == 2:
-        del raw[rng.randrange(len(raw)):]
+        del raw[rng.randrange(len(raw)) :]
     elif op == 3:
         i = rng.randrange(len(raw))
-        raw[i:i] = rng.choice([b"\x00", b"\xff", b"\xc3", b"\xed\xa0\x80", b'"', b"\\u", b",", b"]", b"}", b"\xef\xbb\xbf"])
+        raw[i:i] = rng.choice(
+            [b"\x00", b"\xff", b"\xc3", b"\xed\xa0\x80", b'"', b"\\u", b",", b"]", b"}", b"\xef\xbb\xbf"]
+        )
     else:
         i = rng.randrange(len(raw))
         j = rng.randrange(i, min(len(raw), i + 64) + 1)
@@ -253,7 +324,9 @@ def mutate_policy(data: bytes, rng: random.Random, splice_from: list | None = No
     if rng.random() < 0.4:
         try:
             # The same document as YAML (block style), which takes a different path through the loader.
-            return yaml.safe_dump(json.loads(mutated), allow_unicode=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+            return yaml.safe_dump(json.loads(mutated), allow_unicode=rng.random() < 0.5).encode(
+                "utf-8", "surrogatepass"
+            )
         except (ValueError, RecursionError, yaml.YAMLError, UnicodeError):
             pass
     return mutated

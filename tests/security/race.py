@@ -50,11 +50,13 @@ DISK_UUID = "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13"
 
 def _reporting(side: str, contender):
     """A contender that crashes is reported as such (and fails the trial) instead of leaving the parent waiting."""
+
     def run(*args) -> None:
         try:
             contender(*args)
         except Exception as exc:  # noqa: BLE001 - whatever it was, the trial reports it
             args[-1].put((side, "crashed", f"{type(exc).__name__}: {exc}"))
+
     return run
 
 
@@ -84,9 +86,15 @@ def _join_contender(trial: Path, tcti: str, payload: dict, start, results) -> No
 
     join_ticket.key_state_disk = key_state_disk
     settings = join_ticket.JoinSettings(
-        endpoints=[], cluster_ca="", node_name="worker-1", state_disk={"device": str(root / "disk")},
-        token_file=str(root / "join-token"), lock_record=str(trial / "nodelock.json"), join_record=str(root / "join.json"),
-        secrets_file=str(root / "cluster-secrets.json"))
+        endpoints=[],
+        cluster_ca="",
+        node_name="worker-1",
+        state_disk={"device": str(root / "disk")},
+        token_file=str(root / "join-token"),
+        lock_record=str(trial / "nodelock.json"),
+        join_record=str(root / "join.json"),
+        secrets_file=str(root / "cluster-secrets.json"),
+    )
     node = join_ticket.NodeJoin(settings, NodeLock.for_tcti(tcti, settings.lock_record), root=str(root))
     start.wait(10)
     try:
@@ -109,17 +117,29 @@ def _join_payload() -> JoinTicket:
     def b64(raw: bytes) -> str:
         return base64.b64encode(raw).decode()
 
-    document = {"version": 1, "node_name": "worker-1", "control_plane": False,
-                "cluster_id": derive.cluster_id(measurement_secret, measurement_salt).hex(), "measurement_secret": b64(measurement_secret),
-                "measurement_salt": b64(measurement_salt), "state_disk_key": b64(derive.state_disk_key(master_key, master_salt, DISK_UUID)),
-                "api_server_endpoint": "10.0.0.10:6443", "bootstrap_token": "abcdef.0123456789abcdef", "ca_cert_hashes": ["sha256:" + "00" * 32],
-                "ca_crt": "-----BEGIN CERTIFICATE-----\n", "kubelet_client_crt": "-----BEGIN CERTIFICATE-----\n", "control_plane_files": {},
-                "kubernetes_version": ""}
+    document = {
+        "version": 1,
+        "node_name": "worker-1",
+        "control_plane": False,
+        "cluster_id": derive.cluster_id(measurement_secret, measurement_salt).hex(),
+        "measurement_secret": b64(measurement_secret),
+        "measurement_salt": b64(measurement_salt),
+        "state_disk_key": b64(derive.state_disk_key(master_key, master_salt, DISK_UUID)),
+        "api_server_endpoint": "10.0.0.10:6443",
+        "bootstrap_token": "abcdef.0123456789abcdef",
+        "ca_cert_hashes": ["sha256:" + "00" * 32],
+        "ca_crt": "-----BEGIN CERTIFICATE-----\n",
+        "kubelet_client_crt": "-----BEGIN CERTIFICATE-----\n",
+        "control_plane_files": {},
+        "kubernetes_version": "",
+    }
     return JoinTicket.from_bytes(json.dumps(document).encode())
 
 
 def _written(directory: Path) -> list[str]:
-    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()) if directory.exists() else []
+    return (
+        sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()) if directory.exists() else []
+    )
 
 
 class Trial:
@@ -134,11 +154,23 @@ class Trial:
         (self.dir / "init-ephemeral.key").write_bytes(key.private_bytes())
         nonce = os.urandom(32)
         secrets = RootSecrets(os.urandom(32), os.urandom(32), os.urandom(32))
-        sealed = seal.seal(json.dumps(dict(secrets.to_document(), cluster_config={})).encode(), key.public_bytes(), "init", nonce, VERIFIER_ID)
+        sealed = seal.seal(
+            json.dumps(dict(secrets.to_document(), cluster_config={})).encode(),
+            key.public_bytes(),
+            "init",
+            nonce,
+            VERIFIER_ID,
+        )
         payload = _join_payload()
         start, results = context.Event(), context.Queue()
-        processes = [context.Process(target=_reporting("init", _init_contender), args=(self.dir, self.tcti, sealed, nonce, start, results)),
-                     context.Process(target=_reporting("join", _join_contender), args=(self.dir, self.tcti, payload, start, results))]
+        processes = [
+            context.Process(
+                target=_reporting("init", _init_contender), args=(self.dir, self.tcti, sealed, nonce, start, results)
+            ),
+            context.Process(
+                target=_reporting("join", _join_contender), args=(self.dir, self.tcti, payload, start, results)
+            ),
+        ]
         # Alternate who is started first, so that neither side has a head start over the trials.
         for process in processes if self.number % 2 else reversed(processes):
             process.start()
@@ -153,9 +185,14 @@ class Trial:
             pcr15 = tpm.read_pcrs("sha256", (15,))[15]
         record_path = self.dir / "nodelock.json"
         record = json.loads(record_path.read_text()) if record_path.exists() else {}
-        return {"outcomes": outcomes, "pcr15": pcr15, "record": record, "exit_codes": [p.exitcode for p in processes],
-                "written": {side: _written(self.dir / side) for side in ("init", "join")},
-                "clusters": {"init": secrets.cluster_id().hex(), "join": payload.cluster_id.hex()}}
+        return {
+            "outcomes": outcomes,
+            "pcr15": pcr15,
+            "record": record,
+            "exit_codes": [p.exitcode for p in processes],
+            "written": {side: _written(self.dir / side) for side in ("init", "join")},
+            "clusters": {"init": secrets.cluster_id().hex(), "join": payload.cluster_id.hex()},
+        }
 
 
 def check(result: dict) -> list[str]:
@@ -178,7 +215,10 @@ def check(result: dict) -> list[str]:
     if result["record"].get("cluster_id") != cluster_id.hex():
         problems.append(f"lock record names {result['record'].get('cluster_id')}, not the winner {cluster_id.hex()}")
     # NodeLock.take's refusal, or NodeJoin.state's for a node init has locked.
-    if not any(words in outcomes[loser][1] for words in ("already locked for cluster", "but has not joined: a join failed after")):
+    if not any(
+        words in outcomes[loser][1]
+        for words in ("already locked for cluster", "but has not joined: a join failed after")
+    ):
         problems.append(f"the loser stopped for another reason: {outcomes[loser][1]}")
     if result["written"][loser]:
         problems.append(f"the loser ({loser}) wrote {result['written'][loser]}")
@@ -208,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             problems = check(result)
             winners = [side for side, (outcome, unused) in result["outcomes"].items() if outcome == "won"]
             single += len(winners) == 1 and not problems
-            double += result["pcr15"] != bytes(32) and all(result["pcr15"] != node_lock_mark(bytes.fromhex(c)) for c in result["clusters"].values())
+            double += result["pcr15"] != bytes(32) and all(
+                result["pcr15"] != node_lock_mark(bytes.fromhex(c)) for c in result["clusters"].values()
+            )
             for side in winners:
                 wins[side] += 1
             if problems:
@@ -216,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(tpms.dir, ignore_errors=True)
-    sys.stdout.write(f"race: {args.trials} trials, {single} single winners, {double} double extends "
-                     f"(init won {wins['init']}, join won {wins['join']}), {time.monotonic() - started:.1f} s\n")
+    sys.stdout.write(
+        f"race: {args.trials} trials, {single} single winners, {double} double extends "
+        f"(init won {wins['init']}, join won {wins['join']}), {time.monotonic() - started:.1f} s\n"
+    )
     for number, problems in failures[:10]:
         sys.stdout.write(f"  trial {number}: {'; '.join(problems)}\n")
     return 0 if single == args.trials and not double else 1

@@ -31,8 +31,11 @@ class ManufacturedTpms:
         conftest = unit_conftest()
         self.dir = Path(tempfile.mkdtemp(prefix="ck-security-"))
         trusted, other = self.dir / "ca-trusted", self.dir / "ca-other"
-        self.tpms = {name: conftest.ManufacturedTpm(self.dir / f"tpm-{name}", ca)
-                     for name, ca in (("lab", trusted), ("lab2", trusted), ("other", other)) if name in names}
+        self.tpms = {
+            name: conftest.ManufacturedTpm(self.dir / f"tpm-{name}", ca)
+            for name, ca in (("lab", trusted), ("lab2", trusted), ("other", other))
+            if name in names
+        }
         self._instance_type = conftest.SwtpmInstance
 
     def start(self, name: str = "lab"):

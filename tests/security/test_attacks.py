@@ -20,14 +20,35 @@ import pytest
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller, issuer
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import dump_policy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
-from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import X25519, EphemeralKey, SealError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import (
+    X25519,
+    EphemeralKey,
+    SealError,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, prove_activation, request_ticket
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import (
+    JoinError,
+    prove_activation,
+    request_ticket,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import Enrolment
 
-from join_harness import (DISK_UUID, OTHER_DISK_UUID, Clock, activate, assert_refused, bound_user_data, document_json, evidence_for,
-                          join_request, join_with_client, make_csr, policy_from_swtpm, wait_for)
+from join_harness import (
+    DISK_UUID,
+    OTHER_DISK_UUID,
+    Clock,
+    activate,
+    assert_refused,
+    bound_user_data,
+    document_json,
+    evidence_for,
+    join_request,
+    join_with_client,
+    make_csr,
+    policy_from_swtpm,
+    wait_for,
+)
 
 
 def _tokens(attack, service) -> None:
@@ -57,7 +78,9 @@ def test_replayed_nonce(join_lab, attack):
         request = join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
         activate(stub, join_lab.swtpm.tcti, stub.IssueJoinTicket(request), nonce)
         issued = len(service.minter.tokens)
-        error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-reused")
+        error = assert_refused(
+            lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-reused"
+        )
     assert "replayed evidence" in error.details()
     attack.obtained("bootstrap token(s) minted for the replay", len(service.minter.tokens) - issued)
 
@@ -70,7 +93,9 @@ def test_expired_nonce(join_lab, attack):
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
         request = join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
         clock.now += 61
-        error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-stale")
+        error = assert_refused(
+            lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-stale"
+        )
     assert "expired" in error.details()
     _tokens(attack, service)
 
@@ -96,7 +121,10 @@ def test_relayed_evidence_at_level_1(join_lab, attack):
         request = join_request(join_lab.swtpm.tcti, nonce, node_key.public_bytes())
         relayed = activate(stub, join_lab.swtpm.tcti, stub.IssueJoinTicket(request), nonce)
         relay_keys = [EphemeralKey.generate(), EphemeralKey.generate(X25519)]
-        attack.obtained("tickets opened by the relay", _opened_by(relay_keys, relayed.sealed_ticket, "join", nonce, service.issuer.verifier_id))
+        attack.obtained(
+            "tickets opened by the relay",
+            _opened_by(relay_keys, relayed.sealed_ticket, "join", nonce, service.issuer.verifier_id),
+        )
         assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.FAILED_PRECONDITION, "nonce-reused")
     # Only the node's key opens it: the relay was refused everything but ciphertext.
     assert json.loads(node_key.open(relayed.sealed_ticket, "join", nonce, service.issuer.verifier_id))["version"] == 1
@@ -109,7 +137,9 @@ def test_relayed_evidence_activated_by_another_tpm(join_lab, other_swtpm, attack
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()))
+        challenge = stub.IssueJoinTicket(
+            join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
+        )
         with pytest.raises(JoinError) as err:
             prove_activation(other_swtpm.tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce)
         assert err.value.reason == "credential-activation"
@@ -133,7 +163,9 @@ def test_ak_and_quote_from_another_tpm_with_the_genuine_ek(join_lab, other_swtpm
         with issuer.Tpm(other_swtpm.tcti) as tpm:
             mixed = issuer.issue_evidence(tpm, nonce, user_data).to_document()
         mixed["ek_public"], mixed["ek_certificate"] = genuine["ek_public"], genuine["ek_certificate"]
-        challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, b"", csr=csr, evidence=document_json(mixed)))
+        challenge = stub.IssueJoinTicket(
+            join_request(join_lab.swtpm.tcti, nonce, b"", csr=csr, evidence=document_json(mixed))
+        )
         attack.obtained("bootstrap token(s) registered before activation", len(service.minter.tokens))
         for tcti in (other_swtpm.tcti, join_lab.swtpm.tcti):
             with pytest.raises(JoinError) as err:
@@ -151,8 +183,12 @@ def test_swapped_ephemeral_key(join_lab, attack):
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
         csr = make_csr("worker-1")
         with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
-            document = issuer.issue_evidence(tpm, nonce, bound_user_data(EphemeralKey.generate().public_bytes(), csr=csr)).to_document()
-        document["user_data"] = base64.b64encode(bound_user_data(EphemeralKey.generate().public_bytes(), csr=csr)).decode()
+            document = issuer.issue_evidence(
+                tpm, nonce, bound_user_data(EphemeralKey.generate().public_bytes(), csr=csr)
+            ).to_document()
+        document["user_data"] = base64.b64encode(
+            bound_user_data(EphemeralKey.generate().public_bytes(), csr=csr)
+        ).decode()
         request = join_request(join_lab.swtpm.tcti, nonce, b"", csr=csr, evidence=document_json(document))
         error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "nonce")
     assert "not bound to this nonce and ephemeral key" in error.details()
@@ -167,8 +203,12 @@ def test_downgraded_hpke_suite_in_the_evidence(join_lab, attack):
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
         csr = make_csr("worker-1")
         with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
-            document = issuer.issue_evidence(tpm, nonce, bound_user_data(EphemeralKey.generate().public_bytes(), csr=csr)).to_document()
-        document["user_data"] = base64.b64encode(bound_user_data(EphemeralKey.generate(X25519).public_bytes(), csr=csr)).decode()
+            document = issuer.issue_evidence(
+                tpm, nonce, bound_user_data(EphemeralKey.generate().public_bytes(), csr=csr)
+            ).to_document()
+        document["user_data"] = base64.b64encode(
+            bound_user_data(EphemeralKey.generate(X25519).public_bytes(), csr=csr)
+        ).decode()
         request = join_request(join_lab.swtpm.tcti, nonce, b"", csr=csr, evidence=document_json(document))
         assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "nonce")
     _tokens(attack, service)
@@ -181,16 +221,24 @@ def test_downgraded_hpke_suite_in_the_response(join_lab, attack):
     node_key = EphemeralKey.generate()
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        response = activate(stub, join_lab.swtpm.tcti, stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, node_key.public_bytes())),
-                            nonce)
+        response = activate(
+            stub,
+            join_lab.swtpm.tcti,
+            stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, node_key.public_bytes())),
+            nonce,
+        )
     envelope = json.loads(response.sealed_ticket)
     assert envelope["suite"] == seal.MLKEM768_X25519.name
     envelope["suite"] = X25519.name
     with pytest.raises(SealError, match="downgrade refused"):
         node_key.open(json.dumps(envelope).encode(), "join", nonce, service.issuer.verifier_id)
     # Re-sealing a payload of the attacker's choosing to a classic key of its own gets it nothing from the service either.
-    attack.obtained("tickets opened by the man in the middle",
-                    _opened_by([EphemeralKey.generate(X25519)], json.dumps(envelope).encode(), "join", nonce, service.issuer.verifier_id))
+    attack.obtained(
+        "tickets opened by the man in the middle",
+        _opened_by(
+            [EphemeralKey.generate(X25519)], json.dumps(envelope).encode(), "join", nonce, service.issuer.verifier_id
+        ),
+    )
 
 
 def test_ek_certificate_from_another_ca(join_lab, foreign_swtpm, attack):
@@ -201,7 +249,9 @@ def test_ek_certificate_from_another_ca(join_lab, foreign_swtpm, attack):
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
         request = join_request(foreign_swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
-        error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "ek-certificate")
+        error = assert_refused(
+            lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "ek-certificate"
+        )
     assert "does not chain to the configured EK CA" in error.details()
     _tokens(attack, service)
 
@@ -223,7 +273,9 @@ def test_rejoin_of_a_node_of_another_cluster(join_lab, attack):
     with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
         tpm.pcr_event(15, os.urandom(32))
     with pytest.raises(JoinError) as err:
-        request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID, flow="rejoin")
+        request_ticket(
+            [service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID, flow="rejoin"
+        )
     assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "pcr-policy")
     attack.obtained("rejoin tickets", 0)
 
@@ -233,7 +285,13 @@ def test_csr_for_another_node_name(join_lab, attack):
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        request = join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes(), node_name="worker-1", csr=make_csr("cp-1"))
+        request = join_request(
+            join_lab.swtpm.tcti,
+            nonce,
+            EphemeralKey.generate().public_bytes(),
+            node_name="worker-1",
+            csr=make_csr("cp-1"),
+        )
         error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "csr-subject")
     assert "system:node:cp-1" in error.details()
     _tokens(attack, service)
@@ -290,7 +348,9 @@ def test_worker_presenting_the_control_planes_ek(join_lab, other_swtpm, attack, 
         with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
             forged = issuer.issue_evidence(tpm, nonce, user_data).to_document()
         forged["ek_public"], forged["ek_certificate"] = control_plane["ek_public"], control_plane["ek_certificate"]
-        request = join_request(join_lab.swtpm.tcti, nonce, b"", "cp-1", True, csr, OTHER_DISK_UUID, document_json(forged))
+        request = join_request(
+            join_lab.swtpm.tcti, nonce, b"", "cp-1", True, csr, OTHER_DISK_UUID, document_json(forged)
+        )
         challenge = stub.IssueJoinTicket(request)
         with pytest.raises(JoinError):
             prove_activation(join_lab.swtpm.tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce)
@@ -323,14 +383,26 @@ def test_fresh_node_asking_for_another_nodes_disk(join_lab, other_swtpm, attack,
     join_lab.write_enrolment()
     for disk in (DISK_UUID, "9e7d6c5b-4a39-4281-8f0e-1d2c3b4a5968"):
         if flow == "join":
-            _join_refused(join_lab, service, "disk-not-granted", node_name="worker-2", tcti=other_swtpm.tcti, disk_uuid=disk)
+            _join_refused(
+                join_lab, service, "disk-not-granted", node_name="worker-2", tcti=other_swtpm.tcti, disk_uuid=disk
+            )
         else:
             with pytest.raises(JoinError) as err:
-                request_ticket([service.endpoint], join_lab.ca_pem, other_swtpm.tcti, "worker-2", disk_uuid=disk, flow="rejoin", attempts=1)
+                request_ticket(
+                    [service.endpoint],
+                    join_lab.ca_pem,
+                    other_swtpm.tcti,
+                    "worker-2",
+                    disk_uuid=disk,
+                    flow="rejoin",
+                    attempts=1,
+                )
             assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "disk-not-granted")
             assert "bound to another node's TPM" in str(err.value)
     attack.obtained("bootstrap token(s) minted for the thief", len(service.minter.tokens) - minted)
-    attack.obtained("disk bindings stolen", sum(1 for b in service.issuer.registry.mirror.all() if b.node_name == "worker-2"))
+    attack.obtained(
+        "disk bindings stolen", sum(1 for b in service.issuer.registry.mirror.all() if b.node_name == "worker-2")
+    )
 
 
 @pytest.mark.parametrize("swap", ["node name", "role", "disk", "kubelet key"])
@@ -345,10 +417,18 @@ def test_request_swapped_after_quoting(join_lab, other_swtpm, attack, swap):
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
         quoted = join_request(join_lab.swtpm.tcti, nonce, key.public_bytes(), "cp-1", False, csr)
         sent = dict(node_name="cp-1", control_plane=False, csr=csr, disk_uuid=DISK_UUID, evidence=quoted.evidence)
-        sent.update({"node name": {"node_name": "", "csr": make_csr("")}, "role": {"control_plane": True}, "disk": {"disk_uuid": OTHER_DISK_UUID},
-                     "kubelet key": {"csr": make_csr("cp-1")}}[swap])
+        sent.update(
+            {
+                "node name": {"node_name": "", "csr": make_csr("")},
+                "role": {"control_plane": True},
+                "disk": {"disk_uuid": OTHER_DISK_UUID},
+                "kubelet key": {"csr": make_csr("cp-1")},
+            }[swap]
+        )
         request = join_request(join_lab.swtpm.tcti, nonce, b"", **sent)
-        error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "request-binding")
+        error = assert_refused(
+            lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "request-binding"
+        )
     assert "differ from what the TPM quoted" in error.details()
     _tokens(attack, service)
     attack.obtained("challenges issued", service.issuer.pending())
@@ -358,6 +438,7 @@ def test_autoscaled_node_is_named_after_its_ek_and_never_a_control_plane(join_la
     """Pool rule: an unenrolled TPM whose EK certificate chains to the EK CA joins as a worker named after its EK."""
     from cryptography import x509
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
+
     join_lab.enrol(join_lab.swtpm.tcti, "cp-1", control_plane=True)
     service = join_lab.start("ek-certificate", pool_workers=True, pool_name_prefix="pool")
     with issuer.Tpm(other_swtpm.tcti) as tpm:
@@ -386,11 +467,22 @@ def test_used_token_is_deleted_once_its_node_registered(join_lab, attack):
 def test_unloadable_policy_push_fails_the_check_naming_the_error(join_lab, capsys, attack):
     """The load check the join_service module runs (health, here its CLI): a push the service refuses is reported, not silently kept."""
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join import health
+
     service = join_lab.start("pcrs-only")
     (join_lab.dir / "ca.pem").write_bytes(join_lab.ca_pem)
     join_lab.policy_file.write_text("version: 1\nhash_algorithm: sha256\npcrs: {4: {allowed: [nothex]}}\n")
-    status = health.main(["--endpoint", service.endpoint, "--ca", str(join_lab.dir / "ca.pem"), "--timeout", "10",
-                          "--policy-file", str(join_lab.policy_file)])
+    status = health.main(
+        [
+            "--endpoint",
+            service.endpoint,
+            "--ca",
+            str(join_lab.dir / "ca.pem"),
+            "--timeout",
+            "10",
+            "--policy-file",
+            str(join_lab.policy_file),
+        ]
+    )
     error = capsys.readouterr().err
     assert status == 1 and "refused the policy file that was pushed" in error and "'nothex' is not" in error
     attack.obtained("unloadable policy pushes reported as loaded", int(status == 0))
@@ -403,15 +495,29 @@ def test_get_nonce_flood_while_genuine_nodes_join(join_lab, start_swtpm, attack,
     import sys
     import threading
     from pathlib import Path
+
     tpms = [join_lab.swtpm, start_swtpm("lab"), start_swtpm("lab2"), start_swtpm("lab2")]
     join_lab.enrol(tpms[0].tcti, "worker-1")
     join_lab.enrol(tpms[2].tcti, "worker-2")
     service = join_lab.start("pcrs-only", listen="[::]:0")
     service.endpoint = f"127.0.0.1:{service.port}"
     (join_lab.dir / "ca.pem").write_bytes(join_lab.ca_pem)
-    flood = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "flood.py"), "--endpoint", f"[::1]:{service.port}",
-                              "--ca", str(join_lab.dir / "ca.pem"), "--count", "50000", "--server-name", "localhost"],
-                             stdout=subprocess.PIPE, text=True)
+    flood = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parent / "flood.py"),
+            "--endpoint",
+            f"[::1]:{service.port}",
+            "--ca",
+            str(join_lab.dir / "ca.pem"),
+            "--count",
+            "50000",
+            "--server-name",
+            "localhost",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert wait_for(lambda: service.nonce_limiter.refused > 100, timeout=30), "the flood did not start"
         latencies, failures = [], []
@@ -425,9 +531,15 @@ def test_get_nonce_flood_while_genuine_nodes_join(join_lab, start_swtpm, attack,
                 except JoinError as exc:
                     failures.append(str(exc))
 
-        nodes = [threading.Thread(target=node, args=(tpm, name, disk)) for tpm, name, disk in
-                 ((tpms[0], "worker-1", DISK_UUID), (tpms[1], "worker-1", DISK_UUID), (tpms[2], "worker-2", OTHER_DISK_UUID),
-                  (tpms[3], "worker-2", OTHER_DISK_UUID))]
+        nodes = [
+            threading.Thread(target=node, args=(tpm, name, disk))
+            for tpm, name, disk in (
+                (tpms[0], "worker-1", DISK_UUID),
+                (tpms[1], "worker-1", DISK_UUID),
+                (tpms[2], "worker-2", OTHER_DISK_UUID),
+                (tpms[3], "worker-2", OTHER_DISK_UUID),
+            )
+        ]
         for thread in nodes:
             thread.start()
         for thread in nodes:
@@ -442,8 +554,15 @@ def test_get_nonce_flood_while_genuine_nodes_join(join_lab, start_swtpm, attack,
     assert result["calls"] == 50_000 and result["outcomes"].get("RESOURCE_EXHAUSTED", 0) > 45_000
     # The flood left nothing behind: only the genuine joins' nonces are remembered.
     assert service.issuer._nonces.used() == 20
-    flood_figures.update(calls=result["calls"], per_second=result["per_second"], seconds=result["seconds"], outcomes=result["outcomes"],
-                         joins=len(latencies), p50_ms=round(statistics.median(latencies) * 1000), max_ms=round(max(latencies) * 1000))
+    flood_figures.update(
+        calls=result["calls"],
+        per_second=result["per_second"],
+        seconds=result["seconds"],
+        outcomes=result["outcomes"],
+        joins=len(latencies),
+        p50_ms=round(statistics.median(latencies) * 1000),
+        max_ms=round(max(latencies) * 1000),
+    )
     attack.obtained("genuine joins lost to the flood", 20 - len(latencies))
 
 
@@ -471,18 +590,33 @@ class InitController:
     def seal(self, evidence: bytes, nonce: bytes, answering_tcti: str, nonce_ttl: float = 60.0) -> dict:
         from ansible.parsing.dataloader import DataLoader
         from ansible_collections.confidential.kubernetes.plugins.action.seal_init_secrets import ActionModule
-        args = dict(evidence=evidence.decode(), nonce=nonce.hex(), ek_ca_file=str(self.ek_ca_file), nonce_ledger=self.ledger,
-                    nonce_ttl=nonce_ttl, policy=str(self.policy_file), secrets_file=str(self.secrets_file))
-        task = SimpleNamespace(args=args, async_val=0, check_mode=False, action="confidential.kubernetes.seal_init_secrets")
-        action = ActionModule(task, SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent")), None, DataLoader(), None, None)
+
+        args = dict(
+            evidence=evidence.decode(),
+            nonce=nonce.hex(),
+            ek_ca_file=str(self.ek_ca_file),
+            nonce_ledger=self.ledger,
+            nonce_ttl=nonce_ttl,
+            policy=str(self.policy_file),
+            secrets_file=str(self.secrets_file),
+        )
+        task = SimpleNamespace(
+            args=args, async_val=0, check_mode=False, action="confidential.kubernetes.seal_init_secrets"
+        )
+        action = ActionModule(
+            task, SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent")), None, DataLoader(), None, None
+        )
 
         def execute_module(module_name, module_args, task_vars):
             """What the tpm_evidence module does on the task's host: activate the credential with that host's TPM."""
             assert module_name == "confidential.kubernetes.tpm_evidence"
             try:
                 with issuer.Tpm(answering_tcti) as tpm:
-                    secret = issuer.answer_challenge(tpm, base64.b64decode(module_args["credential"]["blob"]),
-                                                     base64.b64decode(module_args["credential"]["encrypted_seed"]))
+                    secret = issuer.answer_challenge(
+                        tpm,
+                        base64.b64decode(module_args["credential"]["blob"]),
+                        base64.b64decode(module_args["credential"]["encrypted_seed"]),
+                    )
             except issuer.TpmError as exc:
                 return {"failed": True, "msg": str(exc)}
             return {"activated_secret": base64.b64encode(secret).decode()}
@@ -533,14 +667,18 @@ def test_init_expired_nonce(init_controller, swtpm, attack):
     evidence = evidence_for(swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
     # Past its lifetime, but not yet forgotten (the ledger keeps a nonce for two lifetimes, to name a replay as such).
     time.sleep(max(0.0, 2.6 - (time.monotonic() - issued)))
-    _init_refused(attack, init_controller, init_controller.seal(evidence, nonce, swtpm.tcti, nonce_ttl=2.0), "nonce-stale")
+    _init_refused(
+        attack, init_controller, init_controller.seal(evidence, nonce, swtpm.tcti, nonce_ttl=2.0), "nonce-stale"
+    )
 
 
 def test_init_relayed_evidence_at_level_2(init_controller, swtpm, other_swtpm, attack):
     """The relay is the host the controller talks to; the credential challenge goes to the relay's TPM, which cannot answer it."""
     nonce = init_controller.nonce()
     evidence = evidence_for(swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
-    _init_refused(attack, init_controller, init_controller.seal(evidence, nonce, other_swtpm.tcti), "credential-activation")
+    _init_refused(
+        attack, init_controller, init_controller.seal(evidence, nonce, other_swtpm.tcti), "credential-activation"
+    )
 
 
 def test_init_relayed_evidence_at_level_1(init_controller, swtpm, attack):
@@ -549,8 +687,12 @@ def test_init_relayed_evidence_at_level_1(init_controller, swtpm, attack):
     nonce = init_controller.nonce()
     result = init_controller.seal(evidence_for(swtpm.tcti, nonce, node_key.public_bytes()), nonce, swtpm.tcti)
     sealed = base64.b64decode(result["sealed"])
-    attack.obtained("init secrets opened by the relay",
-                    _opened_by([EphemeralKey.generate(), EphemeralKey.generate(X25519)], sealed, "init", nonce, result["verifier_id"]))
+    attack.obtained(
+        "init secrets opened by the relay",
+        _opened_by(
+            [EphemeralKey.generate(), EphemeralKey.generate(X25519)], sealed, "init", nonce, result["verifier_id"]
+        ),
+    )
     assert json.loads(node_key.open(sealed, "init", nonce, result["verifier_id"]))["master_key"]
 
 

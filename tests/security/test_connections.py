@@ -75,34 +75,56 @@ def _p99_ms(latencies: list[float]) -> int:
     return round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000)
 
 
-@pytest.mark.parametrize("family, source, listen", [(socket.AF_INET, "127.0.0.2", "127.0.0.1:0"),
-                                                    (socket.AF_INET6, "::1", "[::]:0")], ids=["ipv4", "ipv6"])
+@pytest.mark.parametrize(
+    "family, source, listen",
+    [(socket.AF_INET, "127.0.0.2", "127.0.0.1:0"), (socket.AF_INET6, "::1", "[::]:0")],
+    ids=["ipv4", "ipv6"],
+)
 def test_one_client_holding_connections_shuts_out_no_node(join_lab, attack, flood_figures, family, source, listen):
     # The handshake timeout outlasts the genuine joins on a loaded machine: the flood holds its share while they run.
-    service = join_lab.start("pcrs-only", listen=listen, max_connections_per_client=PER_CLIENT, handshake_timeout=20.0,
-                             first_rpc_timeout=60.0)
+    service = join_lab.start(
+        "pcrs-only",
+        listen=listen,
+        max_connections_per_client=PER_CLIENT,
+        handshake_timeout=20.0,
+        first_rpc_timeout=60.0,
+    )
     service.endpoint = f"127.0.0.1:{service.port}"
     started = time.monotonic()
     held = _hold(family, source, service.port, FLOOD)
     flood_seconds = time.monotonic() - started
     try:
-        assert wait_for(lambda: service.gate.refused["client-connection-limit"] >= FLOOD - PER_CLIENT, timeout=20), \
+        assert wait_for(lambda: service.gate.refused["client-connection-limit"] >= FLOOD - PER_CLIENT, timeout=20), (
             dict(service.gate.refused)
+        )
         # The attacker's connections beyond its share were closed at once; its share stays open until the timeout.
-        assert wait_for(lambda: sum(not _closed_by_service(sock) for sock in held) == PER_CLIENT, timeout=10), \
-            (flood_seconds, len(held), sum(not _closed_by_service(sock) for sock in held), dict(service.gate.refused))
+        assert wait_for(lambda: sum(not _closed_by_service(sock) for sock in held) == PER_CLIENT, timeout=10), (
+            flood_seconds,
+            len(held),
+            sum(not _closed_by_service(sock) for sock in held),
+            dict(service.gate.refused),
+        )
         latencies, failures = _genuine_joins(join_lab, service, GENUINE_JOINS)
-        assert sum(not _closed_by_service(sock) for sock in held) >= PER_CLIENT - 1, "the genuine joins ran after the flood"
+        assert sum(not _closed_by_service(sock) for sock in held) >= PER_CLIENT - 1, (
+            "the genuine joins ran after the flood"
+        )
         # Connections that send nothing lose their place after handshake_timeout.
-        assert wait_for(lambda: all(_closed_by_service(sock) for sock in held), timeout=40), "idle connections were kept"
+        assert wait_for(lambda: all(_closed_by_service(sock) for sock in held), timeout=40), (
+            "idle connections were kept"
+        )
     finally:
         for sock in held:
             sock.close()
     attack.obtained("genuine joins lost to the connection flood", len(failures))
     assert failures == [] and len(latencies) == GENUINE_JOINS
     flood_figures.setdefault("connections", {})[source] = {
-        "connects": FLOOD, "seconds": round(flood_seconds, 2), "refused": dict(service.gate.refused),
-        "joins": len(latencies), "p50_ms": round(statistics.median(latencies) * 1000), "p99_ms": _p99_ms(latencies)}
+        "connects": FLOOD,
+        "seconds": round(flood_seconds, 2),
+        "refused": dict(service.gate.refused),
+        "joins": len(latencies),
+        "p50_ms": round(statistics.median(latencies) * 1000),
+        "p99_ms": _p99_ms(latencies),
+    }
 
 
 def test_tls_connections_that_make_no_rpc_are_closed(join_lab, attack):
@@ -118,7 +140,9 @@ def test_tls_connections_that_make_no_rpc_are_closed(join_lab, attack):
             tls = context.wrap_socket(raw)
             tls.sendall(HTTP2_PREFACE)
             held.append(tls)
-        refused_extra = socket.create_connection(("127.0.0.1", service.port), timeout=5, source_address=("127.0.0.3", 0))
+        refused_extra = socket.create_connection(
+            ("127.0.0.1", service.port), timeout=5, source_address=("127.0.0.3", 0)
+        )
         held.append(refused_extra)
 
         def all_closed() -> bool:
@@ -138,7 +162,9 @@ def test_tls_connections_that_make_no_rpc_are_closed(join_lab, attack):
     finally:
         for sock in held:
             sock.close()
-    assert service.gate.refused["first-rpc-timeout"] >= PER_CLIENT and service.gate.refused["client-connection-limit"] >= 1
+    assert (
+        service.gate.refused["first-rpc-timeout"] >= PER_CLIENT and service.gate.refused["client-connection-limit"] >= 1
+    )
     wait_for(lambda: service.gate.open_connections == 0, timeout=5)
     attack.obtained("connections held without an RPC", service.gate.open_connections)
     # The node that comes next is served.
@@ -152,8 +178,11 @@ def test_ipv6_clients_are_limited_per_host_not_per_connection(join_lab, attack):
     service = join_lab.start("pcrs-only", listen="[::]:0", nonce_rate=0.01, nonce_burst=5)
     answered = 0
     for _connection in range(4):
-        channel = grpc.secure_channel(f"[::1]:{service.port}", grpc.ssl_channel_credentials(join_lab.ca_pem),
-                                      options=[("grpc.use_local_subchannel_pool", 1), ("grpc.ssl_target_name_override", "localhost")])
+        channel = grpc.secure_channel(
+            f"[::1]:{service.port}",
+            grpc.ssl_channel_credentials(join_lab.ca_pem),
+            options=[("grpc.use_local_subchannel_pool", 1), ("grpc.ssl_target_name_override", "localhost")],
+        )
         with channel:
             stub = pb2_grpc.JoinServiceStub(channel)
             for _call in range(5):
@@ -173,8 +202,9 @@ def test_ipv6_clients_are_limited_per_host_not_per_connection(join_lab, attack):
 def test_the_limiter_key_of_real_grpc_peer_strings_has_no_port():
     """What gRPC itself reports for IPv6 clients, three connections of one host: one key."""
     server = grpc.server(futures.ThreadPoolExecutor(2))
-    handler = grpc.method_handlers_generic_handler("ck.Peer", {"Peer": grpc.unary_unary_rpc_method_handler(
-        lambda request, context: context.peer().encode())})
+    handler = grpc.method_handlers_generic_handler(
+        "ck.Peer", {"Peer": grpc.unary_unary_rpc_method_handler(lambda request, context: context.peer().encode())}
+    )
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("[::1]:0")
     server.start()

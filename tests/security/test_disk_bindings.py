@@ -35,8 +35,15 @@ def test_new_host_enrolled_with_a_bound_disk(join_lab, other_swtpm, attack, flow
     assert "(worker-1)" in _refused(join_lab, service, other_swtpm.tcti, "worker-9", DISK_UUID, flow)
     attack.obtained("disk keys issued to the newcomer", len(service.minter.tokens) - minted)
     # The owner still rejoins with its disk.
-    ticket = request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
-                            flow="rejoin", attempts=1)
+    ticket = request_ticket(
+        [service.endpoint],
+        join_lab.ca_pem,
+        join_lab.swtpm.tcti,
+        "worker-1",
+        disk_uuid=DISK_UUID,
+        flow="rejoin",
+        attempts=1,
+    )
     assert ticket.state_disk_key
 
 
@@ -52,7 +59,9 @@ def test_unenrolled_nodes_disk_stays_bound(join_lab, other_swtpm, attack):
     join_lab.write_enrolment()
     assert "(worker-1)" in _refused(join_lab, service, other_swtpm.tcti, "worker-2", DISK_UUID)
     attack.obtained("disk keys issued for the unenrolled node's disk", len(service.minter.tokens) - minted)
-    attack.obtained("disk bindings taken over", sum(1 for b in service.issuer.registry.mirror.all() if b.node_name == "worker-2"))
+    attack.obtained(
+        "disk bindings taken over", sum(1 for b in service.issuer.registry.mirror.all() if b.node_name == "worker-2")
+    )
 
 
 def test_one_tpm_starting_first_joins_with_two_disks_at_two_services(join_lab, attack):
@@ -65,15 +74,25 @@ def test_one_tpm_starting_first_joins_with_two_disks_at_two_services(join_lab, a
     for service, disk in ((first, DISK_UUID), (second, OTHER_DISK_UUID)):
         stub, channel = join_lab.stub(service)
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        started.append((stub, channel, nonce, stub.IssueJoinTicket(join_request(tcti, nonce, EphemeralKey.generate().public_bytes(),
-                                                                                disk_uuid=disk))))
+        started.append(
+            (
+                stub,
+                channel,
+                nonce,
+                stub.IssueJoinTicket(join_request(tcti, nonce, EphemeralKey.generate().public_bytes(), disk_uuid=disk)),
+            )
+        )
     (stub, channel, nonce, challenge), (stub2, channel2, nonce2, challenge2) = started
     with channel, channel2:
         assert activate(stub, tcti, challenge, nonce).sealed_ticket
-        error = assert_refused(lambda: activate(stub2, tcti, challenge2, nonce2), grpc.StatusCode.PERMISSION_DENIED, "disk-not-granted")
+        error = assert_refused(
+            lambda: activate(stub2, tcti, challenge2, nonce2), grpc.StatusCode.PERMISSION_DENIED, "disk-not-granted"
+        )
     assert f"already claimed disk {DISK_UUID}" in error.details()
     disks = {name: item["data"]["disk_uuid"] for name, item in join_lab.api.configmaps.items()}
-    assert disks == {f"confidential-kubernetes-disk-{DISK_UUID}": DISK_UUID,
-                     f"confidential-kubernetes-ek-{first.issuer.registry.mirror.all()[0].ek}": DISK_UUID}, disks
+    assert disks == {
+        f"confidential-kubernetes-disk-{DISK_UUID}": DISK_UUID,
+        f"confidential-kubernetes-ek-{first.issuer.registry.mirror.all()[0].ek}": DISK_UUID,
+    }, disks
     attack.obtained("disks bound to one TPM beyond its first", len(set(disks.values())) - 1)
     attack.obtained("tickets issued for a second disk", len(join_lab.api.tokens) - 1)

@@ -17,7 +17,15 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
 
-from join_harness import activate, assert_refused, bound_user_data, evidence_for, join_request, make_csr, policy_from_swtpm
+from join_harness import (
+    activate,
+    assert_refused,
+    bound_user_data,
+    evidence_for,
+    join_request,
+    make_csr,
+    policy_from_swtpm,
+)
 
 _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
@@ -34,7 +42,7 @@ def _padding_bits(text: str) -> str:
     name = next(n for n in ("ak_public", "signature", "quote", "user_data") if document[n].endswith("="))
     value = document[name]
     stripped = value.rstrip("=")
-    document[name] = stripped[:-1] + _ALPHABET[_ALPHABET.index(stripped[-1]) | 1] + value[len(stripped):]
+    document[name] = stripped[:-1] + _ALPHABET[_ALPHABET.index(stripped[-1]) | 1] + value[len(stripped) :]
     return json.dumps(document)
 
 
@@ -45,26 +53,63 @@ def _ek_bit(offset_of, bit: int):
         raw[offset_of(raw)] ^= 1 << bit
         document["ek_public"] = base64.b64encode(bytes(raw)).decode()
         return json.dumps(document)
+
     return change
 
 
 ATTACKS = {
     # (change to the genuine evidence text, gRPC status, reason, words of the refusal)
-    "duplicate PCR key, zeros first": (_duplicate_key, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "repeats the key '0'"),
-    "base64 with padding bits set": (_padding_bits, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "not canonical base64"),
-    "version 1.0": (lambda t: t.replace('"version": 1', '"version": 1.0', 1), grpc.StatusCode.INVALID_ARGUMENT, "malformed",
-                    "expected 1, an integer"),
-    "version true": (lambda t: t.replace('"version": 1', '"version": true', 1), grpc.StatusCode.INVALID_ARGUMENT, "malformed",
-                     "expected 1, an integer"),
-    "nested 500 deep": (lambda t: t.replace('"pcrs": ', '"x": ' + "[" * 500 + "]" * 500 + ', "pcrs": ', 1),
-                        grpc.StatusCode.INVALID_ARGUMENT, "malformed", "objects and arrays"),
-    "5 KB variant echoed": (lambda t: t.replace('"variant": "tpm"', '"variant": "' + "A" * 5000 + '"', 1),
-                            grpc.StatusCode.INVALID_ARGUMENT, "malformed", "(5002 characters)"),
+    "duplicate PCR key, zeros first": (
+        _duplicate_key,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "malformed",
+        "repeats the key '0'",
+    ),
+    "base64 with padding bits set": (
+        _padding_bits,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "malformed",
+        "not canonical base64",
+    ),
+    "version 1.0": (
+        lambda t: t.replace('"version": 1', '"version": 1.0', 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "malformed",
+        "expected 1, an integer",
+    ),
+    "version true": (
+        lambda t: t.replace('"version": 1', '"version": true', 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "malformed",
+        "expected 1, an integer",
+    ),
+    "nested 500 deep": (
+        lambda t: t.replace('"pcrs": ', '"x": ' + "[" * 500 + "]" * 500 + ', "pcrs": ', 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "malformed",
+        "objects and arrays",
+    ),
+    "5 KB variant echoed": (
+        lambda t: t.replace('"variant": "tpm"', '"variant": "' + "A" * 5000 + '"', 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "malformed",
+        "(5002 characters)",
+    ),
     # EK objectAttributes is bytes 4..7: clear adminWithPolicy (bit 7 of the last byte), set userWithAuth (bit 6).
-    "EK without adminWithPolicy": (_ek_bit(lambda raw: 7, 7), grpc.StatusCode.PERMISSION_DENIED, "ek-template", "L-1/H-1"),
+    "EK without adminWithPolicy": (
+        _ek_bit(lambda raw: 7, 7),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "ek-template",
+        "L-1/H-1",
+    ),
     "EK with userWithAuth": (_ek_bit(lambda raw: 7, 6), grpc.StatusCode.PERMISSION_DENIED, "ek-template", "L-1/H-1"),
     # authPolicy's digest starts at byte 10 (after type, nameAlg, attributes and its size).
-    "EK with another authPolicy": (_ek_bit(lambda raw: 10, 0), grpc.StatusCode.PERMISSION_DENIED, "ek-template", "L-1/H-1"),
+    "EK with another authPolicy": (
+        _ek_bit(lambda raw: 10, 0),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "ek-template",
+        "L-1/H-1",
+    ),
 }
 
 
@@ -76,11 +121,16 @@ def test_join_evidence_in_a_non_canonical_encoding(join_lab, attack, name):
     csr = make_csr("worker-1")
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        genuine = evidence_for(join_lab.swtpm.tcti, nonce, bound_user_data(EphemeralKey.generate().public_bytes(), csr=csr))
+        genuine = evidence_for(
+            join_lab.swtpm.tcti, nonce, bound_user_data(EphemeralKey.generate().public_bytes(), csr=csr)
+        )
         changed = change(genuine.decode()).encode()
         assert changed != genuine
-        error = assert_refused(lambda: stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, b"", csr=csr, evidence=changed)),
-                               code, reason)
+        error = assert_refused(
+            lambda: stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, b"", csr=csr, evidence=changed)),
+            code,
+            reason,
+        )
         assert words in error.details() and len(error.details()) < 600, error.details()
         # The control: the genuine text of the same quote is answered with a challenge, and the node joins.
         challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, b"", csr=csr, evidence=genuine))
@@ -98,13 +148,27 @@ def test_the_ek_bit_offsets_above_are_the_fields_they_name(swtpm):
 def _seal_init(tmp_path, swtpm, evidence: object, nonce_hex: str) -> dict:
     from ansible.parsing.dataloader import DataLoader
     from ansible_collections.confidential.kubernetes.plugins.action.seal_init_secrets import ActionModule
+
     policy_file = tmp_path / "policy.json"
     policy_file.write_text(dump_policy(policy_from_swtpm(swtpm.tcti, "pcrs-only")))
-    args = dict(evidence=evidence, nonce=nonce_hex, nonce_ledger=str(tmp_path / "ledger"), policy=str(policy_file),
-                secrets_file=str(tmp_path / "secrets.json"))
-    task = SimpleNamespace(args=args, async_val=0, check_mode=False, diff=False, no_log=False,
-                           action="confidential.kubernetes.seal_init_secrets")
-    action = ActionModule(task, SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent")), None, DataLoader(), None, None)
+    args = dict(
+        evidence=evidence,
+        nonce=nonce_hex,
+        nonce_ledger=str(tmp_path / "ledger"),
+        policy=str(policy_file),
+        secrets_file=str(tmp_path / "secrets.json"),
+    )
+    task = SimpleNamespace(
+        args=args,
+        async_val=0,
+        check_mode=False,
+        diff=False,
+        no_log=False,
+        action="confidential.kubernetes.seal_init_secrets",
+    )
+    action = ActionModule(
+        task, SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent")), None, DataLoader(), None, None
+    )
     return action.run(task_vars={"inventory_hostname": "cp-1"})
 
 

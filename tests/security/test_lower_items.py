@@ -55,9 +55,14 @@ def test_grant_is_checked_again_at_step_2(join_lab, attack):
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes(), "cp-1", True))
+        challenge = stub.IssueJoinTicket(
+            join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes(), "cp-1", True)
+        )
         join_lab.enrol(join_lab.swtpm.tcti, "cp-1", control_plane=False)
-        error = assert_refused(lambda: activate(stub, join_lab.swtpm.tcti, challenge, nonce), grpc.StatusCode.PERMISSION_DENIED,
-                               "role-not-granted")
+        error = assert_refused(
+            lambda: activate(stub, join_lab.swtpm.tcti, challenge, nonce),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "role-not-granted",
+        )
     assert "checked again at activation" in error.details()
     attack.obtained("tickets issued to a node whose grant was withdrawn", len(service.minter.tokens))

@@ -40,16 +40,21 @@ def _genuine_template(tcti: str, nonce: bytes) -> dict:
         return issuer.issue_evidence(tpm, nonce, b"template").to_document()
 
 
-def test_software_key_flood_from_eight_addresses_leaves_genuine_joins_served(join_lab, start_swtpm, attack, flood_figures,
-                                                                             monkeypatch):
+def test_software_key_flood_from_eight_addresses_leaves_genuine_joins_served(
+    join_lab, start_swtpm, attack, flood_figures, monkeypatch
+):
     monkeypatch.setattr(issuance, "MAX_PENDING", TABLE)
     second = start_swtpm("lab2")
     join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
     join_lab.enrol(second.tcti, "worker-2")
     # The rate limits out of the way: what is measured is what step 1 leaves behind.
-    service = join_lab.start("ek-certificate", ticket_rate=1000.0, ticket_burst=1000.0, nonce_rate=1000.0, nonce_burst=1000.0)
-    targets = [("worker-1", DISK_UUID, _genuine_template(join_lab.swtpm.tcti, b"\0" * 32)),
-               ("worker-2", OTHER_DISK_UUID, _genuine_template(second.tcti, b"\0" * 32))]
+    service = join_lab.start(
+        "ek-certificate", ticket_rate=1000.0, ticket_burst=1000.0, nonce_rate=1000.0, nonce_burst=1000.0
+    )
+    targets = [
+        ("worker-1", DISK_UUID, _genuine_template(join_lab.swtpm.tcti, b"\0" * 32)),
+        ("worker-2", OTHER_DISK_UUID, _genuine_template(second.tcti, b"\0" * 32)),
+    ]
     relays = [SourceRelay(source, ("127.0.0.1", service.port)) for source in ATTACKERS]
     stop = threading.Event()
     outcomes: collections.Counter = collections.Counter()
@@ -58,8 +63,11 @@ def test_software_key_flood_from_eight_addresses_leaves_genuine_joins_served(joi
 
     def attacker(relay: SourceRelay) -> None:
         forged = [(name, disk, SoftwareQuoter(template), make_csr(name)) for name, disk, template in targets]
-        channel = grpc.secure_channel(f"127.0.0.1:{relay.port}", grpc.ssl_channel_credentials(join_lab.ca_pem),
-                                      options=[("grpc.use_local_subchannel_pool", 1), ("grpc.ssl_target_name_override", "127.0.0.1")])
+        channel = grpc.secure_channel(
+            f"127.0.0.1:{relay.port}",
+            grpc.ssl_channel_credentials(join_lab.ca_pem),
+            options=[("grpc.use_local_subchannel_pool", 1), ("grpc.ssl_target_name_override", "127.0.0.1")],
+        )
         stub = pb2_grpc.JoinServiceStub(channel)
         index = 0
         with channel:
@@ -69,9 +77,12 @@ def test_software_key_flood_from_eight_addresses_leaves_genuine_joins_served(joi
                 try:
                     nonce = stub.GetNonce(pb2.GetNonceRequest(), timeout=10).nonce
                     key = EphemeralKey.generate().public_bytes()
-                    evidence = json.dumps(quoter.quote(nonce, bound_user_data(key, node_name=name, disk_uuid=disk, csr=csr))).encode()
-                    challenge = stub.IssueJoinTicket(join_request("", nonce, key, name, csr=csr, disk_uuid=disk, evidence=evidence),
-                                                     timeout=10)
+                    evidence = json.dumps(
+                        quoter.quote(nonce, bound_user_data(key, node_name=name, disk_uuid=disk, csr=csr))
+                    ).encode()
+                    challenge = stub.IssueJoinTicket(
+                        join_request("", nonce, key, name, csr=csr, disk_uuid=disk, evidence=evidence), timeout=10
+                    )
                     outcomes["challenged"] += 1
                     if challenge.node_name or challenge.control_plane:
                         disclosed.append(challenge.node_name)
@@ -119,4 +130,5 @@ def test_software_key_flood_from_eight_addresses_leaves_genuine_joins_served(joi
     flood_figures.setdefault("step1", {})["step-1 flood"] = (
         f"{sum(outcomes.values())} forged step-1 requests from {len(ATTACKERS)} addresses ({dict(outcomes)}), at most {peak[0]} "
         f"challenges waiting; {len(latencies)}/{GENUINE_JOINS} genuine joins meanwhile, p50 {round(statistics.median(ordered) * 1000)} ms, "
-        f"p99 {round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000)} ms")
+        f"p99 {round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000)} ms"
+    )

@@ -20,8 +20,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, kubelet_subject
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import KubectlTokenMinter, generate_token
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import TOKEN_CERTIFICATE_BINDINGS, Kubeadm
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import (
+    KubectlTokenMinter,
+    generate_token,
+)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
+    TOKEN_CERTIFICATE_BINDINGS,
+    Kubeadm,
+)
 
 # The controller-manager's CSR approver and signer answer within a second here; five leaves them room on a busy machine.
 APPROVAL_WAIT = 5.0
@@ -29,11 +35,23 @@ APPROVAL_WAIT = 5.0
 
 def _kubeconfig(cluster, name: str, user: dict):
     path = cluster.root / f"{name}.conf"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")}}],
-        "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [
+                    {
+                        "name": "k",
+                        "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")},
+                    }
+                ],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            }
+        )
+    )
     path.chmod(0o600)
     return path
 
@@ -41,11 +59,18 @@ def _kubeconfig(cluster, name: str, user: dict):
 def _csr(name: str, node_name: str) -> bytes:
     key = ec.generate_private_key(ec.SECP256R1())
     csr = x509.CertificateSigningRequestBuilder().subject_name(kubelet_subject(node_name)).sign(key, hashes.SHA256())
-    return json.dumps({
-        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": name},
-        "spec": {"request": base64.b64encode(csr.public_bytes(serialization.Encoding.PEM)).decode(),
-                 "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
-                 "usages": ["digital signature", "key encipherment", "client auth"]}}).encode()
+    return json.dumps(
+        {
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "metadata": {"name": name},
+            "spec": {
+                "request": base64.b64encode(csr.public_bytes(serialization.Encoding.PEM)).decode(),
+                "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                "usages": ["digital signature", "key encipherment", "client auth"],
+            },
+        }
+    ).encode()
 
 
 def _signed(cluster, names: list[str], wait: float) -> dict[str, bool]:
@@ -70,14 +95,24 @@ def test_a_join_token_gets_no_node_certificate_approved(kube_control_plane, atta
     # The token works (kubeadm join's reads): the refusals below are about certificates, not a dead credential.
     assert cluster.kubectl("auth", "can-i", "get", "nodes", kubeconfig=as_token).stdout.decode().strip() == "yes"
 
-    wanted = {f"attack-{token_id}-{suffix}": node for suffix, node in
-              (("cp", "cp-0"), ("own", "worker-3"), ("random", f"node-{os.urandom(4).hex()}"))}
-    posted = {name: cluster.kubectl("create", "-f", "-", kubeconfig=as_token, stdin=_csr(name, node), check=False)
-              for name, node in wanted.items()}
+    wanted = {
+        f"attack-{token_id}-{suffix}": node
+        for suffix, node in (("cp", "cp-0"), ("own", "worker-3"), ("random", f"node-{os.urandom(4).hex()}"))
+    }
+    posted = {
+        name: cluster.kubectl("create", "-f", "-", kubeconfig=as_token, stdin=_csr(name, node), check=False)
+        for name, node in wanted.items()
+    }
     signed = _signed(cluster, list(wanted), APPROVAL_WAIT)
     attack.obtained("node client certificates bought with a join token", sum(signed.values()))
-    refused = {wanted[name]: done.stderr.decode(errors="replace").strip() for name, done in posted.items() if done.returncode != 0}
-    assert set(refused) == set(wanted.values()), f"a join token may post node CSRs: {sorted(set(wanted.values()) - set(refused))}"
+    refused = {
+        wanted[name]: done.stderr.decode(errors="replace").strip()
+        for name, done in posted.items()
+        if done.returncode != 0
+    }
+    assert set(refused) == set(wanted.values()), (
+        f"a join token may post node CSRs: {sorted(set(wanted.values()) - set(refused))}"
+    )
     assert all("forbidden" in words.lower() for words in refused.values()), refused
 
 
@@ -89,11 +124,15 @@ def test_the_kubelet_still_renews_its_own_certificate(kube_control_plane):
     now = datetime.datetime.now(datetime.timezone.utc)
     certificate = ClusterPki.load(str(cluster.pki)).sign_kubelet_client(key.public_key(), "worker-4", now)
     (cluster.root / "worker-4.crt").write_bytes(certificate)
-    (cluster.root / "worker-4.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                                  serialization.NoEncryption()))
+    (cluster.root / "worker-4.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     (cluster.root / "worker-4.key").chmod(0o600)
-    as_kubelet = _kubeconfig(cluster, "worker-4", {"client-certificate": str(cluster.root / "worker-4.crt"),
-                                                   "client-key": str(cluster.root / "worker-4.key")})
+    as_kubelet = _kubeconfig(
+        cluster,
+        "worker-4",
+        {"client-certificate": str(cluster.root / "worker-4.crt"), "client-key": str(cluster.root / "worker-4.key")},
+    )
     suffix = os.urandom(4).hex()
     own, other = f"renew-worker-4-{suffix}", f"renew-as-cp-0-{suffix}"
     cluster.kubectl("create", "-f", "-", kubeconfig=as_kubelet, stdin=_csr(own, "worker-4"))

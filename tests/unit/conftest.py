@@ -37,11 +37,16 @@ def _write_ca_config(workdir: Path, ca_dir: Path) -> Path:
     ca_dir.mkdir(parents=True, exist_ok=True)
     (workdir / "localca.conf").write_text(
         f"statedir = {ca_dir}\nsigningkey = {ca_dir}/signkey.pem\n"
-        f"issuercert = {ca_dir}/issuercert.pem\ncertserial = {ca_dir}/certserial\n")
-    (workdir / "localca.options").write_text("--platform-manufacturer confidential.kubernetes-tests\n--platform-version 2.1\n--platform-model swtpm\n")
+        f"issuercert = {ca_dir}/issuercert.pem\ncertserial = {ca_dir}/certserial\n"
+    )
+    (workdir / "localca.options").write_text(
+        "--platform-manufacturer confidential.kubernetes-tests\n--platform-version 2.1\n--platform-model swtpm\n"
+    )
     setup = workdir / "swtpm_setup.conf"
-    setup.write_text(f"create_certs_tool = /usr/bin/swtpm_localca\ncreate_certs_tool_config = {workdir}/localca.conf\n"
-                     f"create_certs_tool_options = {workdir}/localca.options\n")
+    setup.write_text(
+        f"create_certs_tool = /usr/bin/swtpm_localca\ncreate_certs_tool_config = {workdir}/localca.conf\n"
+        f"create_certs_tool_options = {workdir}/localca.options\n"
+    )
     return setup
 
 
@@ -53,10 +58,24 @@ class ManufacturedTpm:
         self.state.mkdir(parents=True)
         self.ca_dir = ca_dir
         setup = _write_ca_config(workdir, self.ca_dir)
-        subprocess.run(["swtpm_setup", "--tpm2", "--tpmstate", str(self.state), "--create-ek-cert",
-                        "--lock-nvram", "--config", str(setup)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "swtpm_setup",
+                "--tpm2",
+                "--tpmstate",
+                str(self.state),
+                "--create-ek-cert",
+                "--lock-nvram",
+                "--config",
+                str(setup),
+            ],
+            check=True,
+            capture_output=True,
+        )
         # The CA file a verifier trusts: the issuing CA and its root.
-        self.ca_pem = (self.ca_dir / "issuercert.pem").read_bytes() + (self.ca_dir / "swtpm-localca-rootca-cert.pem").read_bytes()
+        self.ca_pem = (self.ca_dir / "issuercert.pem").read_bytes() + (
+            self.ca_dir / "swtpm-localca-rootca-cert.pem"
+        ).read_bytes()
 
 
 class SwtpmInstance:
@@ -71,18 +90,32 @@ class SwtpmInstance:
         with open(self.log, "wb") as log:
             # A direct child (no --daemon), so stopping it reaps it instead of leaving a zombie.
             self.process = subprocess.Popen(
-                ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={self.dir / 'state'}",
-                 "--server", f"type=unixio,path={self.socket}",
-                 "--ctrl", f"type=unixio,path={self.socket}.ctrl",
-                 "--flags", "not-need-init,startup-clear"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+                [
+                    "swtpm",
+                    "socket",
+                    "--tpm2",
+                    "--tpmstate",
+                    f"dir={self.dir / 'state'}",
+                    "--server",
+                    f"type=unixio,path={self.socket}",
+                    "--ctrl",
+                    f"type=unixio,path={self.socket}.ctrl",
+                    "--flags",
+                    "not-need-init,startup-clear",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         self.pid = self.process.pid
         for _attempt in range(250):
             if self._listening() or self.process.poll() is not None:
                 break
             time.sleep(0.02)
         if not self._listening():
-            raise RuntimeError(f"swtpm did not start: {self.log.read_text(errors='replace') if self.process.poll() is not None else 'no socket'}")
+            raise RuntimeError(
+                f"swtpm did not start: {self.log.read_text(errors='replace') if self.process.poll() is not None else 'no socket'}"
+            )
 
     def _listening(self) -> bool:
         """Both sockets accept connections (a bound socket file alone is not enough)."""
@@ -114,8 +147,10 @@ def manufactured_tpms(tmp_path_factory):
         pytest.fail("swtpm and swtpm_setup are required (apt-get install swtpm swtpm-tools); run scripts/setup.sh")
     trusted_ca = tmp_path_factory.mktemp("ca-trusted")
     other_ca = tmp_path_factory.mktemp("ca-other")
-    return {name: ManufacturedTpm(tmp_path_factory.mktemp(f"tpm-{name}"), ca)
-            for name, ca in (("lab", trusted_ca), ("lab2", trusted_ca), ("other", other_ca))}
+    return {
+        name: ManufacturedTpm(tmp_path_factory.mktemp(f"tpm-{name}"), ca)
+        for name, ca in (("lab", trusted_ca), ("lab2", trusted_ca), ("other", other_ca))
+    }
 
 
 def _swtpm(manufactured):
@@ -166,8 +201,10 @@ import control_plane  # noqa: E402  (tests/control_plane.py: the real control pl
 def _require_control_plane() -> None:
     missing = control_plane.missing_binaries()
     if missing:
-        message = (f"the real Kubernetes binaries are not built ({', '.join(missing)} missing in "
-                   f"{control_plane.binaries_dir()}): run tests/lab/lab kubernetes")
+        message = (
+            f"the real Kubernetes binaries are not built ({', '.join(missing)} missing in "
+            f"{control_plane.binaries_dir()}): run tests/lab/lab kubernetes"
+        )
         if os.environ.get("CK_REQUIRE_KUBERNETES") == "1":
             pytest.fail(message)
         pytest.skip(message)

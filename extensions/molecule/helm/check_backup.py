@@ -16,8 +16,15 @@ plurals = {}
 
 
 def served(path):
-    response = api.call_api(path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                            response_type=None, _preload_content=False, _return_http_data_only=True)
+    response = api.call_api(
+        path,
+        "GET",
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        response_type=None,
+        _preload_content=False,
+        _return_http_data_only=True,
+    )
     return json.loads(response.data)
 
 
@@ -49,8 +56,11 @@ for current, dirs, files in os.walk(root):
             saved, now = yaml.safe_load(saved), dict(now)
             for document in (saved, now):
                 document.pop("status", None)
-                document["metadata"] = {key: value for key, value in document["metadata"].items()
-                                        if key not in ("resourceVersion", "managedFields")}
+                document["metadata"] = {
+                    key: value
+                    for key, value in document["metadata"].items()
+                    if key not in ("resourceVersion", "managedFields")
+                }
             same = saved == now
         else:
             same = saved == yaml.safe_dump(now, default_flow_style=False, sort_keys=False, allow_unicode=True).encode()

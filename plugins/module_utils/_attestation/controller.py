@@ -10,7 +10,15 @@ import re
 from .._crypto import seal
 from .evidence import excerpt
 from .nonces import DEFAULT_TTL, NonceStore
-from .policy import NODE_LOCK_PCR, MeasurementPolicy, PolicyError, load_policy, node_lock_mark, policy_from_document, parse_policy
+from .policy import (
+    NODE_LOCK_PCR,
+    MeasurementPolicy,
+    PolicyError,
+    load_policy,
+    node_lock_mark,
+    policy_from_document,
+    parse_policy,
+)
 from .verifier import VerificationError, VerificationResult, Verifier, load_ca_certificates
 
 CRYPTOGRAPHY_IMPORT_ERROR = seal.CRYPTOGRAPHY_IMPORT_ERROR
@@ -36,7 +44,7 @@ def resolve_policy(policy_path: str | None, policy_content: object, node_lock: s
     if node_lock is None:
         return policy
     if node_lock == "unlocked":
-        return policy.with_rule(NODE_LOCK_PCR, [bytes(len(node_lock_mark(b'', policy.hash_algorithm)))])
+        return policy.with_rule(NODE_LOCK_PCR, [bytes(len(node_lock_mark(b"", policy.hash_algorithm)))])
     if not isinstance(node_lock, str) or not _HEX64.fullmatch(node_lock):
         raise PolicyError(f"node_lock must be 'unlocked' or a 64-hex cluster ID, got {excerpt(node_lock)}")
     return policy.with_rule(NODE_LOCK_PCR, [node_lock_mark(bytes.fromhex(node_lock), policy.hash_algorithm)])
@@ -52,8 +60,14 @@ def load_ek_cas(path: str | None) -> list:
         raise VerificationError("ek-ca", f"cannot read EK CA file {path}: {exc.strerror}") from None
 
 
-def verify(evidence: object, nonce_hex: str, policy: MeasurementPolicy, ek_cas: list, ledger: str | None,
-           ttl: float = DEFAULT_TTL) -> VerificationResult:
+def verify(
+    evidence: object,
+    nonce_hex: str,
+    policy: MeasurementPolicy,
+    ek_cas: list,
+    ledger: str | None,
+    ttl: float = DEFAULT_TTL,
+) -> VerificationResult:
     if not isinstance(nonce_hex, str) or not _HEX64.fullmatch(nonce_hex):
         raise VerificationError("nonce", "nonce must be 64 hex characters (32 bytes)")
     nonce = bytes.fromhex(nonce_hex)

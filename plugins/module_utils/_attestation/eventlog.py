@@ -46,26 +46,54 @@ EV_EFI_ACTION = 0x80000007
 EV_EFI_VARIABLE_BOOT2 = 0x8000000C
 EV_EFI_VARIABLE_AUTHORITY = 0x800000E0
 EVENT_TYPES = {
-    0x0: "EV_PREBOOT_CERT", 0x1: "EV_POST_CODE", 0x2: "EV_UNUSED", EV_NO_ACTION: "EV_NO_ACTION",
-    EV_SEPARATOR: "EV_SEPARATOR", 0x5: "EV_ACTION", EV_EVENT_TAG: "EV_EVENT_TAG", 0x7: "EV_S_CRTM_CONTENTS",
-    0x8: "EV_S_CRTM_VERSION", 0x9: "EV_CPU_MICROCODE", 0xA: "EV_PLATFORM_CONFIG_FLAGS", 0xB: "EV_TABLE_OF_DEVICES",
-    0xC: "EV_COMPACT_HASH", EV_IPL: "EV_IPL", 0xE: "EV_IPL_PARTITION_DATA", 0xF: "EV_NONHOST_CODE",
-    0x10: "EV_NONHOST_CONFIG", 0x11: "EV_NONHOST_INFO", 0x12: "EV_OMIT_BOOT_DEVICE_EVENTS", 0x13: "EV_POST_CODE2",
-    0x80000000: "EV_EFI_EVENT_BASE", EV_EFI_VARIABLE_DRIVER_CONFIG: "EV_EFI_VARIABLE_DRIVER_CONFIG",
-    EV_EFI_VARIABLE_BOOT: "EV_EFI_VARIABLE_BOOT", EV_EFI_BOOT_SERVICES_APPLICATION: "EV_EFI_BOOT_SERVICES_APPLICATION",
+    0x0: "EV_PREBOOT_CERT",
+    0x1: "EV_POST_CODE",
+    0x2: "EV_UNUSED",
+    EV_NO_ACTION: "EV_NO_ACTION",
+    EV_SEPARATOR: "EV_SEPARATOR",
+    0x5: "EV_ACTION",
+    EV_EVENT_TAG: "EV_EVENT_TAG",
+    0x7: "EV_S_CRTM_CONTENTS",
+    0x8: "EV_S_CRTM_VERSION",
+    0x9: "EV_CPU_MICROCODE",
+    0xA: "EV_PLATFORM_CONFIG_FLAGS",
+    0xB: "EV_TABLE_OF_DEVICES",
+    0xC: "EV_COMPACT_HASH",
+    EV_IPL: "EV_IPL",
+    0xE: "EV_IPL_PARTITION_DATA",
+    0xF: "EV_NONHOST_CODE",
+    0x10: "EV_NONHOST_CONFIG",
+    0x11: "EV_NONHOST_INFO",
+    0x12: "EV_OMIT_BOOT_DEVICE_EVENTS",
+    0x13: "EV_POST_CODE2",
+    0x80000000: "EV_EFI_EVENT_BASE",
+    EV_EFI_VARIABLE_DRIVER_CONFIG: "EV_EFI_VARIABLE_DRIVER_CONFIG",
+    EV_EFI_VARIABLE_BOOT: "EV_EFI_VARIABLE_BOOT",
+    EV_EFI_BOOT_SERVICES_APPLICATION: "EV_EFI_BOOT_SERVICES_APPLICATION",
     EV_EFI_BOOT_SERVICES_DRIVER: "EV_EFI_BOOT_SERVICES_DRIVER",
-    EV_EFI_RUNTIME_SERVICES_DRIVER: "EV_EFI_RUNTIME_SERVICES_DRIVER", 0x80000006: "EV_EFI_GPT_EVENT",
-    EV_EFI_ACTION: "EV_EFI_ACTION", 0x80000008: "EV_EFI_PLATFORM_FIRMWARE_BLOB", 0x80000009: "EV_EFI_HANDOFF_TABLES",
-    0x8000000A: "EV_EFI_PLATFORM_FIRMWARE_BLOB2", 0x8000000B: "EV_EFI_HANDOFF_TABLES2",
-    EV_EFI_VARIABLE_BOOT2: "EV_EFI_VARIABLE_BOOT2", 0x8000000D: "EV_EFI_GPT_EVENT2", 0x80000010: "EV_EFI_HCRTM_EVENT",
-    EV_EFI_VARIABLE_AUTHORITY: "EV_EFI_VARIABLE_AUTHORITY", 0x800000E1: "EV_EFI_SPDM_FIRMWARE_BLOB",
+    EV_EFI_RUNTIME_SERVICES_DRIVER: "EV_EFI_RUNTIME_SERVICES_DRIVER",
+    0x80000006: "EV_EFI_GPT_EVENT",
+    EV_EFI_ACTION: "EV_EFI_ACTION",
+    0x80000008: "EV_EFI_PLATFORM_FIRMWARE_BLOB",
+    0x80000009: "EV_EFI_HANDOFF_TABLES",
+    0x8000000A: "EV_EFI_PLATFORM_FIRMWARE_BLOB2",
+    0x8000000B: "EV_EFI_HANDOFF_TABLES2",
+    EV_EFI_VARIABLE_BOOT2: "EV_EFI_VARIABLE_BOOT2",
+    0x8000000D: "EV_EFI_GPT_EVENT2",
+    0x80000010: "EV_EFI_HCRTM_EVENT",
+    EV_EFI_VARIABLE_AUTHORITY: "EV_EFI_VARIABLE_AUTHORITY",
+    0x800000E1: "EV_EFI_SPDM_FIRMWARE_BLOB",
     0x800000E2: "EV_EFI_SPDM_FIRMWARE_CONFIG",
 }
 EVENT_TYPE_IDS = {name: number for number, name in EVENT_TYPES.items()}
 # The Linux EFI stub's tagged events (drivers/firmware/efi/libstub): the command line and the initrd, in PCR 9.
 LINUX_EVENT_TAGS = {0x8F3B22EC: "LOADED_IMAGE::LoadOptions", 0x8F3B22ED: "Linux initrd"}
-_VARIABLE_EVENTS = (EV_EFI_VARIABLE_DRIVER_CONFIG, EV_EFI_VARIABLE_BOOT, EV_EFI_VARIABLE_BOOT2,
-                    EV_EFI_VARIABLE_AUTHORITY)
+_VARIABLE_EVENTS = (
+    EV_EFI_VARIABLE_DRIVER_CONFIG,
+    EV_EFI_VARIABLE_BOOT,
+    EV_EFI_VARIABLE_BOOT2,
+    EV_EFI_VARIABLE_AUTHORITY,
+)
 _IMAGE_EVENTS = (EV_EFI_BOOT_SERVICES_APPLICATION, EV_EFI_BOOT_SERVICES_DRIVER, EV_EFI_RUNTIME_SERVICES_DRIVER)
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
@@ -152,11 +180,13 @@ def _parse_spec_id(raw: bytes) -> tuple[dict[int, int], int]:
     _need(raw, 0, _FIRST_HEAD.size, what)
     pcr, event_type, digest, size = _FIRST_HEAD.unpack_from(raw, 0)
     if pcr != 0 or event_type != EV_NO_ACTION or digest != bytes(20):
-        raise EventLogError(f"{what} must be EV_NO_ACTION on PCR 0 with a zero SHA-1 digest, got "
-                            f"{type_name(event_type)} on PCR {pcr}: not a TCG crypto-agile event log")
+        raise EventLogError(
+            f"{what} must be EV_NO_ACTION on PCR 0 with a zero SHA-1 digest, got "
+            f"{type_name(event_type)} on PCR {pcr}: not a TCG crypto-agile event log"
+        )
     start = _FIRST_HEAD.size
     _need(raw, start, size, f"{what} data")
-    data = raw[start:start + size]
+    data = raw[start : start + size]
     if len(data) < _SPEC_ID_HEAD.size or not data.startswith(SPEC_ID_SIGNATURE):
         raise EventLogError(f"{what} does not start with 'Spec ID Event03': not a crypto-agile (TCG_PCR_EVENT2) log")
     _sig, _platform, _minor, major, _errata, _uintn, count = _SPEC_ID_HEAD.unpack_from(data, 0)
@@ -179,8 +209,9 @@ def _parse_spec_id(raw: bytes) -> tuple[dict[int, int], int]:
         sizes[alg] = digest_size
     vendor_size = data[position]
     if position + 1 + vendor_size != len(data):
-        raise EventLogError(f"{what} has {len(data) - position - 1} bytes of vendor information, "
-                            f"its header says {vendor_size}")
+        raise EventLogError(
+            f"{what} has {len(data) - position - 1} bytes of vendor information, its header says {vendor_size}"
+        )
     return sizes, start + size
 
 
@@ -204,13 +235,13 @@ def _parse_event2(raw: bytes, offset: int, number: int, sizes: dict[int, int]) -
         if name in digests:
             raise EventLogError(f"{what}: carries two {name} digests")
         _need(raw, position + _U16.size, size, f"{what} {name} digest")
-        digests[name] = raw[position + _U16.size:position + _U16.size + size]
+        digests[name] = raw[position + _U16.size : position + _U16.size + size]
         position += _U16.size + size
     _need(raw, position, _U32.size, what)
     (size,) = _U32.unpack_from(raw, position)
     position += _U32.size
     _need(raw, position, size, f"{what} data")
-    return Event(number, pcr, event_type, digests, raw[position:position + size]), position + size
+    return Event(number, pcr, event_type, digests, raw[position : position + size]), position + size
 
 
 def _initial_value(pcr: int, size: int, locality: int) -> bytes:
@@ -270,14 +301,14 @@ def _text(data: bytes) -> str:
     if len(data) >= 4 and len(data) % 2 == 0 and not any(data[1::2]):
         data = data[0::2]
     data = data.rstrip(b"\x00")
-    if data and all(32 <= byte < 127 or byte in (9, 10, 13) for byte in data[:MAX_DESCRIPTION * 2]):
+    if data and all(32 <= byte < 127 or byte in (9, 10, 13) for byte in data[: MAX_DESCRIPTION * 2]):
         return data[:MAX_DESCRIPTION].decode("ascii").strip()
     return ""
 
 
 def _describe_tag(data: bytes) -> str:
     tag, size = struct.unpack_from("<II", data, 0)
-    text = _text(data[8:8 + size])
+    text = _text(data[8 : 8 + size])
     return text or LINUX_EVENT_TAGS.get(tag, f"tag 0x{tag:08x}")
 
 
@@ -286,14 +317,14 @@ def _describe_variable(data: bytes) -> str:
     name_length = struct.unpack_from("<Q", data, 16)[0]
     if name_length > MAX_DESCRIPTION:
         return ""
-    return _text(data[32:32 + 2 * name_length])
+    return _text(data[32 : 32 + 2 * name_length])
 
 
 def _describe_image(data: bytes) -> str:
     # UEFI_IMAGE_LOAD_EVENT: location, length, link-time address, LengthOfDevicePath (u64 each), then the device path;
     # the media file-path nodes (type 4, subtype 4) name the image.
     path_length = struct.unpack_from("<Q", data, 24)[0]
-    path = data[32:32 + min(path_length, len(data))]
+    path = data[32 : 32 + min(path_length, len(data))]
     names = []
     while len(path) >= 4:
         node_type, subtype, length = path[0], path[1], _U16.unpack_from(path, 2)[0]
@@ -322,8 +353,14 @@ class EventDifference(NamedTuple):
         return f"PCR {self.pcr}: {what} {self.change}"
 
     def to_result(self) -> dict:
-        return {"pcr": self.pcr, "change": self.change, "type": self.type, "description": self.description,
-                "old_digest": self.old_digest, "new_digest": self.new_digest}
+        return {
+            "pcr": self.pcr,
+            "change": self.change,
+            "type": self.type,
+            "description": self.description,
+            "old_digest": self.old_digest,
+            "new_digest": self.new_digest,
+        }
 
 
 class GoldenEvent(NamedTuple):
@@ -339,8 +376,11 @@ def golden_events(log: EventLog, bank: str, pcrs: frozenset[int] | set[int] | No
     """The measured events of a log (of the given PCRs), in one bank, as a policy enrols them."""
     if bank not in log.banks:
         raise EventLogError(f"event log has no {bank} bank (it has {', '.join(log.banks)})")
-    return tuple(GoldenEvent(e.pcr, e.type_name, e.description, e.digests[bank]) for e in log.events
-                 if e.measured and (pcrs is None or e.pcr in pcrs))
+    return tuple(
+        GoldenEvent(e.pcr, e.type_name, e.description, e.digests[bank])
+        for e in log.events
+        if e.measured and (pcrs is None or e.pcr in pcrs)
+    )
 
 
 def differences(golden: tuple[GoldenEvent, ...], log: EventLog, bank: str, pcr: int) -> list[EventDifference]:
@@ -349,10 +389,14 @@ def differences(golden: tuple[GoldenEvent, ...], log: EventLog, bank: str, pcr: 
     Events are aligned by type and description; an aligned pair whose digests differ is 'changed', as is a pair
     of the same type whose description changed in place (a command line); the rest are 'added' or 'removed'."""
     old = [g for g in golden if g.pcr == pcr]
-    new = [GoldenEvent(e.pcr, e.type_name, e.description, e.digests[bank]) for e in log.events
-           if e.measured and e.pcr == pcr and bank in e.digests]
-    matcher = difflib.SequenceMatcher(None, [(g.type, g.description) for g in old],
-                                      [(g.type, g.description) for g in new], autojunk=False)
+    new = [
+        GoldenEvent(e.pcr, e.type_name, e.description, e.digests[bank])
+        for e in log.events
+        if e.measured and e.pcr == pcr and bank in e.digests
+    ]
+    matcher = difflib.SequenceMatcher(
+        None, [(g.type, g.description) for g in old], [(g.type, g.description) for g in new], autojunk=False
+    )
     found: list[EventDifference] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag in ("equal", "replace"):
@@ -361,10 +405,21 @@ def differences(golden: tuple[GoldenEvent, ...], log: EventLog, bank: str, pcr: 
                     found.append(_difference(before, "removed"))
                     found.append(_difference(after, "added"))
                 elif before.digest != after.digest:
-                    description = after.description if before.description == after.description else (
-                        f"{before.description} -> {after.description}")
-                    found.append(EventDifference(pcr, "changed", after.type, description[:2 * MAX_DESCRIPTION],
-                                                 before.digest.hex(), after.digest.hex()))
+                    description = (
+                        after.description
+                        if before.description == after.description
+                        else (f"{before.description} -> {after.description}")
+                    )
+                    found.append(
+                        EventDifference(
+                            pcr,
+                            "changed",
+                            after.type,
+                            description[: 2 * MAX_DESCRIPTION],
+                            before.digest.hex(),
+                            after.digest.hex(),
+                        )
+                    )
             common = min(i2 - i1, j2 - j1)
             i1, j1 = i1 + common, j1 + common
         found.extend(_difference(g, "removed") for g in old[i1:i2])
@@ -374,8 +429,14 @@ def differences(golden: tuple[GoldenEvent, ...], log: EventLog, bank: str, pcr: 
 
 def _difference(event: GoldenEvent, change: str) -> EventDifference:
     digest = event.digest.hex()
-    return EventDifference(event.pcr, change, event.type, event.description,
-                           digest if change == "removed" else None, digest if change == "added" else None)
+    return EventDifference(
+        event.pcr,
+        change,
+        event.type,
+        event.description,
+        digest if change == "removed" else None,
+        digest if change == "added" else None,
+    )
 
 
 def build(banks: tuple[str, ...], events: list[tuple[int, int, dict[str, bytes], bytes]]) -> bytes:

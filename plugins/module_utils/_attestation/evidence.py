@@ -198,12 +198,15 @@ def _load_text(document: str) -> object:
         try:
             size = len(document.encode())
         except UnicodeEncodeError as exc:
-            raise EvidenceError(f"evidence document is not valid Unicode text (a lone surrogate at character {exc.start})") from None
+            raise EvidenceError(
+                f"evidence document is not valid Unicode text (a lone surrogate at character {exc.start})"
+            ) from None
     if size > MAX_DOCUMENT_BYTES:
         raise EvidenceError(f"evidence document is larger than {MAX_DOCUMENT_BYTES} bytes")
     if document.count("{") + document.count("[") > MAX_CONTAINERS:
-        raise EvidenceError(f"evidence document holds more than {MAX_CONTAINERS} objects and arrays "
-                            "(or nests them deeper)")
+        raise EvidenceError(
+            f"evidence document holds more than {MAX_CONTAINERS} objects and arrays (or nests them deeper)"
+        )
     try:
         return _decode_json(document)
     except _DuplicateKey as exc:
@@ -246,7 +249,9 @@ def _check_object_size(document: dict) -> None:
     try:
         size = len(json.dumps(document, ensure_ascii=False).encode())
     except UnicodeEncodeError as exc:
-        raise EvidenceError(f"evidence document holds text that is not valid Unicode (a lone surrogate: {exc.object[exc.start:exc.end]!r})") from None
+        raise EvidenceError(
+            f"evidence document holds text that is not valid Unicode (a lone surrogate: {exc.object[exc.start : exc.end]!r})"
+        ) from None
     except (TypeError, ValueError, RecursionError):
         raise EvidenceError("evidence document holds values that are not JSON") from None
     if size > MAX_DOCUMENT_BYTES:
@@ -279,8 +284,9 @@ def parse_evidence(document: object) -> Evidence:
     version = document["version"]
     # The integer itself: 1.0 and true compare equal to 1, and another reader may take them otherwise.
     if isinstance(version, bool) or not isinstance(version, int) or version != EVIDENCE_VERSION:
-        raise EvidenceError(f"evidence version {excerpt(version)} is not supported "
-                            f"(expected {EVIDENCE_VERSION}, an integer)")
+        raise EvidenceError(
+            f"evidence version {excerpt(version)} is not supported (expected {EVIDENCE_VERSION}, an integer)"
+        )
     variant_of(document["variant"])
     ak_public = _decode_b64("ak_public", document["ak_public"], _FIELD_LIMITS["ak_public"])
     quote = _decode_b64("quote", document["quote"], _FIELD_LIMITS["quote"])
@@ -297,4 +303,6 @@ def parse_evidence(document: object) -> Evidence:
         event_log = _decode_b64("event_log", document["event_log"], _FIELD_LIMITS["event_log"])
         if len(event_log) > MAX_EVENT_LOG_BYTES:  # the text check lets up to 3 bytes more through
             raise EvidenceError(f"evidence field 'event_log' is larger than {MAX_EVENT_LOG_BYTES} bytes")
-    return Evidence(document["variant"], ak_public, quote, signature, pcrs, user_data, ek_public, ek_certificate, event_log)
+    return Evidence(
+        document["variant"], ak_public, quote, signature, pcrs, user_data, ek_public, ek_certificate, event_log
+    )

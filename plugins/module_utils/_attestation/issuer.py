@@ -35,7 +35,9 @@ def resolve_tcti(setting: str | None) -> str:
     for path in SWTPM_SOCKET_PATHS:
         if os.path.exists(path):
             return f"swtpm:path={path}"
-    raise TpmError(f"no TPM found: none of {', '.join(DEVICE_PATHS + SWTPM_SOCKET_PATHS)} exists; set the TCTI explicitly")
+    raise TpmError(
+        f"no TPM found: none of {', '.join(DEVICE_PATHS + SWTPM_SOCKET_PATHS)} exists; set the TCTI explicitly"
+    )
 
 
 def _tss():
@@ -98,7 +100,7 @@ class Tpm:
     def read_pcrs(self, bank: str = "sha256", indices: tuple[int, ...] = ALL_PCRS) -> dict[int, bytes]:
         values: dict[int, bytes] = {}
         for start in range(0, len(indices), PCR_READ_BATCH):
-            batch = indices[start:start + PCR_READ_BATCH]
+            batch = indices[start : start + PCR_READ_BATCH]
             selection = self._t.TPML_PCR_SELECTION.parse(f"{bank}:{','.join(map(str, batch))}")
             with self._call("PCR read"):
                 digests = self.esapi.pcr_read(selection)[2]
@@ -114,8 +116,15 @@ class Tpm:
         the same key (and name) on every call until the TPM is cleared.
         """
         attrs = self._c.TPMA_OBJECT
-        attributes = (attrs.FIXEDTPM | attrs.FIXEDPARENT | attrs.SENSITIVEDATAORIGIN | attrs.USERWITHAUTH
-                      | attrs.RESTRICTED | attrs.SIGN_ENCRYPT | attrs.NODA)
+        attributes = (
+            attrs.FIXEDTPM
+            | attrs.FIXEDPARENT
+            | attrs.SENSITIVEDATAORIGIN
+            | attrs.USERWITHAUTH
+            | attrs.RESTRICTED
+            | attrs.SIGN_ENCRYPT
+            | attrs.NODA
+        )
         template = self._t.TPM2B_PUBLIC.parse(AK_TEMPLATE, objectAttributes=attributes, nameAlg="sha256")
         with self._call("creating the attestation key"):
             handle, public = self.esapi.create_primary(None, template, self._c.ESYS_TR.ENDORSEMENT)[:2]
@@ -161,15 +170,20 @@ class Tpm:
             return None
         public = self.esapi.read_public(handle)[0].publicArea
         wanted = template.publicArea
-        same = (public.type == wanted.type and public.nameAlg == wanted.nameAlg
-                and int(public.objectAttributes) == int(wanted.objectAttributes)
-                and bytes(public.authPolicy) == bytes(wanted.authPolicy))
+        same = (
+            public.type == wanted.type
+            and public.nameAlg == wanted.nameAlg
+            and int(public.objectAttributes) == int(wanted.objectAttributes)
+            and bytes(public.authPolicy) == bytes(wanted.authPolicy)
+        )
         if not same:
             self.esapi.tr_close(handle)
             return None
         return handle, public.marshal()
 
-    def quote(self, ak, qualifying: bytes, indices: tuple[int, ...] = ALL_PCRS, bank: str = "sha256") -> tuple[bytes, bytes]:
+    def quote(
+        self, ak, qualifying: bytes, indices: tuple[int, ...] = ALL_PCRS, bank: str = "sha256"
+    ) -> tuple[bytes, bytes]:
         selection = self._t.TPML_PCR_SELECTION.parse(f"{bank}:{','.join(map(str, indices))}")
         scheme = self._t.TPMT_SIG_SCHEME(scheme=self._c.TPM2_ALG.NULL)
         with self._call("quote"):
@@ -181,8 +195,12 @@ class Tpm:
         c, t = self._c, self._t
         with self._call("starting the EK policy session"):
             session = self.esapi.start_auth_session(
-                c.ESYS_TR.NONE, c.ESYS_TR.NONE, c.TPM2_SE.POLICY,
-                t.TPMT_SYM_DEF(algorithm=c.TPM2_ALG.NULL), c.TPM2_ALG.SHA256)
+                c.ESYS_TR.NONE,
+                c.ESYS_TR.NONE,
+                c.TPM2_SE.POLICY,
+                t.TPMT_SYM_DEF(algorithm=c.TPM2_ALG.NULL),
+                c.TPM2_ALG.SHA256,
+            )
         self._track(session)
         try:
             with self._call("PolicySecret for the EK"):
@@ -190,8 +208,11 @@ class Tpm:
             id_object = t.TPM2B_ID_OBJECT.unmarshal(len(blob).to_bytes(2, "big") + blob)[0]
             secret = t.TPM2B_ENCRYPTED_SECRET.unmarshal(len(encrypted_seed).to_bytes(2, "big") + encrypted_seed)[0]
             with self._call("credential activation"):
-                return bytes(self.esapi.activate_credential(ak, ek, id_object, secret,
-                                                            session1=c.ESYS_TR.PASSWORD, session2=session))
+                return bytes(
+                    self.esapi.activate_credential(
+                        ak, ek, id_object, secret, session1=c.ESYS_TR.PASSWORD, session2=session
+                    )
+                )
         finally:
             self.flush(session)
 
@@ -201,8 +222,14 @@ class Tpm:
             self.esapi.pcr_event(handle, data)
 
 
-def issue_evidence(tpm: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = True,
-                   event_log: bytes | None = None, variant: str = "tpm") -> Evidence:
+def issue_evidence(
+    tpm: Tpm,
+    nonce: bytes,
+    user_data: bytes,
+    include_ek: bool = True,
+    event_log: bytes | None = None,
+    variant: str = "tpm",
+) -> Evidence:
     """Evidence of ``variant`` (the TPM's quote unless said otherwise; variants.py) bound to ``nonce`` and
     ``user_data``; EvidenceError for a variant that is not registered."""
     return variant_of(variant).issue(tpm, nonce, user_data, include_ek=include_ek, event_log=event_log)

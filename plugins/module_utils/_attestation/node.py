@@ -56,8 +56,15 @@ def read_event_log(path: str | None) -> bytes | None:
     return data
 
 
-def produce_evidence(tcti: str, nonce_hex: str, suite: str, include_ek: bool, event_log_path: str | None,
-                     ephemeral_key_path: str | None, check_mode: bool) -> dict:
+def produce_evidence(
+    tcti: str,
+    nonce_hex: str,
+    suite: str,
+    include_ek: bool,
+    event_log_path: str | None,
+    ephemeral_key_path: str | None,
+    check_mode: bool,
+) -> dict:
     nonce = decode_nonce(nonce_hex)
     key = EphemeralKey.generate(SUITES[suite])
     with Tpm(tcti) as tpm:
@@ -65,17 +72,24 @@ def produce_evidence(tcti: str, nonce_hex: str, suite: str, include_ek: bool, ev
     if ephemeral_key_path and not check_mode:
         write_private_file(ephemeral_key_path, key.private_bytes())
     # The kept key is transient: the next task of the hand-over consumes and deletes it.
-    return {"changed": False, "evidence": evidence.to_document(), "ephemeral_key_path": ephemeral_key_path,
-            "ak_trust_material": evidence.ek_certificate is not None}
+    return {
+        "changed": False,
+        "evidence": evidence.to_document(),
+        "ephemeral_key_path": ephemeral_key_path,
+        "ak_trust_material": evidence.ek_certificate is not None,
+    }
 
 
 def activate_credential(tcti: str, blob_b64: str, encrypted_seed_b64: str) -> bytes:
     with Tpm(tcti) as tpm:
-        return answer_challenge(tpm, decode_b64("credential blob", blob_b64), decode_b64("credential secret", encrypted_seed_b64))
+        return answer_challenge(
+            tpm, decode_b64("credential blob", blob_b64), decode_b64("credential secret", encrypted_seed_b64)
+        )
 
 
-def read_measurements(tcti: str, pcrs: list[int], bank: str, ak_trust: str, warn_only: list[int],
-                      event_log_path: str | None = None) -> dict:
+def read_measurements(
+    tcti: str, pcrs: list[int], bank: str, ak_trust: str, warn_only: list[int], event_log_path: str | None = None
+) -> dict:
     """The node's PCRs as a policy, with its event log's events of those PCRs enrolled beside them when it has one."""
     raw = read_event_log(event_log_path)
     with Tpm(tcti) as tpm:
@@ -88,7 +102,9 @@ def read_measurements(tcti: str, pcrs: list[int], bank: str, ak_trust: str, warn
         # A golden log that does not explain the golden PCRs would name the wrong events later: refuse it now.
         differing = sorted(i for i in replayed if i in values and replayed[i] != values[i])
         if differing:
-            raise EvidenceError(f"event log {event_log_path or eventlog.DEFAULT_PATH} does not replay to this node's "
-                                f"{bank} PCR(s) {', '.join(map(str, differing))}: not enrolled")
+            raise EvidenceError(
+                f"event log {event_log_path or eventlog.DEFAULT_PATH} does not replay to this node's "
+                f"{bank} PCR(s) {', '.join(map(str, differing))}: not enrolled"
+            )
         golden = eventlog.golden_events(log, bank, set(values))
     return MeasurementPolicy(bank, rules, ak_trust, golden).to_document()

@@ -43,7 +43,9 @@ class NonceLimitError(RuntimeError):
 class NonceStore:
     """Issued nonces in memory (join service) or in a 0600 ledger file (controller tasks)."""
 
-    def __init__(self, ttl: float = DEFAULT_TTL, path: str | None = None, clock=time.time, max_outstanding: int | None = None):
+    def __init__(
+        self, ttl: float = DEFAULT_TTL, path: str | None = None, clock=time.time, max_outstanding: int | None = None
+    ):
         self.ttl = ttl
         self.path = path
         self.max_outstanding = max_outstanding or (MAX_OUTSTANDING if path is None else MAX_LEDGER_ENTRIES)
@@ -57,8 +59,10 @@ class NonceStore:
         with self._lock, self._nonces() as nonces:
             remembered = nonces.expire(now - 2 * self.ttl)
             if remembered >= self.max_outstanding:
-                raise NonceLimitError(f"{remembered} nonces issued in the last {2 * self.ttl:g} s are remembered "
-                                      f"(limit {self.max_outstanding}); retry in a few seconds")
+                raise NonceLimitError(
+                    f"{remembered} nonces issued in the last {2 * self.ttl:g} s are remembered "
+                    f"(limit {self.max_outstanding}); retry in a few seconds"
+                )
             nonces.add(nonce.hex(), now)
         return nonce
 
@@ -75,7 +79,9 @@ class NonceStore:
         if used:
             raise VerificationError("nonce-reused", "nonce was already used: replayed evidence")
         if now - issued > self.ttl:
-            raise VerificationError("nonce-stale", f"nonce expired {now - issued - self.ttl:.1f} s ago (lifetime {self.ttl:g} s)")
+            raise VerificationError(
+                "nonce-stale", f"nonce expired {now - issued - self.ttl:.1f} s ago (lifetime {self.ttl:g} s)"
+            )
 
     def remembered(self) -> int:
         """Nonces remembered now (issued within the last two lifetimes)."""
@@ -195,12 +201,12 @@ class _LedgerFile:
         at = records.find(nonce_hex.encode())
         if at < 0 or at % RECORD_BYTES:
             return None
-        record = records[at:at + RECORD_BYTES]
+        record = records[at : at + RECORD_BYTES]
         try:
             issued = float(record[_ISSUED])
         except ValueError:
             return None
-        used = record[_STATE:_STATE + 1] == b"u"
+        used = record[_STATE : _STATE + 1] == b"u"
         if not used:
             os.pwrite(self._fd, b"u", start + at + _STATE)
             os.fsync(self._fd)

@@ -69,7 +69,8 @@ class MeasurementPolicy:
         if self.event_log:
             document["event_log"] = [
                 {"pcr": e.pcr, "type": e.type, "description": e.description, "digest": e.digest.hex()}
-                for e in self.event_log]
+                for e in self.event_log
+            ]
         return document
 
 
@@ -111,8 +112,10 @@ def pcr_values_from_document(doc: object, where: str, hash_algorithm: str = "sha
     """A node's PCR values as modules report them (index -> hex; indices as text or numbers)."""
     if not isinstance(doc, dict):
         raise PolicyError(f"{where}: PCR values must be a mapping of index -> hex, got {type(doc).__name__}")
-    return {_index(where, key): _hex_value(f"{where} PCR {key}", value, _DIGEST_SIZES[hash_algorithm])
-            for key, value in doc.items()}
+    return {
+        _index(where, key): _hex_value(f"{where} PCR {key}", value, _DIGEST_SIZES[hash_algorithm])
+        for key, value in doc.items()
+    }
 
 
 def node_lock_mark(cluster_id: bytes, hash_algorithm: str = "sha256") -> bytes:
@@ -183,8 +186,9 @@ def _golden_events(value: object, size: int) -> tuple[GoldenEvent, ...]:
         if not isinstance(event, dict) or set(event) != {"pcr", "type", "description", "digest"}:
             raise PolicyError(f"{where}: must be a mapping of exactly pcr, type, description and digest")
         event_type, description = event["type"], event["description"]
-        if not isinstance(event_type, str) or not (event_type in EVENT_TYPE_IDS
-                                                   or _UNKNOWN_EVENT_TYPE.fullmatch(event_type)):
+        if not isinstance(event_type, str) or not (
+            event_type in EVENT_TYPE_IDS or _UNKNOWN_EVENT_TYPE.fullmatch(event_type)
+        ):
             raise PolicyError(f"{where}: type {event_type!r} is not a TCG event type name")
         if not isinstance(description, str) or len(description) > MAX_DESCRIPTION:
             raise PolicyError(f"{where}: description must be text of at most {MAX_DESCRIPTION} characters")

@@ -54,9 +54,15 @@ class RolloverRecord:
         def values(table: dict[int, tuple[bytes, ...]]) -> dict:
             return {str(index): [value.hex() for value in table[index]] for index in sorted(table)}
 
-        return {"version": RECORD_VERSION, "golden_node": self.golden_node, "started": self.started,
-                "backup": self.backup, "new": values(self.new), "retiring": values(self.retiring),
-                "retired": self.retired}
+        return {
+            "version": RECORD_VERSION,
+            "golden_node": self.golden_node,
+            "started": self.started,
+            "backup": self.backup,
+            "new": values(self.new),
+            "retiring": values(self.retiring),
+            "retired": self.retired,
+        }
 
     @classmethod
     def from_document(cls, doc: object, where: str) -> "RolloverRecord":
@@ -67,8 +73,14 @@ class RolloverRecord:
             def values(table: dict) -> dict[int, tuple[bytes, ...]]:
                 return {int(index): tuple(bytes.fromhex(value) for value in table[index]) for index in table}
 
-            return cls(str(doc["golden_node"]), str(doc["started"]), str(doc["backup"]), values(doc["new"]),
-                       values(doc["retiring"]), doc.get("retired"))
+            return cls(
+                str(doc["golden_node"]),
+                str(doc["started"]),
+                str(doc["backup"]),
+                values(doc["new"]),
+                values(doc["retiring"]),
+                doc.get("retired"),
+            )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise RolloverError(f"{where} is not a rollover record ({exc.__class__.__name__}: {exc})") from None
 
@@ -112,8 +124,10 @@ class PolicyRollover:
 
     def current(self) -> MeasurementPolicy:
         if not os.path.exists(self.policy_file):
-            raise RolloverError(f"there is no measurement policy at {self.policy_file} to roll over: "
-                                "enrol one first (measurements_mode=enrol)")
+            raise RolloverError(
+                f"there is no measurement policy at {self.policy_file} to roll over: "
+                "enrol one first (measurements_mode=enrol)"
+            )
         try:
             return load_policy(self.policy_file)
         except PolicyError as exc:
@@ -174,25 +188,35 @@ class PolicyRollover:
                 raise RolloverError(
                     f"a rollover to {record.golden_node}'s values is in progress since {record.started} and "
                     f"{golden_node}'s differ: retire it (measurements_mode=retire) or roll it back "
-                    "(measurements_mode=rollback) before adding other values")
+                    "(measurements_mode=rollback) before adding other values"
+                )
             if merged == current:
-                return Outcome(False, f"{golden_node}'s values are allowed beside the old ones already", current,
-                               record)
+                return Outcome(
+                    False, f"{golden_node}'s values are allowed beside the old ones already", current, record
+                )
             self._write_policy(policy_text(merged))
             return Outcome(True, f"{golden_node}'s values added again beside the old ones", merged, record)
-        retiring = {index: tuple(value for value in rule.allowed if value not in new[index])
-                    for index, rule in current.rules.items()}
+        retiring = {
+            index: tuple(value for value in rule.allowed if value not in new[index])
+            for index, rule in current.rules.items()
+        }
         retiring = {index: values for index, values in retiring.items() if values}
         if not retiring:
-            return Outcome(False, f"the policy allows {golden_node}'s values and no others: nothing to roll over",
-                           current, record)
+            return Outcome(
+                False, f"the policy allows {golden_node}'s values and no others: nothing to roll over", current, record
+            )
         backup = self._backup_current()
         record = RolloverRecord(golden_node, _timestamp(self.now), backup, new, retiring)
         self._write_record(record)
         if merged != current:
             self._write_policy(policy_text(merged))
-        return Outcome(True, f"{golden_node}'s values allowed beside the old ones (policy before kept as {backup})",
-                       merged, record, backup)
+        return Outcome(
+            True,
+            f"{golden_node}'s values allowed beside the old ones (policy before kept as {backup})",
+            merged,
+            record,
+            backup,
+        )
 
     def status(self, node_pcrs: dict[str, dict[int, bytes]]) -> Outcome:
         """Which nodes run values that the rollover in progress will retire (nothing when none is in progress)."""
@@ -200,10 +224,18 @@ class PolicyRollover:
         if record is None or record.retired is not None:
             return Outcome(False, "no measurement rollover in progress", None, record)
         on_old = nodes_on_values(node_pcrs, record.retiring)
-        msg = (f"nodes still on the values that retire: {_names(on_old)}" if on_old
-               else "every node runs the new values: retire the old ones (measurements_mode=retire)")
-        return Outcome(False, f"rollover to {record.golden_node}'s values since {record.started}; {msg}", None, record,
-                       nodes_on_old_values=on_old)
+        msg = (
+            f"nodes still on the values that retire: {_names(on_old)}"
+            if on_old
+            else "every node runs the new values: retire the old ones (measurements_mode=retire)"
+        )
+        return Outcome(
+            False,
+            f"rollover to {record.golden_node}'s values since {record.started}; {msg}",
+            None,
+            record,
+            nodes_on_old_values=on_old,
+        )
 
     def retire(self, node_pcrs: dict[str, dict[int, bytes]], unreadable: list[str], force: bool = False) -> Outcome:
         record = self.record()
@@ -220,9 +252,11 @@ class PolicyRollover:
                 reasons.append(f"still running the old values: {_names(on_old)}")
             if unreadable:
                 reasons.append(f"not read (they may run the old values): {', '.join(sorted(unreadable))}")
-            raise RolloverError("refusing to retire the old values while nodes may need them - "
-                                + "; ".join(reasons)
-                                + ". Reboot them into the new image (they rejoin with the new values) and retire then.")
+            raise RolloverError(
+                "refusing to retire the old values while nodes may need them - "
+                + "; ".join(reasons)
+                + ". Reboot them into the new image (they rejoin with the new values) and retire then."
+            )
         try:
             retired = retire_values(current, record.retiring)
         except PolicyError as exc:
@@ -232,8 +266,14 @@ class PolicyRollover:
         record = replace(record, retired=_timestamp(self.now))
         self._write_record(record)
         forced = f"; forced although these nodes run them: {_names(on_old)}" if on_old else ""
-        return Outcome(True, f"the old values are retired (policy before kept as {backup}){forced}", retired, record,
-                       backup, nodes_on_old_values=on_old)
+        return Outcome(
+            True,
+            f"the old values are retired (policy before kept as {backup}){forced}",
+            retired,
+            record,
+            backup,
+            nodes_on_old_values=on_old,
+        )
 
     def rollback(self, node_pcrs: dict[str, dict[int, bytes]]) -> Outcome:
         record = self.record()
@@ -252,15 +292,25 @@ class PolicyRollover:
             self._write_policy(text)
         if not self.check_mode:
             os.unlink(self.record_file)
-        not_allowed = {node: pcrs for node, pcrs in
-                       ((node, restored_mismatches(restored, values)) for node, values in node_pcrs.items()) if pcrs}
+        not_allowed = {
+            node: pcrs
+            for node, pcrs in ((node, restored_mismatches(restored, values)) for node, values in node_pcrs.items())
+            if pcrs
+        }
         kept = f" (policy before kept as {backup})" if backup else ""
-        return Outcome(True, f"the policy from before the rollover ({record.backup}) is back{kept}", restored, None,
-                       backup, nodes_not_allowed=not_allowed)
+        return Outcome(
+            True,
+            f"the policy from before the rollover ({record.backup}) is back{kept}",
+            restored,
+            None,
+            backup,
+            nodes_not_allowed=not_allowed,
+        )
 
 
-def nodes_on_values(node_pcrs: dict[str, dict[int, bytes]],
-                    values: dict[int, tuple[bytes, ...]]) -> dict[str, list[int]]:
+def nodes_on_values(
+    node_pcrs: dict[str, dict[int, bytes]], values: dict[int, tuple[bytes, ...]]
+) -> dict[str, list[int]]:
     """Each node that runs one of ``values`` on some PCR, with those PCRs."""
     found = {node: pcrs_on_values(pcrs, values) for node, pcrs in node_pcrs.items()}
     return {node: pcrs for node, pcrs in found.items() if pcrs}
@@ -268,5 +318,6 @@ def nodes_on_values(node_pcrs: dict[str, dict[int, bytes]],
 
 def restored_mismatches(policy: MeasurementPolicy, node_pcrs: dict[int, bytes]) -> list[int]:
     """The PCRs (sorted) a node runs that ``policy`` does not allow (the PCRs it checks; warn-only ones included)."""
-    return sorted(index for index, rule in policy.rules.items()
-                  if index in node_pcrs and node_pcrs[index] not in rule.allowed)
+    return sorted(
+        index for index, rule in policy.rules.items() if index in node_pcrs and node_pcrs[index] not in rule.allowed
+    )

@@ -22,6 +22,7 @@ try:
     from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
     from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
     # TPM credential protection is AES-CFB, which cryptography files under 'decrepit'.
     from cryptography.hazmat.decrepit.ciphers.modes import CFB
 except ImportError:  # reported by the modules through missing_required_lib()
@@ -116,7 +117,7 @@ class _Reader:
         end = self.pos + size
         if end > len(self.data):
             raise StructureError(f"{self.what} is truncated at byte {self.pos}")
-        value = self.data[self.pos:end]
+        value = self.data[self.pos : end]
         self.pos = end
         return value
 
@@ -159,7 +160,9 @@ class Public:
                 raise StructureError(f"ECC curve 0x{self.curve:04x} is not supported")
             x, y = self.unique
             try:
-                return ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"), _curve(self.curve)).public_key()
+                return ec.EllipticCurvePublicNumbers(
+                    int.from_bytes(x, "big"), int.from_bytes(y, "big"), _curve(self.curve)
+                ).public_key()
             except ValueError:
                 raise StructureError("ECC public point is not on the curve") from None
         exponent = self.exponent or 65537
@@ -203,40 +206,83 @@ def parse_public(data: bytes) -> Public:
     else:
         raise StructureError(f"key type 0x{key_type:04x} is not supported (ECC or RSA)")
     r.done()
-    return Public(data, key_type, name_alg, attributes, auth_policy, symmetric, scheme, curve, key_bits, exponent, unique)
+    return Public(
+        data, key_type, name_alg, attributes, auth_policy, symmetric, scheme, curve, key_bits, exponent, unique
+    )
 
 
 # The TCG EK Credential Profile's default EK templates (2.5, B.3.3 and B.3.4), as the TPMT_PUBLIC bytes before the
 # key (type, nameAlg, objectAttributes, authPolicy, symmetric, scheme, keyBits and exponent or curve and kdf), by key
 # type and size. An EK made from one of them matches it byte for byte up to its unique field; an EK certificate
 # certifies a key made from the template of its key type, so any other attribute or policy is not the certified EK.
-_EK_LOW_ATTRIBUTES = (ATTR_FIXED_TPM | ATTR_FIXED_PARENT | ATTR_SENSITIVE_DATA_ORIGIN | ATTR_ADMIN_WITH_POLICY
-                      | ATTR_RESTRICTED | ATTR_DECRYPT)
+_EK_LOW_ATTRIBUTES = (
+    ATTR_FIXED_TPM
+    | ATTR_FIXED_PARENT
+    | ATTR_SENSITIVE_DATA_ORIGIN
+    | ATTR_ADMIN_WITH_POLICY
+    | ATTR_RESTRICTED
+    | ATTR_DECRYPT
+)
 _EK_HIGH_ATTRIBUTES = _EK_LOW_ATTRIBUTES | ATTR_USER_WITH_AUTH
 EK_POLICY_A_SHA256 = bytes.fromhex("837197674484b3f81a90cc8d46a5d724fd52d76e06520b64f2a1da1b331469aa")
 EK_POLICY_B_SHA256 = bytes.fromhex("ca3d0a99a2b93906f7a3342414efcfb3a385d44cd1fd459089d19b5071c0b7a0")
-EK_POLICY_B_SHA384 = bytes.fromhex("b26e7d28d11a50bc53d882bcf5fd3a1a074148bb35d3b4e4cb1c0ad9"
-                                   "bde419cacb47ba09699646150f9fc000f3f80e12")
+EK_POLICY_B_SHA384 = bytes.fromhex(
+    "b26e7d28d11a50bc53d882bcf5fd3a1a074148bb35d3b4e4cb1c0ad9bde419cacb47ba09699646150f9fc000f3f80e12"
+)
 
 
 def _ek_prefix(key_type: int, name_alg: int, attributes: int, policy: bytes, aes_bits: int, detail: bytes) -> bytes:
-    return (struct.pack(">HHIH", key_type, name_alg, attributes, len(policy)) + policy
-            + struct.pack(">HHHH", ALG_AES, aes_bits, ALG_CFB, ALG_NULL) + detail)
+    return (
+        struct.pack(">HHIH", key_type, name_alg, attributes, len(policy))
+        + policy
+        + struct.pack(">HHHH", ALG_AES, aes_bits, ALG_CFB, ALG_NULL)
+        + detail
+    )
 
 
 _RSA2048 = struct.pack(">HI", 2048, 0)
 _EK_TEMPLATES: dict[tuple[int, int], tuple[tuple[str, bytes], ...]] = {
     (ALG_RSA, 2048): (
         ("L-1", _ek_prefix(ALG_RSA, ALG_SHA256, _EK_LOW_ATTRIBUTES, EK_POLICY_A_SHA256, 128, _RSA2048)),
-        ("H-1", _ek_prefix(ALG_RSA, ALG_SHA256, _EK_HIGH_ATTRIBUTES, EK_POLICY_B_SHA256, 128, _RSA2048))),
+        ("H-1", _ek_prefix(ALG_RSA, ALG_SHA256, _EK_HIGH_ATTRIBUTES, EK_POLICY_B_SHA256, 128, _RSA2048)),
+    ),
     (ALG_ECC, ECC_NIST_P256): (
-        ("L-2", _ek_prefix(ALG_ECC, ALG_SHA256, _EK_LOW_ATTRIBUTES, EK_POLICY_A_SHA256, 128,
-                           struct.pack(">HH", ECC_NIST_P256, ALG_NULL))),
-        ("H-2", _ek_prefix(ALG_ECC, ALG_SHA256, _EK_HIGH_ATTRIBUTES, EK_POLICY_B_SHA256, 128,
-                           struct.pack(">HH", ECC_NIST_P256, ALG_NULL)))),
+        (
+            "L-2",
+            _ek_prefix(
+                ALG_ECC,
+                ALG_SHA256,
+                _EK_LOW_ATTRIBUTES,
+                EK_POLICY_A_SHA256,
+                128,
+                struct.pack(">HH", ECC_NIST_P256, ALG_NULL),
+            ),
+        ),
+        (
+            "H-2",
+            _ek_prefix(
+                ALG_ECC,
+                ALG_SHA256,
+                _EK_HIGH_ATTRIBUTES,
+                EK_POLICY_B_SHA256,
+                128,
+                struct.pack(">HH", ECC_NIST_P256, ALG_NULL),
+            ),
+        ),
+    ),
     (ALG_ECC, ECC_NIST_P384): (
-        ("H-3", _ek_prefix(ALG_ECC, ALG_SHA384, _EK_HIGH_ATTRIBUTES, EK_POLICY_B_SHA384, 256,
-                           struct.pack(">HH", ECC_NIST_P384, ALG_NULL))),),
+        (
+            "H-3",
+            _ek_prefix(
+                ALG_ECC,
+                ALG_SHA384,
+                _EK_HIGH_ATTRIBUTES,
+                EK_POLICY_B_SHA384,
+                256,
+                struct.pack(">HH", ECC_NIST_P384, ALG_NULL),
+            ),
+        ),
+    ),
 }
 _EK_UNIQUE_SIZES = {(ALG_RSA, 2048): (256,), (ALG_ECC, ECC_NIST_P256): (32, 32), (ALG_ECC, ECC_NIST_P384): (48, 48)}
 
@@ -248,17 +294,21 @@ def ek_template_problem(ek: Public) -> str | None:
     templates = _EK_TEMPLATES.get(kind)
     if templates is None:
         size = f"keyBits {ek.key_bits}" if ek.type == ALG_RSA else f"curve 0x{ek.curve:04x}"
-        return (f"its key (type 0x{ek.type:04x}, {size}) is none of the TCG default EK templates' "
-                "(RSA 2048, ECC P-256, ECC P-384)")
+        return (
+            f"its key (type 0x{ek.type:04x}, {size}) is none of the TCG default EK templates' "
+            "(RSA 2048, ECC P-256, ECC P-384)"
+        )
     if tuple(map(len, ek.unique)) != _EK_UNIQUE_SIZES[kind]:
         return "its public key does not have the template's size"
     for _name, prefix in templates:
         if ek.raw.startswith(prefix):
             return None
     names = "/".join(name for name, _prefix in templates)
-    return (f"its attributes (0x{ek.attributes:08x}), authPolicy ({ek.auth_policy.hex()[:96]}) or parameters are "
-            f"not the TCG default EK template {names} for its key (attributes 0x{_EK_LOW_ATTRIBUTES:08x} or "
-            f"0x{_EK_HIGH_ATTRIBUTES:08x}, PolicyA or PolicyB, AES CFB, no scheme)")
+    return (
+        f"its attributes (0x{ek.attributes:08x}), authPolicy ({ek.auth_policy.hex()[:96]}) or parameters are "
+        f"not the TCG default EK template {names} for its key (attributes 0x{_EK_LOW_ATTRIBUTES:08x} or "
+        f"0x{_EK_HIGH_ATTRIBUTES:08x}, PolicyA or PolicyB, AES CFB, no scheme)"
+    )
 
 
 class PcrSelection(NamedTuple):
@@ -307,9 +357,9 @@ def parse_attest(data: bytes) -> Attest:
     try:
         magic, attest_type, size = _ATTEST_HEAD.unpack_from(data)
         pos = _ATTEST_HEAD.size + size
-        signer = data[_ATTEST_HEAD.size:pos]
+        signer = data[_ATTEST_HEAD.size : pos]
         (size,) = _U16.unpack_from(data, pos)
-        extra = data[pos + 2:pos + 2 + size]
+        extra = data[pos + 2 : pos + 2 + size]
         pos += 2 + size
         clock, reset_count, restart_count, safe, firmware = _CLOCK_AND_FIRMWARE.unpack_from(data, pos)
         pos += _CLOCK_AND_FIRMWARE.size
@@ -323,14 +373,16 @@ def parse_attest(data: bytes) -> Attest:
         for _bank in range(count):
             alg, size = _SELECTION_HEAD.unpack_from(data, pos)
             pos += _SELECTION_HEAD.size + size
-            banks.append(_pcr_selection(alg, data[pos - size:pos]))
+            banks.append(_pcr_selection(alg, data[pos - size : pos]))
         (size,) = _U16.unpack_from(data, pos)
-        digest = data[pos + 2:pos + 2 + size]
+        digest = data[pos + 2 : pos + 2 + size]
         pos += 2 + size
     except struct.error:
         raise StructureError(f"TPMS_ATTEST is truncated at byte {pos}") from None
     _check_end("TPMS_ATTEST", data, pos)
-    return Attest(magic, attest_type, signer, extra, clock, reset_count, restart_count, safe, firmware, tuple(banks), digest)
+    return Attest(
+        magic, attest_type, signer, extra, clock, reset_count, restart_count, safe, firmware, tuple(banks), digest
+    )
 
 
 class Signature(NamedTuple):
@@ -348,7 +400,7 @@ def parse_signature(data: bytes) -> Signature:
             pos = 6 + size
             sig_r = data[6:pos]
             (size,) = _U16.unpack_from(data, pos)
-            sig_s = data[pos + 2:pos + 2 + size]
+            sig_s = data[pos + 2 : pos + 2 + size]
             pos += 2 + size
             value = encode_dss_signature(int.from_bytes(sig_r, "big"), int.from_bytes(sig_s, "big"))
         elif alg in (ALG_RSASSA, ALG_RSAPSS):
@@ -388,7 +440,9 @@ def kdfa(hash_alg: int, key: bytes, label: bytes, context_u: bytes, context_v: b
     counter = 0
     while len(out) * 8 < bits:
         counter += 1
-        out += hmac.new(key, struct.pack(">I", counter) + label + b"\x00" + context_u + context_v + struct.pack(">I", bits), name).digest()
+        out += hmac.new(
+            key, struct.pack(">I", counter) + label + b"\x00" + context_u + context_v + struct.pack(">I", bits), name
+        ).digest()
     return out[: (bits + 7) // 8]
 
 
@@ -414,7 +468,9 @@ def make_credential(ek: Public, object_name: bytes, secret: bytes) -> Credential
         seed = os.urandom(digest_size)
         algorithm = _hash(ek.name_alg)
         try:
-            encrypted_seed = ek.public_key().encrypt(seed, padding.OAEP(padding.MGF1(algorithm), algorithm, b"IDENTITY\x00"))
+            encrypted_seed = ek.public_key().encrypt(
+                seed, padding.OAEP(padding.MGF1(algorithm), algorithm, b"IDENTITY\x00")
+            )
         except ValueError as exc:  # a modulus too small for OAEP with this hash
             raise StructureError(f"EK RSA key cannot protect a credential seed: {exc}") from None
     else:

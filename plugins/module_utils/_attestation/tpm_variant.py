@@ -36,9 +36,11 @@ _SCHEMES_FOR_KEY = {tpm2.ALG_ECC: (tpm2.ALG_ECDSA,), tpm2.ALG_RSA: (tpm2.ALG_RSA
 
 
 # The next step after a PCR mismatch: either the node is not the image that was enrolled, or the image is new.
-_PCR_POLICY_NEXT = ("If this node runs a known-good image that the policy does not know yet, enrol it "
-                    "(confidential.kubernetes.measurements; several golden nodes with measurements_merge=true); "
-                    "otherwise it is not the image you enrolled and gets no cluster secret")
+_PCR_POLICY_NEXT = (
+    "If this node runs a known-good image that the policy does not know yet, enrol it "
+    "(confidential.kubernetes.measurements; several golden nodes with measurements_merge=true); "
+    "otherwise it is not the image you enrolled and gets no cluster secret"
+)
 
 
 @lru_cache(maxsize=64)
@@ -96,12 +98,17 @@ class TpmVerifier(VariantVerifier):
     def _check_signature_scheme(ak: tpm2.Public, signature: tpm2.Signature) -> None:
         allowed = _SCHEMES_FOR_KEY[ak.type]
         if signature.alg not in allowed:
-            raise VerificationError("signature-scheme", f"signature algorithm 0x{signature.alg:04x} does not match the AK type 0x{ak.type:04x}")
+            raise VerificationError(
+                "signature-scheme",
+                f"signature algorithm 0x{signature.alg:04x} does not match the AK type 0x{ak.type:04x}",
+            )
         scheme_alg, scheme_hash = ak.scheme
         if scheme_alg != tpm2.ALG_NULL and (scheme_alg, scheme_hash) != (signature.alg, signature.hash_alg):
             raise VerificationError("signature-scheme", "signature scheme differs from the scheme fixed in the AK")
         if signature.hash_alg not in (tpm2.ALG_SHA256, tpm2.ALG_SHA384, tpm2.ALG_SHA512):
-            raise VerificationError("signature-scheme", f"signature hash 0x{signature.hash_alg:04x} is not SHA-256 or stronger")
+            raise VerificationError(
+                "signature-scheme", f"signature hash 0x{signature.hash_alg:04x} is not SHA-256 or stronger"
+            )
 
     @staticmethod
     def _check_ak_attributes(ak: tpm2.Public) -> None:
@@ -111,9 +118,13 @@ class TpmVerifier(VariantVerifier):
         if ak.attributes & tpm2.ATTR_DECRYPT:
             missing.append("not decrypt")
         if missing:
-            raise VerificationError("ak-attributes", f"attestation key lacks required attribute(s): {', '.join(missing)}")
+            raise VerificationError(
+                "ak-attributes", f"attestation key lacks required attribute(s): {', '.join(missing)}"
+            )
 
-    def _check_pcr_selection_and_digest(self, evidence: Evidence, attest: tpm2.Attest, digest_alg: int) -> dict[int, bytes]:
+    def _check_pcr_selection_and_digest(
+        self, evidence: Evidence, attest: tpm2.Attest, digest_alg: int
+    ) -> dict[int, bytes]:
         policy_bank: tuple[int, ...] = ()
         covered = 0
         quoted: tuple[bytes, ...] = ()
@@ -128,9 +139,14 @@ class TpmVerifier(VariantVerifier):
                 absent += (i for i in indices if i not in bank)
         if self._policy_mask & ~covered:
             missing = sorted(self._policy_pcrs.difference(policy_bank))
-            raise VerificationError("pcr-selection", f"quote does not cover policy PCR(s) {', '.join(map(str, missing))} in bank {self.policy.hash_algorithm}")
+            raise VerificationError(
+                "pcr-selection",
+                f"quote does not cover policy PCR(s) {', '.join(map(str, missing))} in bank {self.policy.hash_algorithm}",
+            )
         if absent:
-            raise VerificationError("pcr-digest", f"evidence lacks values for quoted PCR(s) {', '.join(map(str, absent))}")
+            raise VerificationError(
+                "pcr-digest", f"evidence lacks values for quoted PCR(s) {', '.join(map(str, absent))}"
+            )
         # TPM2_Quote digests the selected PCRs with the signing scheme's hash.
         if not hmac.compare_digest(tpm2.pcr_digest(digest_alg, quoted), attest.pcr_digest):
             raise VerificationError("pcr-digest", "PCR values in the evidence do not match the digest the TPM quoted")
@@ -148,18 +164,29 @@ class TpmVerifier(VariantVerifier):
                 if hmac.compare_digest(actual, allowed):
                     break
             else:
-                entry = {"pcr": index, "actual": actual.hex(), "allowed": [v.hex() for v in allowed_values], "warn_only": warn_only}
+                entry = {
+                    "pcr": index,
+                    "actual": actual.hex(),
+                    "allowed": [v.hex() for v in allowed_values],
+                    "warn_only": warn_only,
+                }
                 (warnings if warn_only else mismatches).append(entry)
         if (mismatches or warnings) and log is not None and self.policy.event_log:
             self._explain(mismatches + warnings, log)
         if mismatches:
             names = ", ".join(str(m["pcr"]) for m in mismatches)
-            values = "; ".join(f"PCR {m['pcr']} is {m['actual']}, the policy allows {', '.join(m['allowed'])}"
-                               for m in mismatches)
+            values = "; ".join(
+                f"PCR {m['pcr']} is {m['actual']}, the policy allows {', '.join(m['allowed'])}" for m in mismatches
+            )
             events = "; ".join(d["summary"] for m in mismatches for d in m.get("events", ()))
-            raise VerificationError("pcr-policy", f"PCR(s) {names} do not match the measurement policy"
-                                    + (f": {events}" if events else "") + f" ({values}). {_PCR_POLICY_NEXT}",
-                                    mismatches, warnings)
+            raise VerificationError(
+                "pcr-policy",
+                f"PCR(s) {names} do not match the measurement policy"
+                + (f": {events}" if events else "")
+                + f" ({values}). {_PCR_POLICY_NEXT}",
+                mismatches,
+                warnings,
+            )
         return warnings
 
     def _explain(self, entries: list[dict], log: eventlog.EventLog) -> None:
@@ -179,10 +206,14 @@ class TpmVerifier(VariantVerifier):
                 "ek-certificate",
                 "policy requires AK trust level 2 but the evidence carries no EK certificate and EK public key: "
                 "the TPM holds no EK certificate in NV (TCG indices 0x01c00002 for RSA, 0x01c0000a for ECC P-256); "
-                "provision the vendor's, or enrol the policy with measurements_ak_trust=pcrs-only (AK trust level 1)")
+                "provision the vendor's, or enrol the policy with measurements_ak_trust=pcrs-only (AK trust level 1)",
+            )
         if not self.ek_ca_certificates:
-            raise VerificationError("ek-ca", "policy requires AK trust level 2 but no EK CA certificate is configured: "
-                                    "set confidential_ek_ca_file to a PEM file of your TPM vendors' EK CA certificates")
+            raise VerificationError(
+                "ek-ca",
+                "policy requires AK trust level 2 but no EK CA certificate is configured: "
+                "set confidential_ek_ca_file to a PEM file of your TPM vendors' EK CA certificates",
+            )
         try:
             certificate = x509.load_der_x509_certificate(evidence.ek_certificate)
             ek = tpm2.parse_public(evidence.ek_public)
@@ -199,7 +230,9 @@ class TpmVerifier(VariantVerifier):
         except (ValueError, UnsupportedAlgorithm) as exc:
             raise VerificationError("ek-certificate", f"EK certificate holds an unusable public key: {exc}") from None
         if certified_key != ek_key:
-            raise VerificationError("ek-certificate", "EK public key in the evidence is not the key of the EK certificate")
+            raise VerificationError(
+                "ek-certificate", "EK public key in the evidence is not the key of the EK certificate"
+            )
         check_ek_template(ek)
         secret = os.urandom(32)
         try:
@@ -217,7 +250,8 @@ class TpmVerifier(VariantVerifier):
                 "ek-certificate",
                 f"EK certificate is outside its validity period ({certificate.not_valid_before_utc:{stamp}} to "
                 f"{certificate.not_valid_after_utc:{stamp}}; the verifier's clock says {now:{stamp}}): check that "
-                "clock, else the TPM needs a new EK certificate")
+                "clock, else the TPM needs a new EK certificate",
+            )
         for anchor in self.ek_ca_certificates:
             if anchor.subject != certificate.issuer or not _is_ca(anchor):
                 continue
@@ -233,7 +267,8 @@ class TpmVerifier(VariantVerifier):
             "ek-certificate",
             f"EK certificate does not chain to the configured EK CA (issuer {issuer}): add the certificate of "
             f"{issuer} - the vendor's CA, often an intermediate, that issued the EK certificate - to "
-            "confidential_ek_ca_file (openssl verify -partial_chain -CAfile <that file> <EK certificate> checks it)")
+            "confidential_ek_ca_file (openssl verify -partial_chain -CAfile <that file> <EK certificate> checks it)",
+        )
 
 
 @lru_cache(maxsize=64)
@@ -258,15 +293,20 @@ def _check_event_log(evidence: Evidence, attest: tpm2.Attest) -> eventlog.EventL
             continue
         compared = True
         quoted = evidence.pcrs[bank]
-        differing += ({"pcr": i, "bank": bank, "quoted": quoted[i].hex(), "replayed": values[i].hex()}
-                      for i in indices if i in values and not hmac.compare_digest(values[i], quoted[i]))
+        differing += (
+            {"pcr": i, "bank": bank, "quoted": quoted[i].hex(), "replayed": values[i].hex()}
+            for i in indices
+            if i in values and not hmac.compare_digest(values[i], quoted[i])
+        )
     if not compared:
-        raise VerificationError("event-log-mismatch",
-                                f"the event log has no bank the quote covers (it has {', '.join(log.banks)})")
+        raise VerificationError(
+            "event-log-mismatch", f"the event log has no bank the quote covers (it has {', '.join(log.banks)})"
+        )
     if differing:
         names = ", ".join(f"{d['bank']}:{d['pcr']}" for d in differing)
-        raise VerificationError("event-log-mismatch", f"the event log does not replay to the quoted PCR(s) {names}",
-                                differing)
+        raise VerificationError(
+            "event-log-mismatch", f"the event log does not replay to the quoted PCR(s) {names}", differing
+        )
     return log
 
 
@@ -288,8 +328,9 @@ class TpmVariant(Variant):
     def verifier(self, policy: MeasurementPolicy, ek_ca_certificates: list[x509.Certificate], now) -> TpmVerifier:
         return TpmVerifier(policy, ek_ca_certificates, now)
 
-    def issue(self, device: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = True,
-              event_log: bytes | None = None) -> Evidence:
+    def issue(
+        self, device: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = True, event_log: bytes | None = None
+    ) -> Evidence:
         """Quote every sha256 PCR over SHA-256(nonce || SHA-256(user_data)); with ``include_ek`` the EK public key (the
         TPM's identity, which the join service proves by credential activation) and its certificate where one exists."""
         ak, ak_public = device.attestation_key()
@@ -307,9 +348,14 @@ class TpmVariant(Variant):
             raise TpmError("PCRs kept changing while quoting; retry when the node is idle")
         device.flush(ak)
         return Evidence(
-            variant=self.name, ak_public=ak_public, quote=attest, signature=signature,
-            pcrs={"sha256": before}, user_data=user_data,
-            ek_public=ek_public, ek_certificate=ek_certificate,
+            variant=self.name,
+            ak_public=ak_public,
+            quote=attest,
+            signature=signature,
+            pcrs={"sha256": before},
+            user_data=user_data,
+            ek_public=ek_public,
+            ek_certificate=ek_certificate,
             event_log=event_log or None,
         )
 

@@ -36,8 +36,12 @@ class Variant:
 
     name = ""
 
-    def verifier(self, policy: MeasurementPolicy, ek_ca_certificates: list[x509.Certificate],
-                 now: Callable[[], datetime.datetime]) -> VariantVerifier:
+    def verifier(
+        self,
+        policy: MeasurementPolicy,
+        ek_ca_certificates: list[x509.Certificate],
+        now: Callable[[], datetime.datetime],
+    ) -> VariantVerifier:
         raise NotImplementedError
 
     def issue(self, device: object, nonce: bytes, user_data: bytes, **options: object) -> Evidence:
@@ -51,8 +55,10 @@ _REGISTRY: dict[str, Variant] = {}
 def register(variant: Variant) -> Variant:
     """Make ``variant`` known under its name (once: a second variant of the same name is refused)."""
     if not variant.name or variant.name in _REGISTRY:
-        raise ValueError(f"an evidence variant needs a name of its own, and {variant.name!r} is empty or taken "
-                         f"(registered: {', '.join(_REGISTRY)})")
+        raise ValueError(
+            f"an evidence variant needs a name of its own, and {variant.name!r} is empty or taken "
+            f"(registered: {', '.join(_REGISTRY)})"
+        )
     _REGISTRY[variant.name] = variant
     return variant
 

@@ -25,20 +25,32 @@ from .evidence import Evidence, EvidenceError, parse_evidence, variant_of
 from .policy import MeasurementPolicy
 from .variants import VariantVerifier
 
-EK_REQUIRED_ATTRIBUTES = {"restricted": tpm2.ATTR_RESTRICTED, "decrypt": tpm2.ATTR_DECRYPT, "fixedTPM": tpm2.ATTR_FIXED_TPM}
+EK_REQUIRED_ATTRIBUTES = {
+    "restricted": tpm2.ATTR_RESTRICTED,
+    "decrypt": tpm2.ATTR_DECRYPT,
+    "fixedTPM": tpm2.ATTR_FIXED_TPM,
+}
 
 
 class VerificationError(Exception):
     """Evidence was rejected. ``reason`` is a stable code; the message is for operators."""
 
-    def __init__(self, reason: str, message: str, mismatches: list[dict] | None = None, warnings: list[dict] | None = None):
+    def __init__(
+        self, reason: str, message: str, mismatches: list[dict] | None = None, warnings: list[dict] | None = None
+    ):
         super().__init__(message)
         self.reason = reason
         self.mismatches = mismatches or []
         self.warnings = warnings or []
 
     def to_result(self) -> dict:
-        return {"verified": False, "reason": self.reason, "msg": str(self), "mismatches": self.mismatches, "warnings": self.warnings}
+        return {
+            "verified": False,
+            "reason": self.reason,
+            "msg": str(self),
+            "mismatches": self.mismatches,
+            "warnings": self.warnings,
+        }
 
 
 @dataclass(frozen=True)
@@ -51,8 +63,10 @@ class ActivationChallenge:
 
     def check(self, activated_secret: bytes) -> None:
         if not hmac.compare_digest(self.secret, activated_secret):
-            raise VerificationError("credential-activation",
-                                    "the AK was not proven by credential activation: the TPM holding the EK did not release the credential")
+            raise VerificationError(
+                "credential-activation",
+                "the AK was not proven by credential activation: the TPM holding the EK did not release the credential",
+            )
 
 
 class VerificationResult(NamedTuple):
@@ -89,8 +103,12 @@ class Verifier:
     """Checks evidence against a measurement policy (and, for AK trust level 2, an EK CA bundle): the document's
     ``variant`` names the registered variant (variants.py) whose checks run."""
 
-    def __init__(self, policy: MeasurementPolicy, ek_ca_certificates: list[x509.Certificate] | None = None,
-                 now=lambda: datetime.datetime.now(datetime.timezone.utc)):
+    def __init__(
+        self,
+        policy: MeasurementPolicy,
+        ek_ca_certificates: list[x509.Certificate] | None = None,
+        now=lambda: datetime.datetime.now(datetime.timezone.utc),
+    ):
         self.policy = policy
         self.ek_ca_certificates = ek_ca_certificates or []
         self._now = now
@@ -104,7 +122,9 @@ class Verifier:
             raise VerificationError("malformed", str(exc)) from None
         checks = self._variant_verifiers.get(variant.name)
         if checks is None:
-            checks = self._variant_verifiers[variant.name] = variant.verifier(self.policy, self.ek_ca_certificates, self._now)
+            checks = self._variant_verifiers[variant.name] = variant.verifier(
+                self.policy, self.ek_ca_certificates, self._now
+            )
         return checks.verify(evidence, nonce)
 
 
@@ -113,5 +133,6 @@ def check_ek_template(ek: tpm2.Public) -> None:
     authPolicy and parameters byte for byte. Raises VerificationError ``ek-template``."""
     problem = tpm2.ek_template_problem(ek)
     if problem is not None:
-        raise VerificationError("ek-template",
-                                f"the evidence's EK is not an endorsement key as its certificate implies: {problem}")
+        raise VerificationError(
+            "ek-template", f"the evidence's EK is not an endorsement key as its certificate implies: {problem}"
+        )

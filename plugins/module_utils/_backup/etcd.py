@@ -26,8 +26,7 @@ class EtcdError(RuntimeError):
 
 
 def run_command(argv: list) -> tuple[int, str, str]:
-    completed = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, ETCDCTL_API="3"),
-                               check=False)
+    completed = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, ETCDCTL_API="3"), check=False)
     return completed.returncode, completed.stdout, completed.stderr
 
 
@@ -73,8 +72,10 @@ class Etcdctl:
 
     def members(self) -> list:
         out = self._run(["member", "list", "-w", "json"] + self._client_args(), f"etcd member list at {self.endpoint}")
-        return [dict(name=m.get("name", ""), peer_urls=m.get("peerURLs", []), client_urls=m.get("clientURLs", []))
-                for m in json.loads(out).get("members", [])]
+        return [
+            dict(name=m.get("name", ""), peer_urls=m.get("peerURLs", []), client_urls=m.get("clientURLs", []))
+            for m in json.loads(out).get("members", [])
+        ]
 
     def save(self, path: str) -> None:
         self._run(["snapshot", "save", path] + self._client_args(), f"etcd snapshot from {self.endpoint}")
@@ -88,9 +89,19 @@ class Etcdctl:
             raise EtcdError(f"etcd snapshot status of {path}: unexpected answer") from None
 
     def restore(self, path: str, member: "RestoreMember") -> None:
-        self._run(["snapshot", "restore", path, f"--name={member.name}", f"--data-dir={member.data_dir}",
-                   f"--initial-cluster={member.initial_cluster}", f"--initial-cluster-token={member.cluster_token}",
-                   f"--initial-advertise-peer-urls={member.peer_urls}"], f"etcd snapshot restore of {member.name}")
+        self._run(
+            [
+                "snapshot",
+                "restore",
+                path,
+                f"--name={member.name}",
+                f"--data-dir={member.data_dir}",
+                f"--initial-cluster={member.initial_cluster}",
+                f"--initial-cluster-token={member.cluster_token}",
+                f"--initial-advertise-peer-urls={member.peer_urls}",
+            ],
+            f"etcd snapshot restore of {member.name}",
+        )
 
 
 @dataclass(frozen=True)
@@ -108,8 +119,10 @@ class RestoreMember:
     def check(self) -> None:
         names = dict(item.split("=", 1) for item in self.initial_cluster.split(",") if "=" in item)
         if names.get(self.name) != self.peer_urls:
-            raise EtcdError(f"etcd restore: member {self.name}={self.peer_urls} is not in the initial cluster "
-                            f"{self.initial_cluster}")
+            raise EtcdError(
+                f"etcd restore: member {self.name}={self.peer_urls} is not in the initial cluster "
+                f"{self.initial_cluster}"
+            )
         if os.path.lexists(self.data_dir):
             raise EtcdError(f"etcd restore: {self.data_dir} exists; restore only into a fresh directory")
 
@@ -124,8 +137,9 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def take_snapshot(etcdctl: Etcdctl, secrets: RootSecrets, work_dir: str, dest: str,
-                  chunk_size: int = snapshot.DEFAULT_CHUNK_SIZE) -> dict:
+def take_snapshot(
+    etcdctl: Etcdctl, secrets: RootSecrets, work_dir: str, dest: str, chunk_size: int = snapshot.DEFAULT_CHUNK_SIZE
+) -> dict:
     """Save a snapshot from the member, check it, encrypt it to ``dest`` (new, 0600); the plaintext lives only in
     ``work_dir`` and is deleted whatever happens. Returns the manifest fields the node knows."""
     plaintext = os.path.join(_work_dir(work_dir), f"etcd-{_stamp()}-{os.getpid()}.db")
@@ -135,21 +149,40 @@ def take_snapshot(etcdctl: Etcdctl, secrets: RootSecrets, work_dir: str, dest: s
         os.chmod(plaintext, 0o600)
         saved = time.monotonic()
         status = etcdctl.status(plaintext)
-        info = snapshot.encrypt_file(snapshot.backup_key(secrets.master_key, secrets.master_salt),
-                                     secrets.cluster_id(), plaintext, dest, chunk_size)
+        info = snapshot.encrypt_file(
+            snapshot.backup_key(secrets.master_key, secrets.master_salt),
+            secrets.cluster_id(),
+            plaintext,
+            dest,
+            chunk_size,
+        )
     finally:
         if os.path.lexists(plaintext):
             os.unlink(plaintext)
         if os.path.lexists(plaintext + ".part"):
             os.unlink(plaintext + ".part")
-    return dict(cluster_id=info.cluster_id, revision=status.revision, etcd_hash=status.hash,
-                total_keys=status.total_keys, snapshot_size=info.plaintext_size, size=info.ciphertext_size,
-                sha256=file_sha256(dest), save_seconds=round(saved - started, 3),
-                encrypt_seconds=round(time.monotonic() - saved, 3))
+    return dict(
+        cluster_id=info.cluster_id,
+        revision=status.revision,
+        etcd_hash=status.hash,
+        total_keys=status.total_keys,
+        snapshot_size=info.plaintext_size,
+        size=info.ciphertext_size,
+        sha256=file_sha256(dest),
+        save_seconds=round(saved - started, 3),
+        encrypt_seconds=round(time.monotonic() - saved, 3),
+    )
 
 
-def restore_snapshot(etcdctl: Etcdctl, secrets: RootSecrets, src: str, work_dir: str, member: RestoreMember,
-                     expected_revision: int | None = None, check_only: bool = False) -> dict:
+def restore_snapshot(
+    etcdctl: Etcdctl,
+    secrets: RootSecrets,
+    src: str,
+    work_dir: str,
+    member: RestoreMember,
+    expected_revision: int | None = None,
+    check_only: bool = False,
+) -> dict:
     """Authenticate and decrypt ``src`` into ``work_dir``, check it with etcdctl, and restore it into the member's
     fresh data directory. Nothing is written outside ``work_dir`` unless every chunk verified; the plaintext is
     deleted whatever happens. With ``check_only`` the file is only authenticated (no plaintext at all)."""
@@ -163,8 +196,9 @@ def restore_snapshot(etcdctl: Etcdctl, secrets: RootSecrets, src: str, work_dir:
         info = snapshot.decrypt_file(key, secrets.cluster_id(), src, plaintext)
         status = etcdctl.status(plaintext)
         if expected_revision is not None and status.revision != expected_revision:
-            raise EtcdError(f"etcd restore: the snapshot holds revision {status.revision}, its manifest says "
-                            f"{expected_revision}")
+            raise EtcdError(
+                f"etcd restore: the snapshot holds revision {status.revision}, its manifest says {expected_revision}"
+            )
         try:
             etcdctl.restore(plaintext, member)
         except EtcdError:
@@ -175,5 +209,9 @@ def restore_snapshot(etcdctl: Etcdctl, secrets: RootSecrets, src: str, work_dir:
     finally:
         if os.path.lexists(plaintext):
             os.unlink(plaintext)
-    return dict(cluster_id=info.cluster_id, revision=status.revision, snapshot_size=info.plaintext_size,
-                data_dir=member.data_dir)
+    return dict(
+        cluster_id=info.cluster_id,
+        revision=status.revision,
+        snapshot_size=info.plaintext_size,
+        data_dir=member.data_dir,
+    )

@@ -27,5 +27,11 @@ def etcdctl(module) -> Etcdctl:
     def runner(argv: list) -> tuple:
         return module.run_command(argv, environ_update={"ETCDCTL_API": "3"})
 
-    return Etcdctl(binary=params["etcdctl_path"], endpoint=params["endpoint"], cacert=params["cacert"],
-                   cert=params["cert"], key=params["key"], runner=runner)
+    return Etcdctl(
+        binary=params["etcdctl_path"],
+        endpoint=params["endpoint"],
+        cacert=params["cacert"],
+        cert=params["cert"],
+        key=params["key"],
+        runner=runner,
+    )

@@ -105,19 +105,20 @@ class Header:
     @classmethod
     def parse(cls, data: bytes, source: str) -> Header:
         if len(data) < HEADER_SIZE:
-            if MAGIC.startswith(data[:len(MAGIC)]):
-                raise TruncatedError(f"{source}: truncated: {len(data)} bytes, "
-                                     f"shorter than the {HEADER_SIZE}-byte header")
+            if MAGIC.startswith(data[: len(MAGIC)]):
+                raise TruncatedError(
+                    f"{source}: truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header"
+                )
             raise SnapshotFormatError(f"{source}: not an encrypted etcd snapshot (no {MAGIC!r} header)")
         magic, version, chunk_size, plaintext_size, cluster_id, prefix = _HEADER.unpack(data[:HEADER_SIZE])
         if magic != MAGIC:
             raise SnapshotFormatError(f"{source}: not an encrypted etcd snapshot (no {MAGIC!r} header)")
         if version != VERSION:
-            raise SnapshotFormatError(f"{source}: snapshot format version {version}, "
-                                      f"this collection reads {VERSION}")
+            raise SnapshotFormatError(f"{source}: snapshot format version {version}, this collection reads {VERSION}")
         if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
-            raise SnapshotFormatError(f"{source}: chunk size {chunk_size} is outside "
-                                      f"{MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
+            raise SnapshotFormatError(
+                f"{source}: chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}"
+            )
         header = cls(chunk_size, plaintext_size, cluster_id, prefix)
         if header.chunk_count > MAX_CHUNKS:
             raise SnapshotFormatError(f"{source}: plaintext size {plaintext_size} needs more than {MAX_CHUNKS} chunks")
@@ -134,8 +135,15 @@ class SnapshotInfo:
     chunks: int
 
 
-def encrypt(key: bytes, cluster_id: bytes, source: BinaryIO, plaintext_size: int, sink: BinaryIO,
-            chunk_size: int = DEFAULT_CHUNK_SIZE, nonce_prefix: bytes | None = None) -> SnapshotInfo:
+def encrypt(
+    key: bytes,
+    cluster_id: bytes,
+    source: BinaryIO,
+    plaintext_size: int,
+    sink: BinaryIO,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    nonce_prefix: bytes | None = None,
+) -> SnapshotInfo:
     """Encrypt ``plaintext_size`` bytes of ``source`` into ``sink``, one chunk in memory at a time.
 
     ``nonce_prefix`` is random unless a test pins it (known-answer vectors).
@@ -157,8 +165,10 @@ def encrypt(key: bytes, cluster_id: bytes, source: BinaryIO, plaintext_size: int
         length = header.chunk_length(index)
         chunk = source.read(length)
         if len(chunk) != length:
-            raise SnapshotFormatError(f"the plaintext ended after {index * chunk_size + len(chunk)} of "
-                                      f"{plaintext_size} bytes: it changed while being encrypted")
+            raise SnapshotFormatError(
+                f"the plaintext ended after {index * chunk_size + len(chunk)} of "
+                f"{plaintext_size} bytes: it changed while being encrypted"
+            )
         nonce = header.nonce(index)
         sink.write(nonce)
         sink.write(aead.encrypt(nonce, chunk, aad))
@@ -171,8 +181,14 @@ def read_header(source: BinaryIO, name: str) -> Header:
     return Header.parse(source.read(HEADER_SIZE), name)
 
 
-def decrypt(key: bytes, expected_cluster_id: bytes, source: BinaryIO, file_size: int, name: str,
-            write: Callable[[bytes], object] | None = None) -> SnapshotInfo:
+def decrypt(
+    key: bytes,
+    expected_cluster_id: bytes,
+    source: BinaryIO,
+    file_size: int,
+    name: str,
+    write: Callable[[bytes], object] | None = None,
+) -> SnapshotInfo:
     """Check and decrypt the snapshot in ``source`` (``file_size`` bytes), passing each verified chunk to ``write``.
 
     With ``write`` None it only verifies. The cluster ID and the file size are checked before any chunk is
@@ -180,14 +196,19 @@ def decrypt(key: bytes, expected_cluster_id: bytes, source: BinaryIO, file_size:
     """
     header = read_header(source, name)
     if header.cluster_id != expected_cluster_id:
-        raise WrongClusterError(f"{name}: snapshot of cluster {header.cluster_id.hex()}, "
-                                f"not of this cluster {expected_cluster_id.hex()}")
+        raise WrongClusterError(
+            f"{name}: snapshot of cluster {header.cluster_id.hex()}, not of this cluster {expected_cluster_id.hex()}"
+        )
     if file_size < header.file_size:
-        raise TruncatedError(f"{name}: truncated: {file_size} bytes, the header announces {header.file_size} "
-                             f"({header.chunk_count} chunks)")
+        raise TruncatedError(
+            f"{name}: truncated: {file_size} bytes, the header announces {header.file_size} "
+            f"({header.chunk_count} chunks)"
+        )
     if file_size > header.file_size:
-        raise TrailingDataError(f"{name}: {file_size - header.file_size} bytes follow the final chunk "
-                                f"(the header announces {header.file_size} bytes)")
+        raise TrailingDataError(
+            f"{name}: {file_size - header.file_size} bytes follow the final chunk "
+            f"(the header announces {header.file_size} bytes)"
+        )
     aad = header.pack()
     aead = AESGCM(key)
     for index in range(header.chunk_count):
@@ -213,16 +234,18 @@ def _chunk_refusal(header: Header, index: int, stored_nonce: bytes, name: str) -
     prefix, stored_index, dummy = _NONCE.unpack(stored_nonce)
     where = f"{name}: chunk {index} of {header.chunk_count}"
     if prefix != header.nonce_prefix:
-        return ForeignChunkError(f"{where} does not belong to this snapshot (another file's nonce): "
-                                 "a chunk was swapped in from another snapshot")
+        return ForeignChunkError(
+            f"{where} does not belong to this snapshot (another file's nonce): "
+            "a chunk was swapped in from another snapshot"
+        )
     if stored_index != index:
         return ReorderedChunkError(f"{where} holds chunk {stored_index}: the chunks were reordered")
-    return AuthenticationError(f"{where} fails authentication: the file was altered "
-                               "(or encrypted with another key)")
+    return AuthenticationError(f"{where} fails authentication: the file was altered (or encrypted with another key)")
 
 
-def encrypt_file(key: bytes, cluster_id: bytes, plaintext_path: str, ciphertext_path: str,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> SnapshotInfo:
+def encrypt_file(
+    key: bytes, cluster_id: bytes, plaintext_path: str, ciphertext_path: str, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> SnapshotInfo:
     """Encrypt a file into a new 0600 file (exclusive create; removed again on failure)."""
     fd = os.open(ciphertext_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:

@@ -40,12 +40,21 @@ def snapshot_names(directory: str) -> list[str]:
     """The kept snapshots, oldest first (the names sort by time)."""
     if not os.path.isdir(directory):
         return []
-    return sorted(name for name in os.listdir(directory)
-                  if NAME.match(name) and os.path.isdir(os.path.join(directory, name)))
+    return sorted(
+        name for name in os.listdir(directory) if NAME.match(name) and os.path.isdir(os.path.join(directory, name))
+    )
 
 
-def run(etcdctl: Etcdctl, secrets_file: str, directory: str, keep: int, work_dir: str, member: str,
-        chunk_size: int = snapshot.DEFAULT_CHUNK_SIZE, now: float | None = None) -> dict:
+def run(
+    etcdctl: Etcdctl,
+    secrets_file: str,
+    directory: str,
+    keep: int,
+    work_dir: str,
+    member: str,
+    chunk_size: int = snapshot.DEFAULT_CHUNK_SIZE,
+    now: float | None = None,
+) -> dict:
     """One snapshot into ``directory``, then the newest ``keep`` kept. A failed run leaves the kept ones as they were
     (its partial directory is removed, and so is any a crashed run left)."""
     if keep < 1:
@@ -65,12 +74,24 @@ def run(etcdctl: Etcdctl, secrets_file: str, directory: str, keep: int, work_dir
     try:
         os.mkdir(partial, 0o700)
         result = take_snapshot(etcdctl, secrets, work_dir, os.path.join(partial, SNAPSHOT_FILE), chunk_size)
-        manifest = dict(version=MANIFEST_VERSION, name=name, cluster_id=result["cluster_id"], time=stamp,
-                        revision=result["revision"], member=member, size=result["size"], sha256=result["sha256"],
-                        snapshot_size=result["snapshot_size"], total_keys=result["total_keys"],
-                        etcd_hash=result["etcd_hash"])
-        write_file_atomically(os.path.join(partial, MANIFEST_FILE),
-                              (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode(), 0o600)
+        manifest = dict(
+            version=MANIFEST_VERSION,
+            name=name,
+            cluster_id=result["cluster_id"],
+            time=stamp,
+            revision=result["revision"],
+            member=member,
+            size=result["size"],
+            sha256=result["sha256"],
+            snapshot_size=result["snapshot_size"],
+            total_keys=result["total_keys"],
+            etcd_hash=result["etcd_hash"],
+        )
+        write_file_atomically(
+            os.path.join(partial, MANIFEST_FILE),
+            (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode(),
+            0o600,
+        )
         os.rename(partial, final)
     except EtcdError as exc:
         raise TimerError(str(exc)) from None
@@ -84,14 +105,19 @@ def run(etcdctl: Etcdctl, secrets_file: str, directory: str, keep: int, work_dir
     pruned = [old for old in names[:-keep] if old != name]
     for old in pruned:
         shutil.rmtree(os.path.join(directory, old))
-    return dict(snapshot=final, revision=manifest["revision"], size=manifest["size"],
-                save_seconds=result["save_seconds"], encrypt_seconds=result["encrypt_seconds"],
-                kept=[n for n in names if n not in pruned], pruned=pruned)
+    return dict(
+        snapshot=final,
+        revision=manifest["revision"],
+        size=manifest["size"],
+        save_seconds=result["save_seconds"],
+        encrypt_seconds=result["encrypt_seconds"],
+        kept=[n for n in names if n not in pruned],
+        pruned=pruned,
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="confidential-etcd-backup",
-                                     description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = argparse.ArgumentParser(prog="confidential-etcd-backup", description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--dir", required=True, help="where the snapshots are kept (on the state disk)")
     parser.add_argument("--keep", type=int, default=7, help="how many snapshots to keep (the newest)")
     parser.add_argument("--etcdctl", default="etcdctl")
@@ -100,8 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cert", default="/etc/kubernetes/pki/etcd/healthcheck-client.crt")
     parser.add_argument("--key", default="/etc/kubernetes/pki/etcd/healthcheck-client.key", help="a path")
     parser.add_argument("--secrets-file", default="/etc/confidential-kubernetes/cluster-secrets.json")
-    parser.add_argument("--work-dir", default="/run/confidential-kubernetes/etcd-backup-timer",
-                        help="0700 directory (tmpfs) for the plaintext while it is encrypted")
+    parser.add_argument(
+        "--work-dir",
+        default="/run/confidential-kubernetes/etcd-backup-timer",
+        help="0700 directory (tmpfs) for the plaintext while it is encrypted",
+    )
     parser.add_argument("--chunk-size", type=int, default=snapshot.DEFAULT_CHUNK_SIZE)
     parser.add_argument("--member", default=socket.gethostname(), help="the member's name in the manifest")
     parser.add_argument("--timeout", type=int, default=60, help="seconds an etcdctl call may take")
@@ -110,8 +139,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list | None = None) -> int:
     args = _parser().parse_args(argv)
-    client = Etcdctl(binary=args.etcdctl, endpoint=args.endpoint, cacert=args.cacert, cert=args.cert, key=args.key,
-                     timeout=args.timeout)
+    client = Etcdctl(
+        binary=args.etcdctl,
+        endpoint=args.endpoint,
+        cacert=args.cacert,
+        cert=args.cert,
+        key=args.key,
+        timeout=args.timeout,
+    )
     try:
         result = run(client, args.secrets_file, args.dir, args.keep, args.work_dir, args.member, args.chunk_size)
     except (TimerError, OSError, ValueError) as exc:

@@ -53,8 +53,12 @@ class KemSuite:
         return hpke.Suite(getattr(hpke.KEM, self.kem), hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 
 
-MLKEM768_X25519 = KemSuite("MLKEM768_X25519/HKDF_SHA256/AES_256_GCM", "MLKEM768_X25519",
-                           _MLKEM768_PUBLIC + _X25519_PUBLIC, _MLKEM768_SEED + _X25519_PRIVATE)
+MLKEM768_X25519 = KemSuite(
+    "MLKEM768_X25519/HKDF_SHA256/AES_256_GCM",
+    "MLKEM768_X25519",
+    _MLKEM768_PUBLIC + _X25519_PUBLIC,
+    _MLKEM768_SEED + _X25519_PRIVATE,
+)
 X25519 = KemSuite("X25519/HKDF_SHA256/AES_256_GCM", "X25519", _X25519_PUBLIC, _X25519_PRIVATE)
 SUITES = {s.name: s for s in (MLKEM768_X25519, X25519)}
 DEFAULT_SUITE = MLKEM768_X25519
@@ -87,7 +91,10 @@ class EphemeralKey:
     @classmethod
     def generate(cls, suite: KemSuite = DEFAULT_SUITE) -> "EphemeralKey":
         if suite is MLKEM768_X25519:
-            raw = mlkem.MLKEM768PrivateKey.generate().private_bytes_raw() + x25519.X25519PrivateKey.generate().private_bytes_raw()
+            raw = (
+                mlkem.MLKEM768PrivateKey.generate().private_bytes_raw()
+                + x25519.X25519PrivateKey.generate().private_bytes_raw()
+            )
         else:
             raw = x25519.X25519PrivateKey.generate().private_bytes_raw()
         return cls(suite, raw)
@@ -111,11 +118,17 @@ class EphemeralKey:
     def open(self, envelope: bytes, flow: str, nonce: bytes, verifier_id: str) -> bytes:
         version, suite_name, ciphertext = _parse_envelope(envelope)
         if suite_name != self.suite.name:
-            raise SealError(f"sealed with suite {suite_name}, but this key only accepts {self.suite.name} (downgrade refused)")
+            raise SealError(
+                f"sealed with suite {suite_name}, but this key only accepts {self.suite.name} (downgrade refused)"
+            )
         try:
-            return self.suite.suite.decrypt(ciphertext, self._private, info=binding_info(flow, nonce, verifier_id, self.suite))
+            return self.suite.suite.decrypt(
+                ciphertext, self._private, info=binding_info(flow, nonce, verifier_id, self.suite)
+            )
         except InvalidTag:
-            raise SealError("sealed secret does not open with this key and context (wrong key, flow, nonce or verifier)") from None
+            raise SealError(
+                "sealed secret does not open with this key and context (wrong key, flow, nonce or verifier)"
+            ) from None
 
 
 def _public_key_object(suite: KemSuite, raw_public: bytes):
@@ -150,11 +163,14 @@ def seal(plaintext: bytes, recipient_public: bytes, flow: str, nonce: bytes, ver
     """Encrypt to the attester's key; returns a JSON envelope (bytes)."""
     suite, public_key = check_public_key(recipient_public)
     ciphertext = suite.suite.encrypt(plaintext, public_key, info=binding_info(flow, nonce, verifier_id, suite))
-    return json.dumps({
-        "version": ENVELOPE_VERSION,
-        "suite": suite.name,
-        "ciphertext": base64.b64encode(ciphertext).decode(),
-    }, sort_keys=True).encode()
+    return json.dumps(
+        {
+            "version": ENVELOPE_VERSION,
+            "suite": suite.name,
+            "ciphertext": base64.b64encode(ciphertext).decode(),
+        },
+        sort_keys=True,
+    ).encode()
 
 
 def _parse_envelope(envelope: bytes) -> tuple[int, str, bytes]:

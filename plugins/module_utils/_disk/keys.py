@@ -26,7 +26,9 @@ def decode_disk_key(value: str) -> bytes:
     except (binascii.Error, ValueError, TypeError):
         raise StateDiskError("disk_key is not valid base64: pass the raw 32-byte disk key, base64-encoded") from None
     if len(key) != DISK_KEY_LENGTH:
-        raise StateDiskError(f"disk_key decodes to {len(key)} bytes; the disk key is exactly {DISK_KEY_LENGTH} raw bytes, base64-encoded")
+        raise StateDiskError(
+            f"disk_key decodes to {len(key)} bytes; the disk key is exactly {DISK_KEY_LENGTH} raw bytes, base64-encoded"
+        )
     return key
 
 
@@ -41,8 +43,10 @@ def read_disk_key_file(path: str) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise StateDiskError(f"disk_key_file {path} is not a regular file")
         if info.st_mode & 0o077:
-            raise StateDiskError(f"disk_key_file {path} has mode {stat.S_IMODE(info.st_mode):04o}; "
-                                 f"a disk key must be readable by its owner only: chmod 0600 {path}")
+            raise StateDiskError(
+                f"disk_key_file {path} has mode {stat.S_IMODE(info.st_mode):04o}; "
+                f"a disk key must be readable by its owner only: chmod 0600 {path}"
+            )
         try:
             key = os.read(fd, DISK_KEY_LENGTH + 1)
         except OSError as exc:
@@ -50,8 +54,10 @@ def read_disk_key_file(path: str) -> bytes:
     finally:
         os.close(fd)
     if len(key) != DISK_KEY_LENGTH:
-        raise StateDiskError(f"disk_key_file {path} holds {len(key)}{'+' if len(key) > DISK_KEY_LENGTH else ''} bytes; "
-                             f"it must hold exactly the raw {DISK_KEY_LENGTH}-byte disk key (not hex, not base64)")
+        raise StateDiskError(
+            f"disk_key_file {path} holds {len(key)}{'+' if len(key) > DISK_KEY_LENGTH else ''} bytes; "
+            f"it must hold exactly the raw {DISK_KEY_LENGTH}-byte disk key (not hex, not base64)"
+        )
     return key
 
 
@@ -86,8 +92,10 @@ def _private_tmp_root() -> str:
     for candidate in PRIVATE_TMP_DIRS:
         if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
             return candidate
-    raise StateDiskError(f"none of {', '.join(PRIVATE_TMP_DIRS)} is a writable directory; "
-                         "a temporary disk key file must live on tmpfs, so run the module as root")
+    raise StateDiskError(
+        f"none of {', '.join(PRIVATE_TMP_DIRS)} is a writable directory; "
+        "a temporary disk key file must live on tmpfs, so run the module as root"
+    )
 
 
 @contextmanager

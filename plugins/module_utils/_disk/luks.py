@@ -38,8 +38,14 @@ _CRYPTSETUP_NO_KEY = 2
 _CRYPTSETUP_INACTIVE = 4
 # blkid(8): 2 = no signature found.
 _BLKID_NOTHING_FOUND = 2
-_PACKAGES = {"cryptsetup": "cryptsetup-bin (Debian, Ubuntu) or cryptsetup (Fedora, RHEL)", "blkid": "util-linux",
-             "mount": "util-linux", "mkfs.ext4": "e2fsprogs", "mkfs.xfs": "xfsprogs", "mkfs.btrfs": "btrfs-progs"}
+_PACKAGES = {
+    "cryptsetup": "cryptsetup-bin (Debian, Ubuntu) or cryptsetup (Fedora, RHEL)",
+    "blkid": "util-linux",
+    "mount": "util-linux",
+    "mkfs.ext4": "e2fsprogs",
+    "mkfs.xfs": "xfsprogs",
+    "mkfs.btrfs": "btrfs-progs",
+}
 _MAPPER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,126}$")
 _FILESYSTEM = re.compile(r"^[a-z0-9]{1,16}$")
 
@@ -61,6 +67,7 @@ class CommandResult:
 @dataclass(frozen=True)
 class LuksHeader:
     """What a verify step checks of a state disk header; never any key material."""
+
     version: int
     uuid: str
     cipher: str | None
@@ -85,8 +92,15 @@ def parse_luks_dump_json(metadata: str, uuid: str) -> LuksHeader:
     segment = document.get("segments", {}).get("0", {})
     first = keyslots[min(keyslots, key=int)] if keyslots else {}
     key_size = first.get("key_size")
-    return LuksHeader(version=2, uuid=uuid, cipher=segment.get("encryption"), key_size=key_size * 8 if key_size else None,
-                      sector_size=segment.get("sector_size"), pbkdf=first.get("kdf", {}).get("type"), keyslots=len(keyslots))
+    return LuksHeader(
+        version=2,
+        uuid=uuid,
+        cipher=segment.get("encryption"),
+        key_size=key_size * 8 if key_size else None,
+        sector_size=segment.get("sector_size"),
+        pbkdf=first.get("kdf", {}).get("type"),
+        keyslots=len(keyslots),
+    )
 
 
 def parse_luks_dump_text(dump: str) -> LuksHeader:
@@ -113,22 +127,43 @@ def parse_luks_dump_text(dump: str) -> LuksHeader:
     if version == 1:
         cipher = f"{fields.get('Cipher name', '')}-{fields.get('Cipher mode', '')}"
         key_bits = fields.get("MK bits")
-        return LuksHeader(1, fields.get("UUID", "").lower(), cipher, int(key_bits) if key_bits else None, 512, "pbkdf2", len(slots))
+        return LuksHeader(
+            1, fields.get("UUID", "").lower(), cipher, int(key_bits) if key_bits else None, 512, "pbkdf2", len(slots)
+        )
     key_size = slots[0].get("Key", "").split()[0] if slots and slots[0].get("Key") else None
     sector = fields.get("segment sector", "").split()
-    return LuksHeader(version, fields.get("UUID", "").lower(), fields.get("segment cipher"), int(key_size) if key_size else None,
-                      int(sector[0]) if sector else None, slots[0].get("PBKDF") if slots else None, len(slots))
+    return LuksHeader(
+        version,
+        fields.get("UUID", "").lower(),
+        fields.get("segment cipher"),
+        int(key_size) if key_size else None,
+        int(sector[0]) if sector else None,
+        slots[0].get("PBKDF") if slots else None,
+        len(slots),
+    )
 
 
 class StateDisk:
     """One state disk. ``_run_command`` is the only way out to cryptsetup, blkid, mkfs and mount."""
 
-    def __init__(self, device: str, name: str = DEFAULT_NAME, mount_path: str = DEFAULT_MOUNT_PATH,
-                 filesystem: str = DEFAULT_FILESYSTEM, initial_key_path: str | None = None,
-                 pbkdf_memory: int | None = None, pbkdf_iterations: int | None = None, check_mode: bool = False,
-                 dm_control: str = DM_CONTROL, mountinfo: str = MOUNTINFO, cluster_state_paths: tuple[str, ...] = CLUSTER_STATE_PATHS):
+    def __init__(
+        self,
+        device: str,
+        name: str = DEFAULT_NAME,
+        mount_path: str = DEFAULT_MOUNT_PATH,
+        filesystem: str = DEFAULT_FILESYSTEM,
+        initial_key_path: str | None = None,
+        pbkdf_memory: int | None = None,
+        pbkdf_iterations: int | None = None,
+        check_mode: bool = False,
+        dm_control: str = DM_CONTROL,
+        mountinfo: str = MOUNTINFO,
+        cluster_state_paths: tuple[str, ...] = CLUSTER_STATE_PATHS,
+    ):
         if not _MAPPER_NAME.match(name):
-            raise StateDiskError(f"name {name!r} is not a usable device-mapper name (letters, digits, '.', '_', '-'; at most 127)")
+            raise StateDiskError(
+                f"name {name!r} is not a usable device-mapper name (letters, digits, '.', '_', '-'; at most 127)"
+            )
         if not _FILESYSTEM.match(filesystem):
             raise StateDiskError(f"filesystem {filesystem!r} is not a filesystem type such as ext4 or xfs")
         self.device = device
@@ -155,13 +190,17 @@ class StateDisk:
                 completed = subprocess.run(argv, input=data, capture_output=True, env=env, check=False)
         except OSError as exc:
             raise StateDiskError(f"cannot run {argv[0]}: {exc.strerror}") from None
-        return CommandResult(completed.returncode, completed.stdout.decode(errors="replace"), completed.stderr.decode(errors="replace"))
+        return CommandResult(
+            completed.returncode, completed.stdout.decode(errors="replace"), completed.stderr.decode(errors="replace")
+        )
 
     @staticmethod
     def _binary(name: str) -> str:
         found = find_binary(name)
         if not found:
-            raise StateDiskError(f"{name} was not found on this host: install {_PACKAGES.get(name, 'the package that provides it')}")
+            raise StateDiskError(
+                f"{name} was not found on this host: install {_PACKAGES.get(name, 'the package that provides it')}"
+            )
         return found
 
     def _cryptsetup(self, args: list[str], data: bytes | None = None) -> CommandResult:
@@ -252,9 +291,24 @@ class StateDisk:
         write_private_file(self.initial_key_path, initial_key)
         try:
             with private_key_file(initial_key) as key_file:
-                result = self._cryptsetup(["luksFormat", "--batch-mode", "--type", "luks2", "--cipher", CIPHER,
-                                           "--key-size", str(KEY_SIZE_BITS), "--sector-size", str(SECTOR_SIZE),
-                                           *self._pbkdf_args(), "--key-file", key_file, self.device])
+                result = self._cryptsetup(
+                    [
+                        "luksFormat",
+                        "--batch-mode",
+                        "--type",
+                        "luks2",
+                        "--cipher",
+                        CIPHER,
+                        "--key-size",
+                        str(KEY_SIZE_BITS),
+                        "--sector-size",
+                        str(SECTOR_SIZE),
+                        *self._pbkdf_args(),
+                        "--key-file",
+                        key_file,
+                        self.device,
+                    ]
+                )
             if result.rc != 0:
                 raise StateDiskError(f"cryptsetup luksFormat {self.device} failed: {result.message()}")
         except BaseException:
@@ -267,8 +321,10 @@ class StateDisk:
         False when ``old_key`` opens no keyslot.
         """
         with private_key_file(new_key) as new_key_file:
-            result = self._cryptsetup(["luksChangeKey", "--batch-mode", *self._pbkdf_args(), "--key-file=-",
-                                       self.device, new_key_file], old_key)
+            result = self._cryptsetup(
+                ["luksChangeKey", "--batch-mode", *self._pbkdf_args(), "--key-file=-", self.device, new_key_file],
+                old_key,
+            )
         if result.rc == _CRYPTSETUP_NO_KEY:
             return False
         if result.rc != 0:
@@ -312,7 +368,8 @@ class StateDisk:
         raise StateDiskError(
             f"the LUKS header on {self.device} (UUID {uuid}) opens neither with the given disk key nor with {where}: "
             "it was keyed for another cluster, or its initial key was lost (for example by a reboot before re-keying). "
-            f"Nothing was changed; {NEEDS_RESET} (the reset erases the disk's LUKS header), and run again.")
+            f"Nothing was changed; {NEEDS_RESET} (the reset erases the disk's LUKS header), and run again."
+        )
 
     def _mapping_owner(self) -> set[str] | None:
         """The devices behind /dev/mapper/<name>, None when that mapping is not active."""
@@ -338,8 +395,10 @@ class StateDisk:
         if os.path.realpath(self.device) not in owners:
             if not strict:
                 return False
-            raise StateDiskError(f"{self.mapper_path} is already active for {', '.join(sorted(owners))}, not for {self.device}: "
-                                 f"choose another name, or close it (cryptsetup close {self.name})")
+            raise StateDiskError(
+                f"{self.mapper_path} is already active for {', '.join(sorted(owners))}, not for {self.device}: "
+                f"choose another name, or close it (cryptsetup close {self.name})"
+            )
         return True
 
     def _open_mapping(self, disk_key: bytes) -> None:
@@ -377,29 +436,48 @@ class StateDisk:
         if self.is_luks():
             return False
         if not allow_format:
-            raise StateDiskError(f"device {self.device} has no LUKS header and allow_format is false: nothing was changed")
+            raise StateDiskError(
+                f"device {self.device} has no LUKS header and allow_format is false: nothing was changed"
+            )
         if disk_key is not None:
-            raise StateDiskError(f"device {self.device} has no LUKS header yet, so no disk key can have been derived for it: "
-                                 "run with uuid_only=true first, derive the key from the UUID it returns, then pass that key")
+            raise StateDiskError(
+                f"device {self.device} has no LUKS header yet, so no disk key can have been derived for it: "
+                "run with uuid_only=true first, derive the key from the UUID it returns, then pass that key"
+            )
         signature = self._signature(self.device)
         if signature:
-            raise StateDiskError(f"device {self.device} has no LUKS header but holds a {signature} signature: refusing to format it. "
-                                 f"If it really is the state disk, wipe it first (wipefs --all {self.device})")
+            raise StateDiskError(
+                f"device {self.device} has no LUKS header but holds a {signature} signature: refusing to format it. "
+                f"If it really is the state disk, wipe it first (wipefs --all {self.device})"
+            )
         if not self.check_mode:
             self.format()
         return True
 
-    def ensure(self, state: str, disk_key: bytes | None = None, uuid_only: bool = False, allow_format: bool = True) -> dict:
+    def ensure(
+        self, state: str, disk_key: bytes | None = None, uuid_only: bool = False, allow_format: bool = True
+    ) -> dict:
         """Bring the disk to ``state``; returns the module result."""
         if state not in STATES:
             raise StateDiskError(f"state must be one of {', '.join(STATES)}, got {state!r}")
         if uuid_only and (state != "formatted" or disk_key is not None):
-            raise StateDiskError("uuid_only only formats the device and returns its LUKS UUID: use it with state=formatted and no disk key")
+            raise StateDiskError(
+                "uuid_only only formats the device and returns its LUKS UUID: use it with state=formatted and no disk key"
+            )
         if not uuid_only and disk_key is None:
-            raise StateDiskError(f"state={state} needs the disk key (disk_key or disk_key_file); use uuid_only=true to get the UUID first")
+            raise StateDiskError(
+                f"state={state} needs the disk key (disk_key or disk_key_file); use uuid_only=true to get the UUID first"
+            )
         self.check_device()
-        result = {"changed": False, "uuid": None, "keyslots": 0, "keyed": None, "mapped": False,
-                  "mapping_available": self.mapping_available, "mount_path": None}
+        result = {
+            "changed": False,
+            "uuid": None,
+            "keyslots": 0,
+            "keyed": None,
+            "mapped": False,
+            "mapping_available": self.mapping_available,
+            "mount_path": None,
+        }
         try:
             return self._ensure(state, disk_key, uuid_only, allow_format, result)
         except StateDiskError as exc:
@@ -414,8 +492,10 @@ class StateDisk:
             return result
         header = self.header_summary()
         if header.version != 2:
-            raise StateDiskError(f"device {self.device} has a LUKS{header.version} header; the state disk must be LUKS2 and is never "
-                                 f"reformatted: convert it (cryptsetup convert --type luks2 {self.device}) or wipe it")
+            raise StateDiskError(
+                f"device {self.device} has a LUKS{header.version} header; the state disk must be LUKS2 and is never "
+                f"reformatted: convert it (cryptsetup convert --type luks2 {self.device}) or wipe it"
+            )
         result.update(uuid=header.uuid, keyslots=header.keyslots)
         if uuid_only:
             return result
@@ -430,8 +510,11 @@ class StateDisk:
         unavailable = self.mapping_unavailable_reason()
         if unavailable:
             status = "is formatted and keyed" if result["keyed"] else "can be formatted and keyed"
-            raise StateDiskError(f"device-mapper is not available on this host ({unavailable}): the state disk {status} "
-                                 "but cannot be mapped. Use state=formatted on hosts without device-mapper.", result)
+            raise StateDiskError(
+                f"device-mapper is not available on this host ({unavailable}): the state disk {status} "
+                "but cannot be mapped. Use state=formatted on hosts without device-mapper.",
+                result,
+            )
         return self._ensure_mapped(state, disk_key, result)
 
     def _ensure_mapped(self, state: str, disk_key: bytes, result: dict) -> dict:
@@ -448,8 +531,11 @@ class StateDisk:
             result["mount_path"] = self.mount_path
             return self._place_cluster_state(result)
         if source is not None:
-            raise StateDiskError(f"mount_path {self.mount_path} already has {source} mounted on it: "
-                                 f"unmount it or choose another mount_path", result)
+            raise StateDiskError(
+                f"mount_path {self.mount_path} already has {source} mounted on it: "
+                f"unmount it or choose another mount_path",
+                result,
+            )
         result["changed"] = True
         if self.check_mode:
             return result
@@ -457,8 +543,11 @@ class StateDisk:
         if found is None:
             self._make_filesystem()
         elif found != self.filesystem:
-            raise StateDiskError(f"{self.mapper_path} holds a {found} filesystem, not {self.filesystem}: "
-                                 "it is never reformatted; set filesystem to match", result)
+            raise StateDiskError(
+                f"{self.mapper_path} holds a {found} filesystem, not {self.filesystem}: "
+                "it is never reformatted; set filesystem to match",
+                result,
+            )
         self._mount()
         result["mount_path"] = self.mount_path
         return self._place_cluster_state(result)

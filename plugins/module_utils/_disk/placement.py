@@ -59,8 +59,14 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
     binary = find_binary(argv[0])
     if not binary:
         raise StateDiskError(f"{argv[0]} was not found on this host")
-    return subprocess.run([binary, *argv[1:]], stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
-                          env=dict(os.environ, LC_ALL="C", LANG="C"))
+    return subprocess.run(
+        [binary, *argv[1:]],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, LC_ALL="C", LANG="C"),
+    )
 
 
 def _active_services(services: tuple[str, ...]) -> list[str]:
@@ -91,15 +97,21 @@ def _bind(path: str, target: str) -> None:
         raise StateDiskError(f"mount --bind {target} {path} failed: {result.stderr.strip()}")
 
 
-def place_cluster_state(mount_path: str, paths: tuple[str, ...] = CLUSTER_STATE_PATHS,
-                        services: tuple[str, ...] = CLUSTER_STATE_SERVICES, check_mode: bool = False) -> list[str]:
+def place_cluster_state(
+    mount_path: str,
+    paths: tuple[str, ...] = CLUSTER_STATE_PATHS,
+    services: tuple[str, ...] = CLUSTER_STATE_SERVICES,
+    check_mode: bool = False,
+) -> list[str]:
     """Bind every path of ``paths`` from the disk mounted at ``mount_path``; returns the paths that were (or would be) bound."""
     pending = [path for path in paths if not is_placed(mount_path, path)]
     points = mount_points() if pending else set()
     for path in pending:
         if os.path.realpath(path) in points:
-            raise StateDiskError(f"{path} has another filesystem mounted on it, not the state disk's {disk_side(mount_path, path)}: "
-                                 "unmount it (the state disk holds the node's cluster state), then run again")
+            raise StateDiskError(
+                f"{path} has another filesystem mounted on it, not the state disk's {disk_side(mount_path, path)}: "
+                "unmount it (the state disk holds the node's cluster state), then run again"
+            )
         if os.path.lexists(path) and not os.path.isdir(path):
             raise StateDiskError(f"{path} is not a directory: it cannot be placed on the state disk")
     if not pending or check_mode:
@@ -109,7 +121,9 @@ def place_cluster_state(mount_path: str, paths: tuple[str, ...] = CLUSTER_STATE_
         for unit in _active_services(services):
             result = _run(["systemctl", "stop", unit])
             if result.returncode != 0:
-                raise StateDiskError(f"systemctl stop {unit} failed ({result.stderr.strip()}): its directories were not moved onto the state disk")
+                raise StateDiskError(
+                    f"systemctl stop {unit} failed ({result.stderr.strip()}): its directories were not moved onto the state disk"
+                )
             stopped.append(unit)
         for path in pending:
             target = disk_side(mount_path, path)

@@ -127,7 +127,10 @@ def save_release_inputs(upgrade_dir: str, releases: list[dict]) -> list[str]:
             target = os.path.join(chart_dir, os.path.basename(chart))
             shutil.copyfile(chart, target)
             written.append(target)
-        reference = {k: release.get(k) for k in ("release_name", "release_namespace", "chart_ref", "chart_version", "chart_repo_url")}
+        reference = {
+            k: release.get(k)
+            for k in ("release_name", "release_namespace", "chart_ref", "chart_version", "chart_repo_url")
+        }
         write_private_file(os.path.join(chart_dir, "reference.json"), json.dumps(reference, indent=2).encode())
     # Only what was written here: backup_crds has tightened backups/ already (it can hold thousands of files).
     for written_root in ("values", "charts"):

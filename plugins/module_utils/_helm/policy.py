@@ -7,9 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SEMVER = re.compile(
-    r"^v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$"
-)
+_SEMVER = re.compile(r"^v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
 
 
 class VersionPolicyError(ValueError):
@@ -58,10 +56,13 @@ def check_version_policy(current: str | None, target: str, skip: bool = False) -
     if wanted.key() == deployed.key():
         return
     if wanted < deployed:
-        raise VersionPolicyError("downgrade", f"refusing to downgrade from {current} to {target} (set skip_version_policy to override)")
+        raise VersionPolicyError(
+            "downgrade", f"refusing to downgrade from {current} to {target} (set skip_version_policy to override)"
+        )
     if wanted.major != deployed.major:
         raise VersionPolicyError(
-            "major", f"refusing the major version change from {current} to {target} (set skip_version_policy to override)"
+            "major",
+            f"refusing the major version change from {current} to {target} (set skip_version_policy to override)",
         )
     if wanted.minor - deployed.minor > 1:
         raise VersionPolicyError(

@@ -20,8 +20,13 @@ class Plan:
     reason: str
 
 
-def plan_release(deployed: DeployedRelease | None, deployed_values: dict, chart: ChartRef, values: dict,
-                 skip_version_policy: bool = False) -> Plan:
+def plan_release(
+    deployed: DeployedRelease | None,
+    deployed_values: dict,
+    chart: ChartRef,
+    values: dict,
+    skip_version_policy: bool = False,
+) -> Plan:
     """What to do, from what helm reports. Raises ReleasePendingError and VersionPolicyError; changes nothing."""
     if deployed is None or deployed.status == "uninstalled":
         return Plan("install", "the release does not exist")
@@ -60,8 +65,11 @@ def resolve_inputs(release: dict, find_file: Callable[[str], str | None]) -> dic
         chart_ref = found
     chart = resolve_chart(chart_ref, release["chart_version"], release["chart_repo_url"])
     values_files = [find_file(path) or path for path in release["values_files"]]
-    return dict(chart_name=chart.name, chart_version=chart.version,
-                values_json=json.dumps(normalise(requested_values(values_files, release["release_values"]))))
+    return dict(
+        chart_name=chart.name,
+        chart_version=chart.version,
+        values_json=json.dumps(normalise(requested_values(values_files, release["release_values"]))),
+    )
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,11 @@ class ReleaseManager:
         result: dict = dict(
             changed=present,
             action="uninstall" if present else "none",
-            reason=(f"{where} exists (revision {deployed.revision}, {deployed.status})" if present and deployed
-                    else f"{where} does not exist"),
+            reason=(
+                f"{where} exists (revision {deployed.revision}, {deployed.status})"
+                if present and deployed
+                else f"{where} does not exist"
+            ),
             release_name=request.release_name,
             release_namespace=request.release_namespace,
             previous_chart_version=deployed.chart_version if present and deployed else None,
@@ -164,13 +175,17 @@ class ReleaseManager:
         )
         return _Reading(plan, deployed, present, deployed_values, result)
 
-    def _fail(self, result: dict, plan: Plan, message: str, deployed: DeployedRelease | None, atomic_by_helm: bool) -> None:
+    def _fail(
+        self, result: dict, plan: Plan, message: str, deployed: DeployedRelease | None, atomic_by_helm: bool
+    ) -> None:
         request = self.request
         result["command"] = self.helm.upgrade_argv(request, "<values file>")
         if request.atomic and not atomic_by_helm and plan.action == "upgrade" and deployed is not None:
             # Without wait helm cannot roll back by itself: return to the revision that was deployed.
             try:
-                self.helm.rollback(request.release_name, request.release_namespace, deployed.revision, request.wait_timeout)
+                self.helm.rollback(
+                    request.release_name, request.release_namespace, deployed.revision, request.wait_timeout
+                )
                 result["rolled_back"] = True
                 message += f" (rolled back to revision {deployed.revision})"
             except HelmError as rollback_error:
@@ -192,16 +207,25 @@ class ReleaseManager:
         request = self.request
         masked_before = self.masker.mask(normalise(deployed_values))
         masked_after = self.masker.mask(self.values)
-        diffs = [dict(before_header=f"{request.release_name} values (deployed, masked)",
-                      after_header=f"{request.release_name} values (requested, masked)",
-                      before=dump_values(masked_before) if present else "", after=dump_values(masked_after))]
+        diffs = [
+            dict(
+                before_header=f"{request.release_name} values (deployed, masked)",
+                after_header=f"{request.release_name} values (requested, masked)",
+                before=dump_values(masked_before) if present else "",
+                after=dump_values(masked_after),
+            )
+        ]
         before_manifest = self.helm.get_manifest(request.release_name, request.release_namespace) if present else ""
         after_manifest = self.helm.template(request, self.values)
         secrets = [deployed_values, self.values]
-        diffs.append(dict(before_header=f"{request.release_name} manifest (deployed)",
-                          after_header=f"{request.release_name} manifest (rendered)",
-                          before=self.masker.scrub_text(before_manifest, secrets),
-                          after=self.masker.scrub_text(after_manifest, secrets)))
+        diffs.append(
+            dict(
+                before_header=f"{request.release_name} manifest (deployed)",
+                after_header=f"{request.release_name} manifest (rendered)",
+                before=self.masker.scrub_text(before_manifest, secrets),
+                after=self.masker.scrub_text(after_manifest, secrets),
+            )
+        )
         return diffs
 
 

@@ -72,7 +72,11 @@ class Helm:
             raise HelmError(f"{argv[0]} is not installed on this host (set binary_path)") from None
         except subprocess.TimeoutExpired:
             raise HelmError(f"{' '.join(argv[:2])} did not finish within an hour") from None
-        return completed.returncode, completed.stdout.decode(errors="replace"), completed.stderr.decode(errors="replace")
+        return (
+            completed.returncode,
+            completed.stdout.decode(errors="replace"),
+            completed.stderr.decode(errors="replace"),
+        )
 
     def _global(self, namespace: str | None = None) -> list[str]:
         flags = []
@@ -142,7 +146,9 @@ class Helm:
         return json.loads(out or "[]")
 
     def last_deployed_revision(self, name: str, namespace: str) -> int | None:
-        deployed = [int(r["revision"]) for r in self.history(name, namespace) if r.get("status") in ("deployed", "superseded")]
+        deployed = [
+            int(r["revision"]) for r in self.history(name, namespace) if r.get("status") in ("deployed", "superseded")
+        ]
         return max(deployed) if deployed else None
 
     def get_values(self, name: str, namespace: str) -> dict:
@@ -195,7 +201,13 @@ class Helm:
 
     def template(self, request: ReleaseRequest, values: dict) -> str:
         with private_values_file(values) as values_path:
-            argv = [self.binary, "template", request.release_name, request.chart_ref, *self._global(request.release_namespace)]
+            argv = [
+                self.binary,
+                "template",
+                request.release_name,
+                request.chart_ref,
+                *self._global(request.release_namespace),
+            ]
             argv += self._chart_args(request) + ["--values", values_path]
             rc, out, err = self._run_command(argv)
         if rc != 0:
@@ -218,7 +230,9 @@ class Helm:
         return argv
 
     def rollback(self, name: str, namespace: str, revision: int, timeout: str) -> None:
-        self.run(["rollback", name, str(revision), *self._global(namespace), "--timeout", timeout], f"helm rollback {name}")
+        self.run(
+            ["rollback", name, str(revision), *self._global(namespace), "--timeout", timeout], f"helm rollback {name}"
+        )
 
 
 class private_values_file:
@@ -247,5 +261,5 @@ def _message(text: str) -> str:
     lines = text.strip().splitlines()
     for index in range(len(lines) - 1, -1, -1):
         if lines[index].startswith("Error: "):
-            return "\n".join([lines[index][len("Error: "):], *lines[index + 1:]]).strip()
+            return "\n".join([lines[index][len("Error: ") :], *lines[index + 1 :]]).strip()
     return text.strip()

@@ -14,6 +14,7 @@ from typing import Any
 
 try:
     import yaml
+
     HAS_YAML = True
 except ImportError:  # reported by the modules through missing_required_lib()
     HAS_YAML = False

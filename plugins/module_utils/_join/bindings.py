@@ -44,7 +44,9 @@ def manifest(binding: Binding, resource_version: str | None = None, name: str = 
     metadata = {"name": name or object_name(binding.disk_uuid), "namespace": NAMESPACE, "labels": {label: "v1"}}
     if resource_version:
         metadata["resourceVersion"] = resource_version
-    return json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": binding.to_document()}).encode()
+    return json.dumps(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": binding.to_document()}
+    ).encode()
 
 
 class KubectlDiskBindings(Kubectl):
@@ -70,14 +72,18 @@ class KubectlDiskBindings(Kubectl):
             return binding
         except KubectlError as exc:
             if "AlreadyExists" not in exc.output and "already exists" not in exc.output:
-                raise BindingConflict(f"claiming disk {binding.disk_uuid} in the cluster's API failed ({exc})") from None
+                raise BindingConflict(
+                    f"claiming disk {binding.disk_uuid} in the cluster's API failed ({exc})"
+                ) from None
         existing, version = await self._get(name, binding.disk_uuid)
         if existing.ek != binding.ek or existing.enrolment_id == binding.enrolment_id:
             return existing
         try:
             await self.kubectl(["replace", "--filename=-"], manifest(binding, version, name, label))
         except KubectlError as exc:
-            raise BindingConflict(f"the binding of disk {binding.disk_uuid} changed while it was claimed ({exc})") from None
+            raise BindingConflict(
+                f"the binding of disk {binding.disk_uuid} changed while it was claimed ({exc})"
+            ) from None
         return binding
 
     async def _get(self, name: str, disk_uuid: str) -> tuple[Binding, str]:
@@ -93,7 +99,11 @@ class KubectlDiskBindings(Kubectl):
     async def all_bindings(self) -> list[Binding]:
         """Every binding in the cluster's API (unreadable objects are skipped: only a valid binding grants a disk)."""
         try:
-            document = json.loads(await self.kubectl(["get", "configmaps", f"--namespace={NAMESPACE}", f"--selector={LABEL}", "--output=json"]))
+            document = json.loads(
+                await self.kubectl(
+                    ["get", "configmaps", f"--namespace={NAMESPACE}", f"--selector={LABEL}", "--output=json"]
+                )
+            )
         except KubectlError as exc:
             raise BindingConflict(f"listing the disk bindings failed ({exc})") from None
         except ValueError:

@@ -52,10 +52,24 @@ class JoinError(RuntimeError):
         self.retryable = retryable
 
 
-def request_ticket(endpoints: list[str], ca_pem: bytes, tcti: str, node_name: str, control_plane: bool = False, disk_uuid: str = "",
-                   kubelet_csr_pem: bytes = b"", flow: str = JOIN, attempts: int = 5, backoff: float = 1.0, max_backoff: float = 30.0,
-                   timeout: float = 30.0, total_timeout: float = 300.0, server_name: str | None = None,
-                   sleep=time.sleep, clock=time.monotonic) -> JoinTicket | RejoinTicket:
+def request_ticket(
+    endpoints: list[str],
+    ca_pem: bytes,
+    tcti: str,
+    node_name: str,
+    control_plane: bool = False,
+    disk_uuid: str = "",
+    kubelet_csr_pem: bytes = b"",
+    flow: str = JOIN,
+    attempts: int = 5,
+    backoff: float = 1.0,
+    max_backoff: float = 30.0,
+    timeout: float = 30.0,
+    total_timeout: float = 300.0,
+    server_name: str | None = None,
+    sleep=time.sleep,
+    clock=time.monotonic,
+) -> JoinTicket | RejoinTicket:
     """Return the opened ticket (a JoinTicket, or a RejoinTicket for ``flow="rejoin"``). ``ca_pem`` is the cluster CA
     that issued the services' TLS certificates."""
     if GRPC_IMPORT_ERROR is not None:
@@ -67,7 +81,9 @@ def request_ticket(endpoints: list[str], ca_pem: bytes, tcti: str, node_name: st
     if not endpoints:
         raise JoinError("endpoints", "no join service endpoint given")
     if not ca_pem:
-        raise JoinError("tls", "the cluster CA certificate is required to authenticate the join service (no trust on first use)")
+        raise JoinError(
+            "tls", "the cluster CA certificate is required to authenticate the join service (no trust on first use)"
+        )
     deadline = clock() + total_timeout
     last: JoinError | None = None
     for attempt in range(max(1, attempts)):
@@ -76,8 +92,18 @@ def request_ticket(endpoints: list[str], ca_pem: bytes, tcti: str, node_name: st
             if remaining <= 0:
                 break
             try:
-                return _attempt(endpoint, ca_pem, tcti, node_name, control_plane, disk_uuid, kubelet_csr_pem, flow,
-                                min(timeout, remaining), server_name)
+                return _attempt(
+                    endpoint,
+                    ca_pem,
+                    tcti,
+                    node_name,
+                    control_plane,
+                    disk_uuid,
+                    kubelet_csr_pem,
+                    flow,
+                    min(timeout, remaining),
+                    server_name,
+                )
             except JoinError as exc:
                 if not exc.retryable:
                     raise
@@ -85,14 +111,18 @@ def request_ticket(endpoints: list[str], ca_pem: bytes, tcti: str, node_name: st
         remaining = deadline - clock()
         if attempt + 1 >= attempts or remaining <= 0:
             break
-        delay = min(max_backoff, backoff * 2 ** attempt) * (0.5 + random.random() / 2)  # nosec B311 - jitter, not a secret
+        delay = min(max_backoff, backoff * 2**attempt) * (0.5 + random.random() / 2)  # nosec B311 - jitter, not a secret
         sleep(min(delay, remaining))
     # Only transient failures get here: a node that waits for a join service (a rebooted one) may try again later.
-    raise JoinError(last.reason if last else "timeout",
-                    f"no join service issued a ticket after {attempt + 1} attempt(s) within {total_timeout:g} s over "
-                    f"{', '.join(endpoints)}; last failure: {last}. Check that a join service runs (systemctl status "
-                    "confidential-joinservice on a control plane) and that its port is reachable from this node; "
-                    "join_attempts gives more rounds", last.code if last else None, retryable=True)
+    raise JoinError(
+        last.reason if last else "timeout",
+        f"no join service issued a ticket after {attempt + 1} attempt(s) within {total_timeout:g} s over "
+        f"{', '.join(endpoints)}; last failure: {last}. Check that a join service runs (systemctl status "
+        "confidential-joinservice on a control plane) and that its port is reachable from this node; "
+        "join_attempts gives more rounds",
+        last.code if last else None,
+        retryable=True,
+    )
 
 
 def _channel(endpoint: str, ca_pem: bytes, server_name: str | None):
@@ -115,8 +145,18 @@ def _call(method, request, timeout: float, endpoint: str):
         raise JoinError(reason, f"join service {endpoint}: {code}: {details}", code, retryable) from None
 
 
-def _attempt(endpoint: str, ca_pem: bytes, tcti: str, node_name: str, control_plane: bool, disk_uuid: str, kubelet_csr_pem: bytes,
-             flow: str, timeout: float, server_name: str | None) -> JoinTicket | RejoinTicket:
+def _attempt(
+    endpoint: str,
+    ca_pem: bytes,
+    tcti: str,
+    node_name: str,
+    control_plane: bool,
+    disk_uuid: str,
+    kubelet_csr_pem: bytes,
+    flow: str,
+    timeout: float,
+    server_name: str | None,
+) -> JoinTicket | RejoinTicket:
     control_plane = control_plane and flow == JOIN
     try:
         kubelet_key = csr_key_digest(kubelet_csr_pem) if flow == JOIN else b""
@@ -134,19 +174,38 @@ def _attempt(endpoint: str, ca_pem: bytes, tcti: str, node_name: str, control_pl
             # The firmware's event log where the node has one, for the service to replay against the quote.
             event_log = read_event_log(None)
             with Tpm(tcti) as tpm:
-                evidence = issue_evidence(tpm, nonce, bind_user_data(key.public_bytes(), digest),
-                                          event_log=event_log).to_json().encode()
+                evidence = (
+                    issue_evidence(tpm, nonce, bind_user_data(key.public_bytes(), digest), event_log=event_log)
+                    .to_json()
+                    .encode()
+                )
         except (TpmError, EvidenceError) as exc:
             raise JoinError("tpm", f"cannot produce evidence: {exc}") from None
         if flow == JOIN:
-            granted = _call(stub.IssueJoinTicket, pb2.IssueJoinTicketRequest(
-                evidence=evidence, nonce=nonce, node_name=node_name, control_plane=control_plane,
-                kubelet_csr=kubelet_csr_pem, disk_uuid=disk_uuid), timeout, endpoint)
+            granted = _call(
+                stub.IssueJoinTicket,
+                pb2.IssueJoinTicketRequest(
+                    evidence=evidence,
+                    nonce=nonce,
+                    node_name=node_name,
+                    control_plane=control_plane,
+                    kubelet_csr=kubelet_csr_pem,
+                    disk_uuid=disk_uuid,
+                ),
+                timeout,
+                endpoint,
+            )
         else:
-            granted = _call(stub.IssueRejoinTicket, pb2.IssueRejoinTicketRequest(
-                evidence=evidence, nonce=nonce, node_name=node_name, disk_uuid=disk_uuid), timeout, endpoint)
+            granted = _call(
+                stub.IssueRejoinTicket,
+                pb2.IssueRejoinTicketRequest(evidence=evidence, nonce=nonce, node_name=node_name, disk_uuid=disk_uuid),
+                timeout,
+                endpoint,
+            )
         proof = prove_activation(tcti, granted.credential_blob, granted.credential_encrypted_seed, nonce)
-        response = _call(stub.ActivateTicket, pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof), timeout, endpoint)
+        response = _call(
+            stub.ActivateTicket, pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof), timeout, endpoint
+        )
     return open_ticket(key, response.sealed_ticket, flow, nonce, verifier_id)
 
 
@@ -160,7 +219,9 @@ def prove_activation(tcti: str, credential_blob: bytes, credential_encrypted_see
         raise JoinError("credential-activation", f"this TPM cannot activate the service's credential: {exc}") from None
 
 
-def open_ticket(key: EphemeralKey, sealed_ticket: bytes, flow: str, nonce: bytes, verifier_id: str) -> JoinTicket | RejoinTicket:
+def open_ticket(
+    key: EphemeralKey, sealed_ticket: bytes, flow: str, nonce: bytes, verifier_id: str
+) -> JoinTicket | RejoinTicket:
     """Open the HPKE envelope with the ephemeral key and read the ticket of ``flow`` from it."""
     try:
         plaintext = key.open(sealed_ticket, flow, nonce, verifier_id)

@@ -29,9 +29,20 @@ DEFAULT_VERIFIER_ID = "confidential.kubernetes/joinservice"
 DEFAULT_PKI_DIR = "/etc/kubernetes/pki"
 DEFAULT_ENROLMENT_FILE = "/etc/confidential-kubernetes/node-enrolment.json"
 DEFAULT_BINDINGS_FILE = "/etc/confidential-kubernetes/disk-bindings.json"
-_FLOATS = ("nonce_ttl", "grace_period", "policy_check_interval", "nonce_rate", "nonce_burst", "ticket_rate", "ticket_burst",
-           "registration_check_interval", "registry_sync_interval", "connection_idle_timeout", "handshake_timeout",
-           "first_rpc_timeout")
+_FLOATS = (
+    "nonce_ttl",
+    "grace_period",
+    "policy_check_interval",
+    "nonce_rate",
+    "nonce_burst",
+    "ticket_rate",
+    "ticket_burst",
+    "registration_check_interval",
+    "registry_sync_interval",
+    "connection_idle_timeout",
+    "handshake_timeout",
+    "first_rpc_timeout",
+)
 _COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections", "max_connections_per_client")
 _POOL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,39}[a-z0-9])?")
 MAX_CONFIG_BYTES = 64 * 1024
@@ -126,7 +137,10 @@ class ServiceConfig:
                 raise ConfigError(f"{source}: setting {name} has the unusable value {value!r}")
             values[name] = value
         config = cls(**values)
-        if not _ENDPOINT.fullmatch(config.api_server_endpoint) or not 0 < int(config.api_server_endpoint.rsplit(":", 1)[1]) < 65536:
+        if (
+            not _ENDPOINT.fullmatch(config.api_server_endpoint)
+            or not 0 < int(config.api_server_endpoint.rsplit(":", 1)[1]) < 65536
+        ):
             raise ConfigError(f"{source}: api_server_endpoint {config.api_server_endpoint!r} must be host:port")
         if not _ENDPOINT.fullmatch(config.listen):
             raise ConfigError(f"{source}: listen {config.listen!r} must be address:port")
@@ -143,7 +157,9 @@ def load_config(path: str) -> ServiceConfig:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"join service configuration {path} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(
+            f"join service configuration {path} is neither JSON nor YAML: {str(exc).splitlines()[0]}"
+        ) from None
     return ServiceConfig.from_document(doc, f"join service configuration {path}")
 
 
@@ -153,7 +169,9 @@ def read_private_file(path: str, what: str, limit: int = MAX_CONFIG_BYTES) -> by
         with open(path, "rb") as handle:
             mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
             if mode & 0o077:
-                raise ConfigError(f"{what} {path} has mode {mode:04o}; it must not be accessible to group or others (chmod 600)")
+                raise ConfigError(
+                    f"{what} {path} has mode {mode:04o}; it must not be accessible to group or others (chmod 600)"
+                )
             return read_bounded_from(handle, path, limit)
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
@@ -256,7 +274,14 @@ class WatchedFile:
             value = self.parse(text)
         except ValueError as exc:
             self.rejected_digest, self.error = _digest(text), str(exc)
-            self._log.error(self.event, result="rejected", reason="malformed", path=self.path, digest=self.rejected_digest, msg=str(exc))
+            self._log.error(
+                self.event,
+                result="rejected",
+                reason="malformed",
+                path=self.path,
+                digest=self.rejected_digest,
+                msg=str(exc),
+            )
             return
         previous = self._text
         self._value, self._text, self.digest = value, text, _digest(text)
@@ -288,5 +313,12 @@ class PolicyWatcher(WatchedFile):
         except OSError as exc:
             self._log.warning("policy-backup", result="failed", path=backup, msg=exc.strerror)
         policy = self.value
-        self._log.info(self.event, result="loaded", path=self.path, digest=self.digest, backup=backup, ak_trust=policy.ak_trust,
-                       pcrs=sorted(policy.rules))
+        self._log.info(
+            self.event,
+            result="loaded",
+            path=self.path,
+            digest=self.digest,
+            backup=backup,
+            ak_trust=policy.ak_trust,
+            pcrs=sorted(policy.rules),
+        )

@@ -26,7 +26,12 @@ except ImportError:  # reported by the service at start
 from .._attestation import tpm2
 from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_mark
 from .._attestation.verifier import (
-    EK_REQUIRED_ATTRIBUTES, VerificationError, VerificationResult, Verifier, check_ek_template)
+    EK_REQUIRED_ATTRIBUTES,
+    VerificationError,
+    VerificationResult,
+    Verifier,
+    check_ek_template,
+)
 from .._crypto import seal
 from .._reset import NEEDS_RESET
 from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
@@ -128,8 +133,11 @@ class JoinCrypto:
         if cached is None or not (cached[0] is policy or cached[0] == policy):
             unlocked = bytes(len(node_lock_mark(b"", policy.hash_algorithm)))
             member = node_lock_mark(self._cluster_id, policy.hash_algorithm)
-            cached = (policy, Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked]), self._ek_cas),
-                      Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked, member]), self._ek_cas))
+            cached = (
+                policy,
+                Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked]), self._ek_cas),
+                Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked, member]), self._ek_cas),
+            )
             self._verifier_cache = cached
         return cached[1], cached[2]
 
@@ -153,28 +161,50 @@ class JoinCrypto:
         except BindingError as exc:
             raise Refusal.of("request-binding", str(exc)) from None
         csr_key = csr.public_key() if csr is not None else None
-        kubelet_key = csr_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) if csr_key is not None else b""
+        kubelet_key = (
+            csr_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            if csr_key is not None
+            else b""
+        )
         kubelet_digest = public_key_digest(csr_key) if csr_key is not None else b""
-        if not digest_matches(quoted, request_digest(request.flow, node_name, request.control_plane, request.disk_uuid, kubelet_digest)):
-            raise Refusal.of("request-binding", "the quote does not cover this request: the node name, role, disk UUID or kubelet key "
-                                                "differ from what the TPM quoted")
+        if not digest_matches(
+            quoted, request_digest(request.flow, node_name, request.control_plane, request.disk_uuid, kubelet_digest)
+        ):
+            raise Refusal.of(
+                "request-binding",
+                "the quote does not cover this request: the node name, role, disk UUID or kubelet key "
+                "differ from what the TPM quoted",
+            )
         try:
             seal.check_public_key(ephemeral_key)
         except seal.SealError as exc:
-            raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None
+            raise Refusal.of(
+                "ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}"
+            ) from None
         ek = self._ek(verified)
         secret, credential = self._credential(verified, ek)
         evidence = verified.evidence
-        return Checked(verified.ak_trust_level, verified.warnings, ephemeral_key, identity_of(ek), evidence.ek_certificate,
-                       kubelet_key, secret, credential)
+        return Checked(
+            verified.ak_trust_level,
+            verified.warnings,
+            ephemeral_key,
+            identity_of(ek),
+            evidence.ek_certificate,
+            kubelet_key,
+            secret,
+            credential,
+        )
 
     @staticmethod
     def _ek(verified: VerificationResult) -> tpm2.Public:
         """The node is its EK: the evidence must carry the EK public key (and carries its certificate where one exists)."""
         evidence = verified.evidence
         if evidence.ek_public is None:
-            raise Refusal.of("ek-missing", "the evidence carries no EK public key: the join service identifies a node by its TPM's "
-                                           "endorsement key")
+            raise Refusal.of(
+                "ek-missing",
+                "the evidence carries no EK public key: the join service identifies a node by its TPM's "
+                "endorsement key",
+            )
         try:
             ek = tpm2.parse_public(evidence.ek_public)
             ek_key = public_key_digest(ek.public_key())
@@ -188,8 +218,9 @@ class JoinCrypto:
             try:
                 certified = public_key_digest(x509.load_der_x509_certificate(evidence.ek_certificate).public_key())
             except (ValueError, TypeError, UnsupportedAlgorithm):
-                raise Refusal.of("malformed",
-                                 "evidence field 'ek_certificate' is not a readable DER certificate") from None
+                raise Refusal.of(
+                    "malformed", "evidence field 'ek_certificate' is not a readable DER certificate"
+                ) from None
             if certified != ek_key:
                 raise Refusal.of("ek-certificate", "the evidence's EK public key is not the key of its EK certificate")
         return ek
@@ -224,11 +255,14 @@ class JoinCrypto:
             try:
                 key = serialization.load_der_public_key(request.kubelet_key)
                 ticket = replace(
-                    ticket, kubelet_client_crt=self._pki.sign_kubelet_client(key, request.node_name, request.now).decode())
+                    ticket,
+                    kubelet_client_crt=self._pki.sign_kubelet_client(key, request.node_name, request.now).decode(),
+                )
             except PkiError as exc:
                 raise Refusal("INTERNAL", "pki", str(exc)) from None
         try:
-            return seal.seal(ticket.to_bytes(), request.ephemeral_key, request.flow, request.nonce,
-                             self._verifier_id)
+            return seal.seal(ticket.to_bytes(), request.ephemeral_key, request.flow, request.nonce, self._verifier_id)
         except seal.SealError as exc:
-            raise Refusal.of("ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}") from None
+            raise Refusal.of(
+                "ephemeral-key", f"the evidence's user_data is not a usable ephemeral key: {exc}"
+            ) from None

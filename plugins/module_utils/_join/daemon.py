@@ -86,7 +86,11 @@ class Systemd:
             raise JoinServiceError("systemctl is not installed on this node") from None
         except subprocess.TimeoutExpired:
             raise JoinServiceError(f"{' '.join(argv)} did not finish within 5 minutes") from None
-        return completed.returncode, completed.stdout.decode(errors="replace"), completed.stderr.decode(errors="replace")
+        return (
+            completed.returncode,
+            completed.stdout.decode(errors="replace"),
+            completed.stderr.decode(errors="replace"),
+        )
 
     def systemctl(self, *args: str) -> str:
         rc, out, err = self._run_command(["systemctl", *args])
@@ -119,8 +123,10 @@ def _check_secrets(deployment: Deployment) -> None:
     except FileNotFoundError:
         mode = None
     if mode != 0o600:
-        raise JoinServiceError(f"{path} is missing or not 0600: this node is not an initialised or joined control plane "
-                               "(run init.yml or join.yml first); nothing was changed")
+        raise JoinServiceError(
+            f"{path} is missing or not 0600: this node is not an initialised or joined control plane "
+            "(run init.yml or join.yml first); nothing was changed"
+        )
 
 
 def _ensure_directory(path: str, check_mode: bool) -> bool:
@@ -136,10 +142,14 @@ def _ensure_directory(path: str, check_mode: bool) -> bool:
     return True
 
 
-def write_file(service_file: ServiceFile, check_mode: bool, backup: Callable[[str], str]) -> tuple[bool, str | None, bytes | None]:
+def write_file(
+    service_file: ServiceFile, check_mode: bool, backup: Callable[[str], str]
+) -> tuple[bool, str | None, bytes | None]:
     """Write the file atomically unless it holds the content with the mode already; returns (changed, backup, before)."""
     before = _read(service_file.path)
-    same_content = before is not None and hashlib.sha256(before).digest() == hashlib.sha256(service_file.content).digest()
+    same_content = (
+        before is not None and hashlib.sha256(before).digest() == hashlib.sha256(service_file.content).digest()
+    )
     if same_content and os.stat(service_file.path).st_mode & 0o777 == service_file.mode:
         return False, None, before
     backup_file = None
@@ -171,9 +181,17 @@ def _restore(service_file: ServiceFile, backup_file: str) -> None:
         write_file_atomically(service_file.path, handle.read(), service_file.mode)
 
 
-def apply(deployment: Deployment, systemd: Systemd, check_mode: bool, backup: Callable[[str], str], diff: bool = False) -> dict:
+def apply(
+    deployment: Deployment, systemd: Systemd, check_mode: bool, backup: Callable[[str], str], diff: bool = False
+) -> dict:
     """Take the join service to what ``deployment`` says; returns the module result. Raises JoinServiceError."""
-    result: dict = {"changed": False, "installed": True, "files": {}, "tls_certificate_changed": False, "service_actions": []}
+    result: dict = {
+        "changed": False,
+        "installed": True,
+        "files": {},
+        "tls_certificate_changed": False,
+        "service_actions": [],
+    }
     if deployment.only_if_installed and not os.path.exists(deployment.unit_path):
         result["installed"] = False
         return result
@@ -181,36 +199,59 @@ def apply(deployment: Deployment, systemd: Systemd, check_mode: bool, backup: Ca
     changed = _ensure_directory(deployment.config_dir, check_mode)
     if deployment.tls_names:
         try:
-            result["tls_certificate_changed"] = servercert.issue(deployment.pki_dir, deployment.path(deployment.tls_cert_name),
-                                                                 deployment.path(deployment.tls_key_name), deployment.tls_names, check_mode,
-                                                                 deployment.tls_renew_before)
+            result["tls_certificate_changed"] = servercert.issue(
+                deployment.pki_dir,
+                deployment.path(deployment.tls_cert_name),
+                deployment.path(deployment.tls_key_name),
+                deployment.tls_names,
+                check_mode,
+                deployment.tls_renew_before,
+            )
         except (OSError, ValueError) as exc:
             raise JoinServiceError(f"cannot issue the join service certificate: {exc}", result) from None
     restart = deployment.restart or result["tls_certificate_changed"]
     backups = {}
     for service_file in deployment.files:
         file_changed, backup_file, before = write_file(service_file, check_mode, backup)
-        result["files"][service_file.what] = {"path": service_file.path, "changed": file_changed, "backup_file": backup_file}
+        result["files"][service_file.what] = {
+            "path": service_file.path,
+            "changed": file_changed,
+            "backup_file": backup_file,
+        }
         if backup_file:
             backups[service_file.what] = backup_file
         if file_changed:
             restart = restart or not service_file.watched
             if diff:
-                result.setdefault("diff", []).append({"before_header": service_file.path, "after_header": service_file.path,
-                                                      "before": _text(before), "after": _text(service_file.content)})
+                result.setdefault("diff", []).append(
+                    {
+                        "before_header": service_file.path,
+                        "after_header": service_file.path,
+                        "before": _text(before),
+                        "after": _text(service_file.content),
+                    }
+                )
     actions = _service_actions(systemd.state(), result["files"].get("unit", {}).get("changed", False), restart)
     result["service_actions"] = actions
-    result["changed"] = (changed or result["tls_certificate_changed"] or bool(actions)
-                         or any(entry["changed"] for entry in result["files"].values()))
+    result["changed"] = (
+        changed
+        or result["tls_certificate_changed"]
+        or bool(actions)
+        or any(entry["changed"] for entry in result["files"].values())
+    )
     if check_mode:
         return result
     for action in actions:
         systemd.systemctl(action, *([] if action == "daemon-reload" else [systemd.unit]))
-    _wait_until_loaded(deployment, backups, result, systemd if actions and actions[-1] in ("start", "restart") else None)
+    _wait_until_loaded(
+        deployment, backups, result, systemd if actions and actions[-1] in ("start", "restart") else None
+    )
     return result
 
 
-def _wait_until_loaded(deployment: Deployment, backups: dict[str, str], result: dict, started: Systemd | None = None) -> None:
+def _wait_until_loaded(
+    deployment: Deployment, backups: dict[str, str], result: dict, started: Systemd | None = None
+) -> None:
     """Wait until the service serves what was pushed. A file it refuses is put back from its backup; when the service
     was (re)started and does not come up, the policy and enrolment pushed with the restart are put back, the service is
     restarted once more on the last good ones, and the task fails saying so."""
@@ -236,10 +277,16 @@ def _wait_until_loaded(deployment: Deployment, backups: dict[str, str], result: 
         try:
             wait_until_loaded(deployment.endpoint, ca_pem, expected, deployment.health_timeout)
         except (NotServing, LoadRefused) as again:
-            raise JoinServiceError(f"join service {deployment.endpoint} did not start with the files pushed with its restart ({exc}); "
-                                   f"put back {put_back}, and it does not serve with those either: {again}", result) from None
-        raise JoinServiceError(f"join service {deployment.endpoint} did not start with the files pushed with its restart ({exc}); "
-                               f"put back {put_back}: it serves again with the last good ones", result) from None
+            raise JoinServiceError(
+                f"join service {deployment.endpoint} did not start with the files pushed with its restart ({exc}); "
+                f"put back {put_back}, and it does not serve with those either: {again}",
+                result,
+            ) from None
+        raise JoinServiceError(
+            f"join service {deployment.endpoint} did not start with the files pushed with its restart ({exc}); "
+            f"put back {put_back}: it serves again with the last good ones",
+            result,
+        ) from None
     except LoadRefused as exc:
         message = f"join service {deployment.endpoint}: {exc}"
         if exc.what in backups:

@@ -60,9 +60,17 @@ class _Connection:
 class ConnectionGate:
     """Accepts on the public address and forwards to ``upstream_port`` on 127.0.0.1 (``clock`` is a seam for tests)."""
 
-    def __init__(self, upstream_port: int, log: StructuredLog, per_client: int = PER_CLIENT, max_connections: int = 1024,
-                 ipv6_prefix: int = IPV6_PREFIX, handshake_timeout: float = HANDSHAKE_TIMEOUT,
-                 first_rpc_timeout: float = FIRST_RPC_TIMEOUT, clock=time.monotonic):
+    def __init__(
+        self,
+        upstream_port: int,
+        log: StructuredLog,
+        per_client: int = PER_CLIENT,
+        max_connections: int = 1024,
+        ipv6_prefix: int = IPV6_PREFIX,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        first_rpc_timeout: float = FIRST_RPC_TIMEOUT,
+        clock=time.monotonic,
+    ):
         self.upstream_port = upstream_port
         self.per_client = per_client
         self.max_connections = max_connections
@@ -128,8 +136,16 @@ class ConnectionGate:
         now = self._clock()
         if now - self._logged >= LOG_INTERVAL:
             self._logged = now
-            self._log.warning("connection", result="refused", reason=reason, client=client, open_from_client=self._open[client],
-                              open_total=self._total, per_client=self.per_client, refused_total=dict(self.refused))
+            self._log.warning(
+                "connection",
+                result="refused",
+                reason=reason,
+                client=client,
+                open_from_client=self._open[client],
+                open_total=self._total,
+                per_client=self.per_client,
+                refused_total=dict(self.refused),
+            )
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         address = writer.get_extra_info("peername")

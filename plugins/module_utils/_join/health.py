@@ -40,8 +40,12 @@ class NotServing(RuntimeError):
 
 def health(endpoint: str, ca_pem: bytes, server_name: str | None, timeout: float):
     # A private subchannel pool: a probe must not inherit the reconnect backoff of the previous one.
-    options = [("grpc.use_local_subchannel_pool", 1)] + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
-    with grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=ca_pem), options=options) as channel:
+    options = [("grpc.use_local_subchannel_pool", 1)] + (
+        [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    )
+    with grpc.secure_channel(
+        endpoint, grpc.ssl_channel_credentials(root_certificates=ca_pem), options=options
+    ) as channel:
         return pb2_grpc.JoinServiceStub(channel).Health(pb2.HealthRequest(), timeout=timeout)
 
 
@@ -57,13 +61,18 @@ def loaded(answer, expected: dict[str, str]) -> str | None:
         if getattr(answer, f"{what}_digest") == digest:
             continue
         if getattr(answer, f"{what}_rejected_digest") == digest:
-            raise LoadRefused(what, f"the join service refused the {what} file that was pushed and keeps the previous one: "
-                                    f"{getattr(answer, f'{what}_error')}")
+            raise LoadRefused(
+                what,
+                f"the join service refused the {what} file that was pushed and keeps the previous one: "
+                f"{getattr(answer, f'{what}_error')}",
+            )
         return f"the {what} it enforces has digest {getattr(answer, f'{what}_digest') or 'none'}, not {digest}"
     return None
 
 
-def wait_until_loaded(endpoint: str, ca_pem: bytes, expected: dict[str, str], timeout: float, server_name: str | None = None) -> None:
+def wait_until_loaded(
+    endpoint: str, ca_pem: bytes, expected: dict[str, str], timeout: float, server_name: str | None = None
+) -> None:
     """Return once the service at ``endpoint`` serves with the ``expected`` digests loaded (see ``loaded``).
 
     Raises LoadRefused at once when it refused one of them, NotServing when ``timeout`` seconds pass first.
@@ -72,7 +81,9 @@ def wait_until_loaded(endpoint: str, ca_pem: bytes, expected: dict[str, str], ti
     last = "no answer"
     while time.monotonic() < deadline:
         try:
-            waiting = loaded(health(endpoint, ca_pem, server_name, timeout=min(5.0, max(0.5, deadline - time.monotonic()))), expected)
+            waiting = loaded(
+                health(endpoint, ca_pem, server_name, timeout=min(5.0, max(0.5, deadline - time.monotonic()))), expected
+            )
         except grpc.RpcError as exc:
             waiting = f"{exc.code().name if exc.code() else 'UNKNOWN'}: {exc.details()}"
         if waiting is None:
@@ -83,13 +94,19 @@ def wait_until_loaded(endpoint: str, ca_pem: bytes, expected: dict[str, str], ti
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Wait until a join service is serving (with the files pushed to it loaded).")
+    parser = argparse.ArgumentParser(
+        description="Wait until a join service is serving (with the files pushed to it loaded)."
+    )
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--ca", required=True, help="PEM file of the cluster CA")
     parser.add_argument("--server-name", help="TLS name to expect, when the endpoint address is not in the certificate")
     parser.add_argument("--timeout", type=float, default=60)
-    parser.add_argument("--policy-file", help="the measurement policy file just pushed: wait until the service enforces it")
-    parser.add_argument("--enrolment-file", help="the node enrolment file just pushed: wait until the service has loaded it")
+    parser.add_argument(
+        "--policy-file", help="the measurement policy file just pushed: wait until the service enforces it"
+    )
+    parser.add_argument(
+        "--enrolment-file", help="the node enrolment file just pushed: wait until the service has loaded it"
+    )
     args = parser.parse_args(argv)
     missing = pb2.IMPORT_ERROR or pb2_grpc.IMPORT_ERROR
     if missing is not None:
@@ -97,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with open(args.ca, "rb") as handle:
         ca_pem = handle.read()
-    expected = {what: file_sha256(path) for what, path in (("policy", args.policy_file), ("enrolment", args.enrolment_file)) if path}
+    expected = {
+        what: file_sha256(path)
+        for what, path in (("policy", args.policy_file), ("enrolment", args.enrolment_file))
+        if path
+    }
     try:
         wait_until_loaded(args.endpoint, ca_pem, expected, args.timeout, args.server_name)
     except LoadRefused as exc:
@@ -106,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     except NotServing as exc:
         sys.stderr.write(f"{exc}\n")
         return 1
-    sys.stdout.write(f"join service {args.endpoint} is serving" + (" with the pushed files loaded\n" if expected else "\n"))
+    sys.stdout.write(
+        f"join service {args.endpoint} is serving" + (" with the pushed files loaded\n" if expected else "\n")
+    )
     return 0
 
 

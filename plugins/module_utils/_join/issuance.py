@@ -157,10 +157,23 @@ class TicketIssuer:
     all of a step in the calling thread (tests, tools).
     """
 
-    def __init__(self, secrets: RootSecrets, pki: ClusterPki, policy: Callable[[], MeasurementPolicy], ek_cas: list,
-                 token_minter: TokenMinter, nonces: MacNonces, registry: NodeRegistry, disk_bindings: KubectlDiskBindings,
-                 api_server_endpoint: str, kubernetes_version: str, verifier_id: str,
-                 now: Callable[[], datetime.datetime] = _utcnow, max_registrations: int = 16, clock=time.monotonic):
+    def __init__(
+        self,
+        secrets: RootSecrets,
+        pki: ClusterPki,
+        policy: Callable[[], MeasurementPolicy],
+        ek_cas: list,
+        token_minter: TokenMinter,
+        nonces: MacNonces,
+        registry: NodeRegistry,
+        disk_bindings: KubectlDiskBindings,
+        api_server_endpoint: str,
+        kubernetes_version: str,
+        verifier_id: str,
+        now: Callable[[], datetime.datetime] = _utcnow,
+        max_registrations: int = 16,
+        clock=time.monotonic,
+    ):
         self._secrets = secrets
         self._pki = pki
         self._policy = policy
@@ -210,12 +223,32 @@ class TicketIssuer:
 
     def join_check(self, request: JoinRequest) -> CheckRequest:
         """What ``JoinCrypto.check`` verifies, once the nonce is known to be this service's, fresh and unused."""
-        return self._check_request(CheckRequest(self._policy(), JOIN, request.evidence, request.nonce, request.node_name,
-                                                request.control_plane, request.disk_uuid, request.kubelet_csr))
+        return self._check_request(
+            CheckRequest(
+                self._policy(),
+                JOIN,
+                request.evidence,
+                request.nonce,
+                request.node_name,
+                request.control_plane,
+                request.disk_uuid,
+                request.kubelet_csr,
+            )
+        )
 
     def rejoin_check(self, request: RejoinRequest) -> CheckRequest:
-        return self._check_request(CheckRequest(self._policy(), REJOIN, request.evidence, request.nonce, request.node_name, False,
-                                                request.disk_uuid, b""))
+        return self._check_request(
+            CheckRequest(
+                self._policy(),
+                REJOIN,
+                request.evidence,
+                request.nonce,
+                request.node_name,
+                False,
+                request.disk_uuid,
+                b"",
+            )
+        )
 
     def _check_request(self, check: CheckRequest) -> CheckRequest:
         try:
@@ -237,10 +270,30 @@ class TicketIssuer:
             grant = self.registry.grant(identity, check.flow, *requested)
         except RegistryRefusal as refusal:
             raise Refusal.of(refusal.reason, str(refusal)) from None
-        self._remember(Pending(check.flow, check.nonce, checked.ak_trust_level, checked.warnings, grant, checked.ephemeral_key,
-                               checked.secret, self._clock() + PENDING_TTL, checked.kubelet_key, identity, requested, client))
-        return Challenge(checked.credential.blob, checked.credential.encrypted_seed, grant.node_name, grant.control_plane,
-                         checked.ak_trust_level, checked.warnings)
+        self._remember(
+            Pending(
+                check.flow,
+                check.nonce,
+                checked.ak_trust_level,
+                checked.warnings,
+                grant,
+                checked.ephemeral_key,
+                checked.secret,
+                self._clock() + PENDING_TTL,
+                checked.kubelet_key,
+                identity,
+                requested,
+                client,
+            )
+        )
+        return Challenge(
+            checked.credential.blob,
+            checked.credential.encrypted_seed,
+            grant.node_name,
+            grant.control_plane,
+            checked.ak_trust_level,
+            checked.warnings,
+        )
 
     def _remember(self, pending: Pending) -> None:
         with self._pending_lock:
@@ -249,10 +302,15 @@ class TicketIssuer:
             if previous is not None:
                 self._drop(previous)
             if self._per_client.get(pending.client, 0) >= MAX_PENDING_PER_CLIENT:
-                raise Refusal.of("busy", f"{MAX_PENDING_PER_CLIENT} challenges of this client wait for their activation; retry in "
-                                         "a few seconds")
+                raise Refusal.of(
+                    "busy",
+                    f"{MAX_PENDING_PER_CLIENT} challenges of this client wait for their activation; retry in "
+                    "a few seconds",
+                )
             if len(self._pending) >= MAX_PENDING:
-                raise Refusal.of("busy", f"{len(self._pending)} challenges wait for their activation; retry in a few seconds")
+                raise Refusal.of(
+                    "busy", f"{len(self._pending)} challenges wait for their activation; retry in a few seconds"
+                )
             key = pending.key
             self._pending[key] = pending
             self._by_nonce.setdefault(pending.nonce, set()).add(key)
@@ -289,16 +347,25 @@ class TicketIssuer:
             keys = list(self._by_nonce.get(nonce, ())) if isinstance(nonce, bytes) else []
             candidates = [self._drop(key) for key in keys]
         if not candidates:
-            raise Refusal.of("activation-unknown", "no challenge waits for this nonce: it was answered, it expired, or step 1 did not "
-                                                   "succeed; start again with a new nonce")
+            raise Refusal.of(
+                "activation-unknown",
+                "no challenge waits for this nonce: it was answered, it expired, or step 1 did not "
+                "succeed; start again with a new nonce",
+            )
         now = self._clock()
         live = [pending for pending in candidates if pending.expires >= now]
         if not live:
-            raise Refusal.of("activation-unknown", "the challenge expired before its activation proof arrived; start again with a new nonce")
+            raise Refusal.of(
+                "activation-unknown",
+                "the challenge expired before its activation proof arrived; start again with a new nonce",
+            )
         matching = [pending for pending in live if proof_matches(pending.secret, pending.nonce, proof)]
         if not matching:
-            raise Refusal.of("credential-activation", "the activation proof does not match: the caller's TPM does not hold both the EK "
-                                                      "and the AK of the evidence")
+            raise Refusal.of(
+                "credential-activation",
+                "the activation proof does not match: the caller's TPM does not hold both the EK "
+                "and the AK of the evidence",
+            )
         pending = matching[0]
         try:
             self._nonces.consume(nonce)
@@ -318,9 +385,16 @@ class TicketIssuer:
         except RegistryRefusal as refusal:
             raise Refusal.of(refusal.reason, f"{refusal} (checked again at activation)") from None
         before = pending.grant
-        if (grant.node_name, grant.control_plane, grant.disk_uuid) != (before.node_name, before.control_plane, before.disk_uuid):
-            raise Refusal.of("grant-changed", f"the registry's grant changed since step 1 (now node {grant.node_name}, control plane: "
-                                              f"{grant.control_plane}); start again with a new nonce")
+        if (grant.node_name, grant.control_plane, grant.disk_uuid) != (
+            before.node_name,
+            before.control_plane,
+            before.disk_uuid,
+        ):
+            raise Refusal.of(
+                "grant-changed",
+                f"the registry's grant changed since step 1 (now node {grant.node_name}, control plane: "
+                f"{grant.control_plane}); start again with a new nonce",
+            )
 
     async def claim_disk(self, pending: Pending) -> None:
         """A first binding becomes the node's only in the cluster's API, before anything is issued for it."""
@@ -333,12 +407,18 @@ class TicketIssuer:
             raise Refusal("UNAVAILABLE", "disk-binding", str(exc)) from None
         if holder.ek != binding.ek:
             self.registry.mirror.record(holder)
-            raise Refusal.of("disk-not-granted", f"disk {binding.disk_uuid} is bound to another node's TPM ({holder.node_name}): "
-                                                 "a node gets only its own disk's key; an operator releases a disk with "
-                                                 "remove_node.yml")
+            raise Refusal.of(
+                "disk-not-granted",
+                f"disk {binding.disk_uuid} is bound to another node's TPM ({holder.node_name}): "
+                "a node gets only its own disk's key; an operator releases a disk with "
+                "remove_node.yml",
+            )
         if holder.disk_uuid != binding.disk_uuid:
-            raise Refusal.of("disk-not-granted", f"this TPM's first join already claimed disk {holder.disk_uuid}; it may not "
-                                                 f"bind disk {binding.disk_uuid} as well")
+            raise Refusal.of(
+                "disk-not-granted",
+                f"this TPM's first join already claimed disk {holder.disk_uuid}; it may not "
+                f"bind disk {binding.disk_uuid} as well",
+            )
         self.registry.mirror.record(holder)
 
     def prepare_join(self, pending: Pending) -> PreparedJoin:
@@ -369,19 +449,41 @@ class TicketIssuer:
             token = generate_token()
             # The kubelet client certificate is signed into it with the seal (JoinCrypto.seal_ticket).
             ticket = JoinTicket(
-                node_name=grant.node_name, control_plane=grant.control_plane, cluster_id=identity.cluster_id,
-                measurement_secret=identity.measurement_secret, measurement_salt=identity.measurement_salt,
-                state_disk_key=identity.state_disk_key, api_server_endpoint=self.api_server_endpoint, bootstrap_token=token,
-                ca_cert_hashes=(self._pki.ca_cert_hash,), ca_crt=self._pki.ca_pem.decode(), kubelet_client_crt="",
-                control_plane_files=tuple(ControlPlaneFile(name, content, mode) for name, (content, mode) in files.items()),
+                node_name=grant.node_name,
+                control_plane=grant.control_plane,
+                cluster_id=identity.cluster_id,
+                measurement_secret=identity.measurement_secret,
+                measurement_salt=identity.measurement_salt,
+                state_disk_key=identity.state_disk_key,
+                api_server_endpoint=self.api_server_endpoint,
+                bootstrap_token=token,
+                ca_cert_hashes=(self._pki.ca_cert_hash,),
+                ca_crt=self._pki.ca_pem.decode(),
+                kubelet_client_crt="",
+                control_plane_files=tuple(
+                    ControlPlaneFile(name, content, mode) for name, (content, mode) in files.items()
+                ),
                 kubernetes_version=self.kubernetes_version,
                 # A control plane runs a join service of its own, which needs the root secrets.
-                cluster_secrets=self._secrets if grant.control_plane else None)
+                cluster_secrets=self._secrets if grant.control_plane else None,
+            )
         except BaseException:
             release()
             raise
-        return ReservedJoin(pending, token, SealRequest(ticket, pending.ephemeral_key, pending.flow, pending.nonce, pending.kubelet_key,
-                                                        grant.node_name, self._now()), release)
+        return ReservedJoin(
+            pending,
+            token,
+            SealRequest(
+                ticket,
+                pending.ephemeral_key,
+                pending.flow,
+                pending.nonce,
+                pending.kubelet_key,
+                grant.node_name,
+                self._now(),
+            ),
+            release,
+        )
 
     async def register_token(self, prepared: PreparedJoin) -> None:
         """The token becomes valid only now, for a ticket that is sealed and about to be sent."""
@@ -404,5 +506,9 @@ class TicketIssuer:
 
     def _identity(self, disk_uuid: str) -> RejoinTicket:
         """The cluster identity and the disk key: all a rejoin ticket carries, and where a join ticket starts."""
-        return RejoinTicket(self.cluster_id, self._measurement_secret, self._secrets.measurement_salt,
-                            derive.state_disk_key(self._secrets.master_key, self._secrets.master_salt, disk_uuid))
+        return RejoinTicket(
+            self.cluster_id,
+            self._measurement_secret,
+            self._secrets.measurement_salt,
+            derive.state_disk_key(self._secrets.master_key, self._secrets.master_salt, disk_uuid),
+        )

@@ -46,8 +46,9 @@ class Kubectl:
 
     async def _run_command(self, argv: list[str], stdin: bytes) -> tuple[int, str, str]:
         try:
-            process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                           stderr=asyncio.subprocess.PIPE)
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
         except FileNotFoundError:
             raise KubectlError(f"{self.binary} is not installed on this control-plane node") from None
         except OSError as exc:

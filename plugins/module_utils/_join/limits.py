@@ -44,7 +44,14 @@ def peer_key(peer: str, ipv6_prefix: int = IPV6_PREFIX) -> str:
 class PeerLimiter:
     """``rate`` requests per second with bursts of ``burst`` for each peer (``clock`` is a seam for tests)."""
 
-    def __init__(self, rate: float, burst: float, clock=time.monotonic, max_peers: int = MAX_PEERS, ipv6_prefix: int = IPV6_PREFIX):
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        clock=time.monotonic,
+        max_peers: int = MAX_PEERS,
+        ipv6_prefix: int = IPV6_PREFIX,
+    ):
         self.rate = rate
         self.ipv6_prefix = ipv6_prefix
         self.burst = burst

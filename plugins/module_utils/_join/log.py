@@ -20,7 +20,11 @@ class StructuredLog:
         self._lock = threading.Lock()
 
     def emit(self, level: str, event: str, **fields: object) -> None:
-        record = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"), "level": level, "event": event}
+        record = {
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
+            "level": level,
+            "event": event,
+        }
         record.update(fields)
         line = json.dumps(record, default=str) + "\n"
         stream = self._stream or sys.stderr

@@ -57,11 +57,15 @@ class MacNonces:
             raise VerificationError("nonce-unknown", f"nonce must be {NONCE_BYTES} bytes")
         head, mac = nonce[:-MAC_BYTES], nonce[-MAC_BYTES:]
         if not hmac.compare_digest(self._mac(head), mac):
-            raise VerificationError("nonce-unknown", "nonce was not issued by this join service (or it restarted since)")
+            raise VerificationError(
+                "nonce-unknown", "nonce was not issued by this join service (or it restarted since)"
+            )
         issued = struct.unpack(">Q", head[:8])[0] / 1000
         age = self._clock() - issued
         if age > self.ttl:
-            raise VerificationError("nonce-stale", f"nonce expired {age - self.ttl:.1f} s ago (lifetime {self.ttl:g} s)")
+            raise VerificationError(
+                "nonce-stale", f"nonce expired {age - self.ttl:.1f} s ago (lifetime {self.ttl:g} s)"
+            )
         if nonce in self._used:
             raise VerificationError("nonce-reused", "nonce was already used: replayed evidence")
         return issued + self.ttl
@@ -72,7 +76,9 @@ class MacNonces:
             expires = self.check(nonce)
             self._forget_expired()
             if len(self._used) >= self.max_used:
-                raise NonceLimitError(f"{len(self._used)} used nonces are remembered (limit {self.max_used}); retry in a few seconds")
+                raise NonceLimitError(
+                    f"{len(self._used)} used nonces are remembered (limit {self.max_used}); retry in a few seconds"
+                )
             self._used[nonce] = expires
             heapq.heappush(self._expiry, (expires, nonce))
 

@@ -52,8 +52,11 @@ class PkiError(RuntimeError):
 def check_node_name(node_name: str) -> str:
     """Kubernetes node names are DNS-1123 subdomains: lower case, at most 253 characters."""
     if not isinstance(node_name, str) or len(node_name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(node_name):
-        raise RequestError("node-name", f"node name {node_name!r} is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', "
-                                        "at most 253 characters)")
+        raise RequestError(
+            "node-name",
+            f"node name {node_name!r} is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', "
+            "at most 253 characters)",
+        )
     return node_name
 
 
@@ -83,8 +86,11 @@ def load_kubelet_csr(pem: bytes, node_name: str) -> x509.CertificateSigningReque
     registry for its name), so that a CSR made for another node is refused rather than silently renamed.
     """
     if len(NODE_USER_PREFIX + node_name) > MAX_COMMON_NAME:
-        raise RequestError("node-name", f"node name {node_name!r} is too long for a kubelet client certificate: "
-                                        f"'{NODE_USER_PREFIX}<node name>' may have at most {MAX_COMMON_NAME} characters")
+        raise RequestError(
+            "node-name",
+            f"node name {node_name!r} is too long for a kubelet client certificate: "
+            f"'{NODE_USER_PREFIX}<node name>' may have at most {MAX_COMMON_NAME} characters",
+        )
     if len(pem) > MAX_CSR_BYTES:
         raise RequestError("csr-malformed", f"kubelet CSR is larger than {MAX_CSR_BYTES} bytes")
     try:
@@ -100,28 +106,40 @@ def load_kubelet_csr(pem: bytes, node_name: str) -> x509.CertificateSigningReque
     _check_key(csr.public_key())
     if _attributes(csr.subject) != _attributes(kubelet_subject(node_name)):
         wanted = f"O={NODES_GROUP},CN={NODE_USER_PREFIX}{node_name}" if node_name else f"O={NODES_GROUP}"
-        raise RequestError("csr-subject", f"kubelet CSR subject {csr.subject.rfc4514_string()!r} is not "
-                                          f"'{wanted}': a node may only ask for its own identity")
+        raise RequestError(
+            "csr-subject",
+            f"kubelet CSR subject {csr.subject.rfc4514_string()!r} is not "
+            f"'{wanted}': a node may only ask for its own identity",
+        )
     return csr
 
 
 def _check_key(key: object) -> None:
     if isinstance(key, rsa.RSAPublicKey):
         if not RSA_MIN_BITS <= key.key_size <= RSA_MAX_BITS:
-            raise RequestError("csr-key", f"kubelet CSR has an RSA-{key.key_size} key; RSA keys must have {RSA_MIN_BITS} to {RSA_MAX_BITS} bits")
+            raise RequestError(
+                "csr-key",
+                f"kubelet CSR has an RSA-{key.key_size} key; RSA keys must have {RSA_MIN_BITS} to {RSA_MAX_BITS} bits",
+            )
         return
     if isinstance(key, ec.EllipticCurvePublicKey):
         if key.curve.name not in EC_CURVES:
-            raise RequestError("csr-key", f"kubelet CSR has an EC key on {key.curve.name}; only P-256 and P-384 are accepted")
+            raise RequestError(
+                "csr-key", f"kubelet CSR has an EC key on {key.curve.name}; only P-256 and P-384 are accepted"
+            )
         return
-    raise RequestError("csr-key", f"kubelet CSR has a {type(key).__name__} key; use RSA >= {RSA_MIN_BITS} bits or EC P-256/P-384")
+    raise RequestError(
+        "csr-key", f"kubelet CSR has a {type(key).__name__} key; use RSA >= {RSA_MIN_BITS} bits or EC P-256/P-384"
+    )
 
 
 def _read(path: str) -> bytes:
     try:
         return read_bounded(path, MAX_PKI_FILE_BYTES)
     except OSError as exc:
-        raise PkiError(f"cannot read {path}: {exc.strerror}; the join service must run on a control-plane node with the cluster PKI") from None
+        raise PkiError(
+            f"cannot read {path}: {exc.strerror}; the join service must run on a control-plane node with the cluster PKI"
+        ) from None
     except FileTooLargeError as exc:
         raise PkiError(str(exc)) from None
 
@@ -149,16 +167,28 @@ class ClusterPki:
             key = serialization.load_pem_private_key(key_pem, password=None)
         except (ValueError, TypeError):
             raise PkiError(f"{pki_dir}/ca.key is not an unencrypted PEM private key") from None
-        if key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) != \
-                certificate.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
+        if key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        ) != certificate.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        ):
             raise PkiError(f"{pki_dir}/ca.key is not the key of {pki_dir}/ca.crt")
-        return cls(pki_dir, ca_pem, certificate, key, ca_cert_hash(ca_pem), x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key()))
+        return cls(
+            pki_dir,
+            ca_pem,
+            certificate,
+            key,
+            ca_cert_hash(ca_pem),
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key()),
+        )
 
     def sign_kubelet_client(self, public_key: object, node_name: str, now: datetime.datetime) -> bytes:
         """A kubelet client certificate (clientAuth) for the key of the node's CSR and the granted ``node_name`` (nothing
         else of the CSR is copied), issued by the cluster CA for one year: signed ECDSA-SHA256 by an ECDSA CA (kubeadm's
         ``encryptionAlgorithm: ECDSA-P256``), RSA-SHA256 by kubeadm's default RSA-2048 one."""
-        algorithm = None if isinstance(self.ca_key, (ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)) else hashes.SHA256()
+        algorithm = (
+            None if isinstance(self.ca_key, (ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)) else hashes.SHA256()
+        )
         certificate = (
             x509.CertificateBuilder()
             .subject_name(kubelet_subject(node_name))
@@ -168,9 +198,20 @@ class ClusterPki:
             .not_valid_before(now - BACKDATE)
             .not_valid_after(now + KUBELET_CERT_VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=True, data_encipherment=False,
-                                         key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=True,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .add_extension(self.authority_key_identifier, critical=False)
             .sign(self.ca_key, algorithm)
@@ -179,4 +220,6 @@ class ClusterPki:
 
     def control_plane_files(self) -> dict[str, tuple[bytes, int]]:
         """The shared control-plane PKI, read at request time (relative path -> (content, mode))."""
-        return {name: (_read(os.path.join(self.pki_dir, name)), mode) for name, mode in CONTROL_PLANE_FILE_MODES.items()}
+        return {
+            name: (_read(os.path.join(self.pki_dir, name)), mode) for name, mode in CONTROL_PLANE_FILE_MODES.items()
+        }

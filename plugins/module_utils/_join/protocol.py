@@ -58,6 +58,7 @@ class ProtocolError(ValueError):
 
 # --- field codecs: (encode value -> JSON value, decode JSON value -> value or ProtocolError) -------------------------
 
+
 def _b64(value: bytes) -> str:
     return base64.b64encode(value).decode()
 
@@ -130,7 +131,9 @@ def _decode_files(what: str, name: str, value: object) -> tuple[ControlPlaneFile
         if not isinstance(entry, dict) or sorted(entry) != ["content", "mode"]:
             raise ProtocolError(f"{what} field {where!r} must have exactly 'content' and 'mode'", where)
         if not isinstance(entry["mode"], str) or not _MODE.fullmatch(entry["mode"]):
-            raise ProtocolError(f"{what} field {where + '.mode'!r} must be an octal mode such as '0600'", where + ".mode")
+            raise ProtocolError(
+                f"{what} field {where + '.mode'!r} must be an octal mode such as '0600'", where + ".mode"
+            )
         files.append(ControlPlaneFile(path, _unb64(what, where + ".content", entry["content"]), int(entry["mode"], 8)))
     return tuple(files)
 
@@ -192,7 +195,11 @@ class _Message:
         header = cls._header()
         version = document.get("version")
         # bool is an int in Python: true must not pass for version 1.
-        if isinstance(version, bool) or not isinstance(version, int) or any(document.get(k) != v for k, v in header.items()):
+        if (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or any(document.get(k) != v for k, v in header.items())
+        ):
             raise ProtocolError(f"the sealed payload is not a version {cls.VERSION} {cls.WHAT}", "version")
         specs = fields(cls)
         missing = [s.name for s in specs if s.name not in document and not s.metadata["optional"]]
@@ -253,8 +260,9 @@ class JoinTicket(_Message):
     def _check(self) -> None:
         # A control plane runs a join service of its own, which needs the root secrets; a worker never gets them.
         if self.control_plane != (self.cluster_secrets is not None):
-            raise ProtocolError(f"the {self.WHAT} must carry 'cluster_secrets' for a control plane and only for one",
-                                "cluster_secrets")
+            raise ProtocolError(
+                f"the {self.WHAT} must carry 'cluster_secrets' for a control plane and only for one", "cluster_secrets"
+            )
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,13 @@ class Binding:
     bound_at: str = ""
 
     def to_document(self) -> dict:
-        return {"disk_uuid": self.disk_uuid, "ek": self.ek, "node_name": self.node_name, "enrolment_id": self.enrolment_id,
-                "bound_at": self.bound_at}
+        return {
+            "disk_uuid": self.disk_uuid,
+            "ek": self.ek,
+            "node_name": self.node_name,
+            "enrolment_id": self.enrolment_id,
+            "bound_at": self.bound_at,
+        }
 
 
 @dataclass(frozen=True)
@@ -148,8 +153,10 @@ def _node_name(where: str, value: object) -> str:
     except RequestError as exc:
         raise RegistryError(f"{where}: {exc}") from None
     if len(NODE_USER_PREFIX + name) > MAX_COMMON_NAME:
-        raise RegistryError(f"{where}: node name {name!r} is too long for a kubelet certificate "
-                            f"('{NODE_USER_PREFIX}<name>' may have at most {MAX_COMMON_NAME} characters)")
+        raise RegistryError(
+            f"{where}: node name {name!r} is too long for a kubelet certificate "
+            f"('{NODE_USER_PREFIX}<name>' may have at most {MAX_COMMON_NAME} characters)"
+        )
     return name
 
 
@@ -191,7 +198,11 @@ def parse_enrolment(text: bytes, source: str) -> Enrolments:
         where = f"{source}, node {number}"
         if not isinstance(entry, dict):
             raise RegistryError(f"{where} must be an object")
-        unknown = sorted(str(key) for key in entry if key not in ("ek", "node_name", "role", "disk_uuid", "enrolment_id", "ek_certificate"))
+        unknown = sorted(
+            str(key)
+            for key in entry
+            if key not in ("ek", "node_name", "role", "disk_uuid", "enrolment_id", "ek_certificate")
+        )
         if unknown:
             raise RegistryError(f"{where} has unknown field(s): {', '.join(unknown)}")
         ek = _text(where, entry, "ek", _IDENTITY)
@@ -200,15 +211,23 @@ def parse_enrolment(text: bytes, source: str) -> Enrolments:
         if role not in ROLES:
             raise RegistryError(f"{where}: role {role!r} is not one of {', '.join(ROLES)}")
         disk = _disk_uuid(where, entry["disk_uuid"]) if entry.get("disk_uuid") is not None else None
-        certificate = _certificate(where, entry["ek_certificate"], ek) if entry.get("ek_certificate") is not None else None
+        certificate = (
+            _certificate(where, entry["ek_certificate"], ek) if entry.get("ek_certificate") is not None else None
+        )
         for seen, value, what in ((by_ek, ek, "EK"), (names, name, "node name"), (disks, disk, "disk UUID")):
             if value is not None and value in seen:
                 raise RegistryError(f"{where}: {what} {value} is enrolled twice")
         names.add(name)
         if disk:
             disks.add(disk)
-        by_ek[ek] = Enrolment(ek, name, role == CONTROL_PLANE, disk, _text(where, entry, "enrolment_id", _ENROLMENT_ID, False) or "",
-                              certificate)
+        by_ek[ek] = Enrolment(
+            ek,
+            name,
+            role == CONTROL_PLANE,
+            disk,
+            _text(where, entry, "enrolment_id", _ENROLMENT_ID, False) or "",
+            certificate,
+        )
     return Enrolments(by_ek)
 
 
@@ -217,8 +236,13 @@ def dump_enrolment(entries: list[Enrolment]) -> bytes:
     return (json.dumps({"version": ENROLMENT_VERSION, "nodes": nodes}, indent=1, sort_keys=True) + "\n").encode()
 
 
-def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False, absent: tuple[str, ...] = (),
-                    bindings: tuple[Binding, ...] = ()) -> tuple[bool, bytes]:
+def merge_enrolment(
+    path: str,
+    nodes: list[Enrolment],
+    check_mode: bool = False,
+    absent: tuple[str, ...] = (),
+    bindings: tuple[Binding, ...] = (),
+) -> tuple[bool, bytes]:
     """Merge enrolments into the controller's enrolment file (0600), under an exclusive lock of ``<path>.lock``.
 
     Each node replaces any entry with its EK or its name; the nodes named in ``absent`` are removed (a node taken out
@@ -245,11 +269,17 @@ def merge_enrolment(path: str, nodes: list[Enrolment], check_mode: bool = False,
         entries = {ek: entry for ek, entry in entries.items() if entry.node_name not in absent}
         for node in nodes:
             enrolled = entries.get(node.ek)
-            if (enrolled is not None and not enrolled.disk_uuid and node.disk_uuid
-                    and (enrolled.node_name, enrolled.control_plane) == (node.node_name, node.control_plane)):
+            if (
+                enrolled is not None
+                and not enrolled.disk_uuid
+                and node.disk_uuid
+                and (enrolled.node_name, enrolled.control_plane) == (node.node_name, node.control_plane)
+            ):
                 # It joined since: the join service bound that disk under this enrolment; re-runs change nothing.
                 continue
-            entries = {ek: entry for ek, entry in entries.items() if ek != node.ek and entry.node_name != node.node_name}
+            entries = {
+                ek: entry for ek, entry in entries.items() if ek != node.ek and entry.node_name != node.node_name
+            }
             if not node.disk_uuid:
                 node = replace(node, enrolment_id=secrets.token_hex(8))
             entries[node.ek] = node
@@ -268,9 +298,11 @@ def _refuse_bound_disks(nodes: list[Enrolment], bindings: list[Binding]) -> None
     for node in nodes:
         holder = holders.get(node.disk_uuid) if node.disk_uuid else None
         if holder is not None and holder.ek != node.ek:
-            raise RegistryError(f"node {node.node_name} (EK {node.ek[:16]}...) cannot be enrolled with disk "
-                                f"{node.disk_uuid}: that disk is bound to node {holder.node_name} (EK {holder.ek[:16]}...); "
-                                "release it first with remove_node.yml")
+            raise RegistryError(
+                f"node {node.node_name} (EK {node.ek[:16]}...) cannot be enrolled with disk "
+                f"{node.disk_uuid}: that disk is bound to node {holder.node_name} (EK {holder.ek[:16]}...); "
+                "release it first with remove_node.yml"
+            )
 
 
 class EnrolmentWatcher(WatchedFile):
@@ -305,9 +337,13 @@ def parse_bindings(text: bytes, source: str) -> list[Binding]:
 def binding_of(entry: object, where: str) -> Binding:
     if not isinstance(entry, dict):
         raise RegistryError(f"{where} must be an object")
-    return Binding(_disk_uuid(where, entry.get("disk_uuid")), _text(where, entry, "ek", _IDENTITY), _node_name(where, entry.get("node_name")),
-                   _text(where, entry, "enrolment_id", re.compile(r"[0-9a-f]{0,64}"), False) or "",
-                   _text(where, entry, "bound_at", required=False) or "")
+    return Binding(
+        _disk_uuid(where, entry.get("disk_uuid")),
+        _text(where, entry, "ek", _IDENTITY),
+        _node_name(where, entry.get("node_name")),
+        _text(where, entry, "enrolment_id", re.compile(r"[0-9a-f]{0,64}"), False) or "",
+        _text(where, entry, "bound_at", required=False) or "",
+    )
 
 
 class BindingMirror:
@@ -375,7 +411,10 @@ def chains_to(certificate_der: bytes, cas: list, now: datetime.datetime) -> bool
         if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
             return False
         for anchor in cas:
-            if anchor.subject != certificate.issuer or not anchor.not_valid_before_utc <= now <= anchor.not_valid_after_utc:
+            if (
+                anchor.subject != certificate.issuer
+                or not anchor.not_valid_before_utc <= now <= anchor.not_valid_after_utc
+            ):
                 continue
             try:
                 if not anchor.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
@@ -396,7 +435,9 @@ def _utcnow() -> datetime.datetime:
 class NodeRegistry:
     """Decides what one request is granted (``grant``); the disk binding it needs is claimed by the caller."""
 
-    def __init__(self, enrolment: EnrolmentWatcher, mirror: BindingMirror, ek_cas: list, pool_prefix: str | None, now=_utcnow):
+    def __init__(
+        self, enrolment: EnrolmentWatcher, mirror: BindingMirror, ek_cas: list, pool_prefix: str | None, now=_utcnow
+    ):
         self.enrolment = enrolment
         self.mirror = mirror
         self._ek_cas = ek_cas
@@ -411,27 +452,42 @@ class NodeRegistry:
         else:
             name, may_be_control_plane, source = self._pool_name(identity, enrolments), False, POOL
         if control_plane and not may_be_control_plane:
-            raise RegistryRefusal("role-not-granted", (
-                f"this TPM is enrolled as worker {name}: only TPMs enrolled as control planes get the control-plane role"
-                if entry is not None else
-                f"this TPM is not enrolled: under the pool rule it joins as worker {name}, never as a control plane"))
+            raise RegistryRefusal(
+                "role-not-granted",
+                (
+                    f"this TPM is enrolled as worker {name}: only TPMs enrolled as control planes get the control-plane role"
+                    if entry is not None
+                    else f"this TPM is not enrolled: under the pool rule it joins as worker {name}, never as a control plane"
+                ),
+            )
         if node_name and node_name != name:
-            raise RegistryRefusal("name-not-granted", f"this TPM is {'enrolled' if entry is not None else 'admitted by the pool rule'} "
-                                                      f"as node {name}; it may not join as {node_name!r}")
+            raise RegistryRefusal(
+                "name-not-granted",
+                f"this TPM is {'enrolled' if entry is not None else 'admitted by the pool rule'} "
+                f"as node {name}; it may not join as {node_name!r}",
+            )
         disk = check_disk_uuid(disk_uuid)
         mine = self.disk_of(identity.ek, enrolments)
         holder = self.holder_of(disk, enrolments)
         if holder is not None and holder[0] != identity.ek:
-            raise RegistryRefusal("disk-not-granted", f"disk {disk} is bound to another node's TPM ({holder[1]}): a node gets "
-                                                      "only its own disk's key; an operator releases a disk with remove_node.yml")
+            raise RegistryRefusal(
+                "disk-not-granted",
+                f"disk {disk} is bound to another node's TPM ({holder[1]}): a node gets "
+                "only its own disk's key; an operator releases a disk with remove_node.yml",
+            )
         if mine is not None and mine != disk:
-            raise RegistryRefusal("disk-not-granted", f"the state disk bound to this TPM is {mine}; it may not ask for the key of "
-                                                      f"disk {disk}")
+            raise RegistryRefusal(
+                "disk-not-granted",
+                f"the state disk bound to this TPM is {mine}; it may not ask for the key of disk {disk}",
+            )
         bind = None
         if mine is None and flow != "join":
-            raise RegistryRefusal("disk-not-granted", f"no state disk is bound to this TPM (node {name}): it never joined "
-                                                      "through the join service, or was enrolled afresh since; a rejoin serves "
-                                                      "only a bound disk")
+            raise RegistryRefusal(
+                "disk-not-granted",
+                f"no state disk is bound to this TPM (node {name}): it never joined "
+                "through the join service, or was enrolled afresh since; a rejoin serves "
+                "only a bound disk",
+            )
         bound, enrolment_id = self.mirror.get(disk), entry.enrolment_id if entry is not None else ""
         if flow == "join" and (bound is None or bound.enrolment_id != enrolment_id):
             # A first binding, or an enrolled disk the cluster's API does not hold yet: claimed there before any key.
@@ -440,21 +496,33 @@ class NodeRegistry:
 
     def _pool_name(self, identity: NodeIdentity, enrolments: Enrolments) -> str:
         if not self._pool_prefix:
-            raise RegistryRefusal("not-enrolled", f"this TPM (EK {identity.ek[:16]}...) is not enrolled and the pool rule is off: "
-                                                  "enrol the node (join.yml enrols inventory hosts) or enable joinservice_pool_workers")
+            raise RegistryRefusal(
+                "not-enrolled",
+                f"this TPM (EK {identity.ek[:16]}...) is not enrolled and the pool rule is off: "
+                "enrol the node (join.yml enrols inventory hosts) or enable joinservice_pool_workers",
+            )
         if not self.enrolment.digest:
-            raise RegistryRefusal("not-enrolled", "no node enrolment has been pushed to this join service yet: pool nodes may join once the "
-                                                  "controller has enrolled the cluster's own nodes (join.yml)")
+            raise RegistryRefusal(
+                "not-enrolled",
+                "no node enrolment has been pushed to this join service yet: pool nodes may join once the "
+                "controller has enrolled the cluster's own nodes (join.yml)",
+            )
         if identity.ek_certificate is None or not self._ek_cas:
-            raise RegistryRefusal("not-enrolled", "this TPM is not enrolled, and the pool rule admits only TPMs whose EK certificate chains "
-                                                  "to the EK CA (the evidence carries no EK certificate, or no EK CA is configured)")
+            raise RegistryRefusal(
+                "not-enrolled",
+                "this TPM is not enrolled, and the pool rule admits only TPMs whose EK certificate chains "
+                "to the EK CA (the evidence carries no EK certificate, or no EK CA is configured)",
+            )
         try:
             certified = public_key_digest(x509.load_der_x509_certificate(identity.ek_certificate).public_key()).hex()
         except (ValueError, UnsupportedAlgorithm):
             certified = ""
         if certified != identity.ek or not chains_to(identity.ek_certificate, self._ek_cas, self._now()):
-            raise RegistryRefusal("not-enrolled", "this TPM is not enrolled, and its EK certificate does not certify its EK under the "
-                                                  "configured EK CA: the pool rule does not admit it")
+            raise RegistryRefusal(
+                "not-enrolled",
+                "this TPM is not enrolled, and its EK certificate does not certify its EK under the "
+                "configured EK CA: the pool rule does not admit it",
+            )
         name = pool_node_name(self._pool_prefix, identity.ek)
         if name in enrolments.by_name:
             raise RegistryRefusal("name-not-granted", f"the pool name {name} of this TPM is enrolled for another TPM")
@@ -466,7 +534,10 @@ class NodeRegistry:
         if entry is not None and entry.disk_uuid:
             return entry.disk_uuid
         enrolment_id = entry.enrolment_id if entry is not None else ""
-        bound = sorted((b for b in self.mirror.of_ek(ek) if b.enrolment_id == enrolment_id), key=lambda b: (b.bound_at, b.disk_uuid))
+        bound = sorted(
+            (b for b in self.mirror.of_ek(ek) if b.enrolment_id == enrolment_id),
+            key=lambda b: (b.bound_at, b.disk_uuid),
+        )
         return bound[0].disk_uuid if bound else None
 
     def holder_of(self, disk_uuid: str, enrolments: Enrolments | None = None) -> tuple[str, str] | None:

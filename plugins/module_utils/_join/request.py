@@ -42,7 +42,9 @@ class BindingError(ValueError):
 
 def public_key_digest(public_key) -> bytes:
     """SHA-256 of a public key's SubjectPublicKeyInfo DER."""
-    return hashlib.sha256(public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).digest()
+    return hashlib.sha256(
+        public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    ).digest()
 
 
 def csr_key_digest(csr_pem: bytes) -> bytes:
@@ -54,9 +56,16 @@ def csr_key_digest(csr_pem: bytes) -> bytes:
 
 def request_digest(flow: str, node_name: str, control_plane: bool, disk_uuid: str, kubelet_key: bytes) -> bytes:
     """The digest of what a node asks for, exactly as sent (no normalisation: the service hashes the wire fields)."""
-    fields = {"flow": flow, "node_name": node_name, "control_plane": bool(control_plane), "disk_uuid": disk_uuid,
-              "kubelet_key": kubelet_key.hex()}
-    return hashlib.sha256(REQUEST_LABEL + json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()).digest()
+    fields = {
+        "flow": flow,
+        "node_name": node_name,
+        "control_plane": bool(control_plane),
+        "disk_uuid": disk_uuid,
+        "kubelet_key": kubelet_key.hex(),
+    }
+    return hashlib.sha256(
+        REQUEST_LABEL + json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    ).digest()
 
 
 def bind_user_data(ephemeral_public: bytes, digest: bytes) -> bytes:
@@ -66,8 +75,10 @@ def bind_user_data(ephemeral_public: bytes, digest: bytes) -> bytes:
 def split_user_data(user_data: bytes) -> tuple[bytes, bytes]:
     """(ephemeral public key, request digest) from a join evidence's user_data."""
     if len(user_data) <= DIGEST_BYTES:
-        raise BindingError(f"the evidence's user_data has {len(user_data)} bytes: a join binds an ephemeral key followed by the "
-                           f"{DIGEST_BYTES}-byte request digest")
+        raise BindingError(
+            f"the evidence's user_data has {len(user_data)} bytes: a join binds an ephemeral key followed by the "
+            f"{DIGEST_BYTES}-byte request digest"
+        )
     return user_data[:-DIGEST_BYTES], user_data[-DIGEST_BYTES:]
 
 

@@ -40,8 +40,13 @@ def _san_entries(names: list[str]) -> list:
     return entries
 
 
-def needs_issue(cert_path: str, ca: x509.Certificate, names: list[str], now: datetime.datetime,
-                renew_before: datetime.timedelta = RENEW_BEFORE) -> bool:
+def needs_issue(
+    cert_path: str,
+    ca: x509.Certificate,
+    names: list[str],
+    now: datetime.datetime,
+    renew_before: datetime.timedelta = RENEW_BEFORE,
+) -> bool:
     try:
         with open(cert_path, "rb") as handle:
             current = x509.load_pem_x509_certificate(handle.read())
@@ -53,8 +58,14 @@ def needs_issue(cert_path: str, ca: x509.Certificate, names: list[str], now: dat
     return not wanted <= set(present) or current.not_valid_after_utc - now < renew_before
 
 
-def issue(pki_dir: str, cert_path: str, key_path: str, names: list[str], check_mode: bool = False,
-          renew_before: datetime.timedelta = RENEW_BEFORE) -> bool:
+def issue(
+    pki_dir: str,
+    cert_path: str,
+    key_path: str,
+    names: list[str],
+    check_mode: bool = False,
+    renew_before: datetime.timedelta = RENEW_BEFORE,
+) -> bool:
     """Issue the certificate when needed; returns whether it did (would, in check mode). The key is written 0600."""
     now = datetime.datetime.now(datetime.timezone.utc)
     with open(os.path.join(pki_dir, "ca.crt"), "rb") as handle:
@@ -80,6 +91,9 @@ def issue(pki_dir: str, cert_path: str, key_path: str, names: list[str], check_m
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
-    write_private_file(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    write_private_file(
+        key_path,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     write_file_atomically(cert_path, certificate.public_bytes(serialization.Encoding.PEM), 0o644)
     return True

@@ -76,6 +76,7 @@ def _tolerant(deserializer):
             return deserializer(raw)
         except DecodeError as exc:
             return Undecodable(getattr(deserializer, "__self__", object).__name__, str(exc))
+
     return deserialize
 
 
@@ -93,7 +94,10 @@ class _TolerantRegistration:
         """The generated code also registers the same methods below; those are the ones served."""
 
     def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
-        tolerant = {name: handler._replace(request_deserializer=_tolerant(handler.request_deserializer)) for name, handler in handlers.items()}
+        tolerant = {
+            name: handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
+            for name, handler in handlers.items()
+        }
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, tolerant),))
         self._server.add_registered_method_handlers(service, tolerant)
 
@@ -109,8 +113,17 @@ class JoinServicer:
     challenges, the control-plane slot, live tokens) stays in this one process: the workers compute, the loop decides.
     """
 
-    def __init__(self, issuer: TicketIssuer, log: StructuredLog, draining: threading.Event, workers: WorkerPool,
-                 nonce_limiter: PeerLimiter, ticket_limiter: PeerLimiter, policy: PolicyWatcher, gate: ConnectionGate | None = None):
+    def __init__(
+        self,
+        issuer: TicketIssuer,
+        log: StructuredLog,
+        draining: threading.Event,
+        workers: WorkerPool,
+        nonce_limiter: PeerLimiter,
+        ticket_limiter: PeerLimiter,
+        policy: PolicyWatcher,
+        gate: ConnectionGate | None = None,
+    ):
         self._issuer = issuer
         self._gate = gate
         self._log = log
@@ -129,7 +142,9 @@ class JoinServicer:
         The address is the real client's, which the gate forwarded."""
         peer = self._gate.client_peer(context.peer()) if self._gate is not None else context.peer()
         if self._draining.is_set() and not while_draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the join service is shutting down; try another endpoint")
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "draining: the join service is shutting down; try another endpoint"
+            )
         # A malformed request counts against its caller's rate like any other, and is logged once per FLOOD_LOG_INTERVAL.
         if limiter.allow(peer):
             if isinstance(request, Undecodable):
@@ -138,19 +153,35 @@ class JoinServicer:
                 now = time.monotonic()
                 if now - self._malformed_logged >= FLOOD_LOG_INTERVAL:
                     self._malformed_logged = now
-                    self._log.warning(event, result="refused", code="INVALID_ARGUMENT", reason="malformed", msg=message, peer=peer,
-                                      malformed_total=self._malformed)
+                    self._log.warning(
+                        event,
+                        result="refused",
+                        code="INVALID_ARGUMENT",
+                        reason="malformed",
+                        msg=message,
+                        peer=peer,
+                        malformed_total=self._malformed,
+                    )
                 context.set_trailing_metadata(((REASON_METADATA, "malformed"),))
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {message}")
             return peer
         now = time.monotonic()
         if now - self._flood_logged >= FLOOD_LOG_INTERVAL:
             self._flood_logged = now
-            self._log.warning(event, result="refused", reason="rate-limit", peer=peer, refused_total=limiter.refused,
-                              rate=limiter.rate, burst=limiter.burst)
+            self._log.warning(
+                event,
+                result="refused",
+                reason="rate-limit",
+                peer=peer,
+                refused_total=limiter.refused,
+                rate=limiter.rate,
+                burst=limiter.burst,
+            )
         context.set_trailing_metadata(((REASON_METADATA, "rate-limit"),))
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"rate-limit: more than {limiter.rate:g} requests per second from "
-                                                                f"this address; retry later")
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"rate-limit: more than {limiter.rate:g} requests per second from this address; retry later",
+        )
         return peer
 
     async def GetNonce(self, request, context):  # noqa: N802 - gRPC method name
@@ -159,16 +190,36 @@ class JoinServicer:
 
     async def IssueJoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         peer = await self._admit(context, request, "join", self._ticket_limiter)
-        join = JoinRequest(request.evidence, request.nonce, request.node_name, request.control_plane, request.kubelet_csr, request.disk_uuid)
-        challenge = await self._outcome(context, peer, "join", request.node_name, self._begin(self._issuer.join_check, join, peer),
-                                        "challenged", control_plane=request.control_plane)
+        join = JoinRequest(
+            request.evidence,
+            request.nonce,
+            request.node_name,
+            request.control_plane,
+            request.kubelet_csr,
+            request.disk_uuid,
+        )
+        challenge = await self._outcome(
+            context,
+            peer,
+            "join",
+            request.node_name,
+            self._begin(self._issuer.join_check, join, peer),
+            "challenged",
+            control_plane=request.control_plane,
+        )
         return _challenge_message(challenge)
 
     async def IssueRejoinTicket(self, request, context):  # noqa: N802 - gRPC method name
         peer = await self._admit(context, request, "rejoin", self._ticket_limiter)
         rejoin = RejoinRequest(request.evidence, request.nonce, request.node_name, request.disk_uuid)
-        challenge = await self._outcome(context, peer, "rejoin", request.node_name, self._begin(self._issuer.rejoin_check, rejoin, peer),
-                                        "challenged")
+        challenge = await self._outcome(
+            context,
+            peer,
+            "rejoin",
+            request.node_name,
+            self._begin(self._issuer.rejoin_check, rejoin, peer),
+            "challenged",
+        )
         return _challenge_message(challenge)
 
     async def ActivateTicket(self, request, context):  # noqa: N802 - gRPC method name
@@ -191,9 +242,19 @@ class JoinServicer:
             await self._issuer.register_token(prepared)
             return prepared.envelope
 
-        sealed = await self._outcome(context, peer, pending.flow, grant.node_name, issue(), "issued", control_plane=grant.control_plane,
-                                     disk_uuid=grant.disk_uuid, source=grant.source, ak_trust_level=pending.ak_trust_level,
-                                     warnings=pending.warnings)
+        sealed = await self._outcome(
+            context,
+            peer,
+            pending.flow,
+            grant.node_name,
+            issue(),
+            "issued",
+            control_plane=grant.control_plane,
+            disk_uuid=grant.disk_uuid,
+            source=grant.source,
+            ak_trust_level=pending.ak_trust_level,
+            warnings=pending.warnings,
+        )
         return pb2.ActivateTicketResponse(sealed_ticket=sealed)
 
     async def Health(self, request, context):  # noqa: N802 - gRPC method name
@@ -202,16 +263,23 @@ class JoinServicer:
         policy, enrolment = self._policy, self._issuer.registry.enrolment
         policy.current()
         enrolment.current()
-        return pb2.HealthResponse(status=NOT_SERVING if self._draining.is_set() else SERVING, policy_digest=policy.digest,
-                                  policy_rejected_digest=policy.rejected_digest, policy_error=bounded(policy.error),
-                                  enrolment_digest=enrolment.digest, enrolment_rejected_digest=enrolment.rejected_digest,
-                                  enrolment_error=bounded(enrolment.error))
+        return pb2.HealthResponse(
+            status=NOT_SERVING if self._draining.is_set() else SERVING,
+            policy_digest=policy.digest,
+            policy_rejected_digest=policy.rejected_digest,
+            policy_error=bounded(policy.error),
+            enrolment_digest=enrolment.digest,
+            enrolment_rejected_digest=enrolment.rejected_digest,
+            enrolment_error=bounded(enrolment.error),
+        )
 
     async def _begin(self, make_check, request, peer: str) -> Challenge:
         """Step 1: the nonce checked here, the evidence and request in a worker, the grant made and the challenge kept here
         (counted against the client's rate-limit key)."""
         check = make_check(request)
-        return self._issuer.accept(check, await self._workers.check(check), peer_key(peer, self._ticket_limiter.ipv6_prefix))
+        return self._issuer.accept(
+            check, await self._workers.check(check), peer_key(peer, self._ticket_limiter.ipv6_prefix)
+        )
 
     async def _outcome(self, context, peer: str, event: str, node_name: str, work, result: str, **fields: object):
         started = time.monotonic()
@@ -222,21 +290,42 @@ class JoinServicer:
             await self._refuse(context, event, refusal, fields, started)
             raise
         except Exception as exc:  # noqa: BLE001 - the log gets the failure, the client a generic status
-            self._log.error(event, result="error", reason="internal", error=type(exc).__name__, msg=scrub(str(exc)),
-                            duration_ms=_elapsed_ms(started), **fields)
+            self._log.error(
+                event,
+                result="error",
+                reason="internal",
+                error=type(exc).__name__,
+                msg=scrub(str(exc)),
+                duration_ms=_elapsed_ms(started),
+                **fields,
+            )
             context.set_trailing_metadata(((REASON_METADATA, "internal"),))
-            await context.abort(grpc.StatusCode.INTERNAL, "internal: the join service failed on this request; its log says why")
+            await context.abort(
+                grpc.StatusCode.INTERNAL, "internal: the join service failed on this request; its log says why"
+            )
             raise
         if isinstance(outcome, Challenge):
-            fields.update(granted_node_name=outcome.node_name, granted_control_plane=outcome.control_plane,
-                          ak_trust_level=outcome.ak_trust_level, warnings=outcome.warnings)
+            fields.update(
+                granted_node_name=outcome.node_name,
+                granted_control_plane=outcome.control_plane,
+                ak_trust_level=outcome.ak_trust_level,
+                warnings=outcome.warnings,
+            )
         self._log.info(event, result=result, duration_ms=_elapsed_ms(started), **fields)
         return outcome
 
     async def _refuse(self, context, event: str, refusal: Refusal, fields: dict, started: float) -> None:
         message = bounded(str(refusal))
-        self._log.warning(event, result="refused", code=refusal.code, reason=refusal.reason, msg=message,
-                          mismatches=refusal.mismatches, duration_ms=_elapsed_ms(started), **fields)
+        self._log.warning(
+            event,
+            result="refused",
+            code=refusal.code,
+            reason=refusal.reason,
+            msg=message,
+            mismatches=refusal.mismatches,
+            duration_ms=_elapsed_ms(started),
+            **fields,
+        )
         context.set_trailing_metadata(((REASON_METADATA, refusal.reason),))
         await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {message}")
 
@@ -244,7 +333,9 @@ class JoinServicer:
 def _challenge_message(challenge: Challenge):
     """The credential only: what the registry granted (name, role, disk) is disclosed in the sealed ticket, to the TPM
     that activated the credential, never to whoever can produce step 1's evidence."""
-    return pb2.Challenge(credential_blob=challenge.credential_blob, credential_encrypted_seed=challenge.credential_encrypted_seed)
+    return pb2.Challenge(
+        credential_blob=challenge.credential_blob, credential_encrypted_seed=challenge.credential_encrypted_seed
+    )
 
 
 def bounded(message: str) -> str:
@@ -285,7 +376,9 @@ def grpc_server(config: ServiceConfig, servicer, tls_cert_pem: bytes, tls_key_pe
     ]
     server = grpc_aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
     pb2_grpc.add_JoinServiceServicer_to_server(servicer, _TolerantRegistration(server))
-    return server, server.add_secure_port(listen or config.listen, grpc.ssl_server_credentials([(tls_key_pem, tls_cert_pem)]))
+    return server, server.add_secure_port(
+        listen or config.listen, grpc.ssl_server_credentials([(tls_key_pem, tls_cert_pem)])
+    )
 
 
 class JoinService:
@@ -295,8 +388,17 @@ class JoinService:
     ``start``, ``shutdown`` and ``stop_now`` are called from ordinary threads (main(), tests, the benchmark).
     """
 
-    def __init__(self, issuer: TicketIssuer, policy: PolicyWatcher, disk_bindings: KubectlDiskBindings, tls_cert_pem: bytes,
-                 tls_key_pem: bytes, config: ServiceConfig, log: StructuredLog, drain_delay: float = DRAIN_DELAY):
+    def __init__(
+        self,
+        issuer: TicketIssuer,
+        policy: PolicyWatcher,
+        disk_bindings: KubectlDiskBindings,
+        tls_cert_pem: bytes,
+        tls_key_pem: bytes,
+        config: ServiceConfig,
+        log: StructuredLog,
+        drain_delay: float = DRAIN_DELAY,
+    ):
         if GRPC_IMPORT_ERROR is not None:
             raise ConfigError(f"grpcio and protobuf are required for the join service: {GRPC_IMPORT_ERROR}")
         self.issuer = issuer
@@ -308,10 +410,18 @@ class JoinService:
         self._policy = policy
         self._disk_bindings = disk_bindings
         ek_ca_pem = b"".join(certificate.public_bytes(serialization.Encoding.PEM) for certificate in issuer.ek_cas)
-        self.workers = WorkerPool(self.config.worker_processes, issuer.crypto,
-                                  (issuer.pki_dir, ek_ca_pem, issuer.cluster_id, issuer.verifier_id), log)
-        self.nonce_limiter = PeerLimiter(self.config.nonce_rate, self.config.nonce_burst, ipv6_prefix=self.config.client_ipv6_prefix)
-        self.ticket_limiter = PeerLimiter(self.config.ticket_rate, self.config.ticket_burst, ipv6_prefix=self.config.client_ipv6_prefix)
+        self.workers = WorkerPool(
+            self.config.worker_processes,
+            issuer.crypto,
+            (issuer.pki_dir, ek_ca_pem, issuer.cluster_id, issuer.verifier_id),
+            log,
+        )
+        self.nonce_limiter = PeerLimiter(
+            self.config.nonce_rate, self.config.nonce_burst, ipv6_prefix=self.config.client_ipv6_prefix
+        )
+        self.ticket_limiter = PeerLimiter(
+            self.config.ticket_rate, self.config.ticket_burst, ipv6_prefix=self.config.client_ipv6_prefix
+        )
         self.gate: ConnectionGate | None = None
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
@@ -330,10 +440,25 @@ class JoinService:
     async def _bind(self, tls_cert_pem: bytes, tls_key_pem: bytes) -> int:
         """gRPC on a loopback port of its own, the gate on the service's address in front of it; the gate's port."""
         config = self.config
-        self.gate = ConnectionGate(0, self._log, config.max_connections_per_client, config.max_connections, config.client_ipv6_prefix,
-                                   config.handshake_timeout, config.first_rpc_timeout)
-        servicer = JoinServicer(self.issuer, self._log, self.draining, self.workers, self.nonce_limiter, self.ticket_limiter, self._policy,
-                                self.gate)
+        self.gate = ConnectionGate(
+            0,
+            self._log,
+            config.max_connections_per_client,
+            config.max_connections,
+            config.client_ipv6_prefix,
+            config.handshake_timeout,
+            config.first_rpc_timeout,
+        )
+        servicer = JoinServicer(
+            self.issuer,
+            self._log,
+            self.draining,
+            self.workers,
+            self.nonce_limiter,
+            self.ticket_limiter,
+            self._policy,
+            self.gate,
+        )
         self._server, upstream_port = grpc_server(config, servicer, tls_cert_pem, tls_key_pem, listen="127.0.0.1:0")
         if not upstream_port:
             return 0
@@ -354,13 +479,24 @@ class JoinService:
         self.on_loop(self.workers.start())
         self.on_loop(self._server.start())
         self.on_loop(self._start_background())
-        self._log.info("start", result="serving", listen=self.listen, port=self.port, verifier_id=self.issuer.verifier_id,
-                       cluster_id=self.issuer.cluster_id.hex(), enrolled=len(self.issuer.registry.enrolment.value.by_ek),
-                       pool_workers=self.config.pool_workers, worker_processes=self.workers.processes)
+        self._log.info(
+            "start",
+            result="serving",
+            listen=self.listen,
+            port=self.port,
+            verifier_id=self.issuer.verifier_id,
+            cluster_id=self.issuer.cluster_id.hex(),
+            enrolled=len(self.issuer.registry.enrolment.value.by_ek),
+            pool_workers=self.config.pool_workers,
+            worker_processes=self.workers.processes,
+        )
         return self
 
     async def _start_background(self) -> None:
-        self._background = [asyncio.ensure_future(self._retire_used_tokens()), asyncio.ensure_future(self._mirror_disk_bindings())]
+        self._background = [
+            asyncio.ensure_future(self._retire_used_tokens()),
+            asyncio.ensure_future(self._mirror_disk_bindings()),
+        ]
 
     async def _retire_used_tokens(self) -> None:
         """Delete each bootstrap token once its node's kubelet has registered; forget those past their expiry."""
@@ -389,8 +525,13 @@ class JoinService:
                     self._log.warning("token", result="not-retired", token_id=token_id, msg=str(exc))
                     continue
                 token = live.pop(token_id, None)
-                self._log.info("token", result="retired", token_id=token_id, node_name=token.node_name if token else None,
-                               msg="the node's kubelet registered: its bootstrap token is deleted")
+                self._log.info(
+                    "token",
+                    result="retired",
+                    token_id=token_id,
+                    node_name=token.node_name if token else None,
+                    msg="the node's kubelet registered: its bootstrap token is deleted",
+                )
 
     async def _mirror_disk_bindings(self) -> None:
         """Copy the cluster's disk bindings into this control plane's bindings file, at start and then periodically."""
@@ -459,13 +600,21 @@ def _ek_cas(config: ServiceConfig, policy: PolicyWatcher) -> list:
         except VerificationError as exc:
             raise ConfigError(f"EK CA file {config.ek_ca_file}: {exc}") from None
     if policy.policy.ak_trust_level >= 2:
-        raise ConfigError(f"measurement policy {config.policy_file} requires EK certificates (ak_trust: ek-certificate) "
-                          "but the configuration names no ek_ca_file")
+        raise ConfigError(
+            f"measurement policy {config.policy_file} requires EK certificates (ak_trust: ek-certificate) "
+            "but the configuration names no ek_ca_file"
+        )
     return []
 
 
-def build_issuer(config: ServiceConfig, log: StructuredLog, token_minter: TokenMinter | None = None, nonces: MacNonces | None = None,
-                 disk_bindings: KubectlDiskBindings | None = None, policy: PolicyWatcher | None = None) -> TicketIssuer:
+def build_issuer(
+    config: ServiceConfig,
+    log: StructuredLog,
+    token_minter: TokenMinter | None = None,
+    nonces: MacNonces | None = None,
+    disk_bindings: KubectlDiskBindings | None = None,
+    policy: PolicyWatcher | None = None,
+) -> TicketIssuer:
     if seal.CRYPTOGRAPHY_IMPORT_ERROR is not None:
         raise ConfigError(f"cryptography >= 47 is required for the join service: {seal.CRYPTOGRAPHY_IMPORT_ERROR}")
     secrets = load_root_secrets(config.secrets_file)
@@ -476,15 +625,35 @@ def build_issuer(config: ServiceConfig, log: StructuredLog, token_minter: TokenM
     except PkiError as exc:
         raise ConfigError(str(exc)) from None
     enrolment = EnrolmentWatcher(config.enrolment_file, log, interval=config.policy_check_interval)
-    registry = NodeRegistry(enrolment, BindingMirror(config.bindings_file), ek_cas, config.pool_name_prefix if config.pool_workers else None)
+    registry = NodeRegistry(
+        enrolment, BindingMirror(config.bindings_file), ek_cas, config.pool_name_prefix if config.pool_workers else None
+    )
     minter = token_minter or KubectlTokenMinter(config.admin_kubeconfig, config.kubectl_binary)
     bindings = disk_bindings or KubectlDiskBindings(config.admin_kubeconfig, config.kubectl_binary)
-    return TicketIssuer(secrets, pki, policy.current, ek_cas, minter, nonces or MacNonces(ttl=config.nonce_ttl), registry, bindings,
-                        config.api_server_endpoint, config.kubernetes_version, config.verifier_id, max_registrations=config.max_registrations)
+    return TicketIssuer(
+        secrets,
+        pki,
+        policy.current,
+        ek_cas,
+        minter,
+        nonces or MacNonces(ttl=config.nonce_ttl),
+        registry,
+        bindings,
+        config.api_server_endpoint,
+        config.kubernetes_version,
+        config.verifier_id,
+        max_registrations=config.max_registrations,
+    )
 
 
-def build_service(config: ServiceConfig, log: StructuredLog, token_minter: TokenMinter | None = None, nonces: MacNonces | None = None,
-                  drain_delay: float = DRAIN_DELAY, disk_bindings: KubectlDiskBindings | None = None) -> JoinService:
+def build_service(
+    config: ServiceConfig,
+    log: StructuredLog,
+    token_minter: TokenMinter | None = None,
+    nonces: MacNonces | None = None,
+    drain_delay: float = DRAIN_DELAY,
+    disk_bindings: KubectlDiskBindings | None = None,
+) -> JoinService:
     policy = PolicyWatcher(config.policy_file, log, interval=config.policy_check_interval)
     bindings = disk_bindings or KubectlDiskBindings(config.admin_kubeconfig, config.kubectl_binary)
     issuer = build_issuer(config, log, token_minter, nonces, bindings, policy)
@@ -497,7 +666,11 @@ def build_service(config: ServiceConfig, log: StructuredLog, token_minter: Token
     return JoinService(issuer, policy, bindings, cert_pem, key_pem, config, log, drain_delay)
 
 
-def main(argv: list[str] | None = None, token_minter: TokenMinter | None = None, disk_bindings: KubectlDiskBindings | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    token_minter: TokenMinter | None = None,
+    disk_bindings: KubectlDiskBindings | None = None,
+) -> int:
     """The daemon; ``token_minter`` and ``disk_bindings`` replace kubectl (the load suite records tokens instead)."""
     parser = argparse.ArgumentParser(prog="joinservice", description="confidential.kubernetes join service")
     parser.add_argument("--config", required=True, help="service configuration file (YAML or JSON)")

@@ -39,8 +39,10 @@ DESCRIPTION_PREFIX = "confidential.kubernetes join of "
 MINT_TIMEOUT = KUBECTL_TIMEOUT
 # A Node older than its token (by more than the clocks of two control planes may differ) is from an earlier membership.
 CLOCK_SKEW = datetime.timedelta(minutes=2)
-_NODES = ('{range .items[*]}{.metadata.name}{"\\t"}{.metadata.creationTimestamp}{"\\t"}'
-          '{.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}{"\\n"}{end}')
+_NODES = (
+    '{range .items[*]}{.metadata.name}{"\\t"}{.metadata.creationTimestamp}{"\\t"}'
+    '{.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}{"\\n"}{end}'
+)
 _CSRS = '{range .items[*]}{.spec.username}{"\\t"}{.status.conditions[*].type}{"\\n"}{end}'
 _SECRETS = '{range .items[*]}{.metadata.name}{"\\t"}{.data.description}{"\\t"}{.metadata.creationTimestamp}{"\\n"}{end}'
 
@@ -131,8 +133,14 @@ class TokenMinter:
 class KubectlTokenMinter(Kubectl, TokenMinter):
     """Registers and retires tokens with kubectl (manifest on stdin; the token never on argv). Tests replace ``_run_command``."""
 
-    def __init__(self, kubeconfig: str = ADMIN_CONF, binary: str = "kubectl", ttl: datetime.timedelta = TOKEN_TTL,
-                 timeout: float = MINT_TIMEOUT, now: Callable[[], datetime.datetime] = _utcnow):
+    def __init__(
+        self,
+        kubeconfig: str = ADMIN_CONF,
+        binary: str = "kubectl",
+        ttl: datetime.timedelta = TOKEN_TTL,
+        timeout: float = MINT_TIMEOUT,
+        now: Callable[[], datetime.datetime] = _utcnow,
+    ):
         super().__init__(kubeconfig, binary, timeout)
         self.ttl = ttl
         self._now = now
@@ -149,14 +157,23 @@ class KubectlTokenMinter(Kubectl, TokenMinter):
 
     async def retire(self, token_id: str) -> None:
         try:
-            await self.kubectl(["delete", "secret", f"bootstrap-token-{token_id}", "--namespace=kube-system", "--ignore-not-found"])
+            await self.kubectl(
+                ["delete", "secret", f"bootstrap-token-{token_id}", "--namespace=kube-system", "--ignore-not-found"]
+            )
         except KubectlError as exc:
             raise TokenMintError(f"deleting the bootstrap token {token_id} failed ({exc})") from None
 
     async def live(self) -> list[LiveToken]:
         try:
-            listing = await self.kubectl(["get", "secrets", "--namespace=kube-system", "--field-selector=type=bootstrap.kubernetes.io/token",
-                                          f"--output=jsonpath={_SECRETS}"])
+            listing = await self.kubectl(
+                [
+                    "get",
+                    "secrets",
+                    "--namespace=kube-system",
+                    "--field-selector=type=bootstrap.kubernetes.io/token",
+                    f"--output=jsonpath={_SECRETS}",
+                ]
+            )
         except KubectlError as exc:
             raise TokenMintError(f"listing the bootstrap tokens failed ({exc})") from None
         tokens = []
@@ -169,7 +186,7 @@ class KubectlTokenMinter(Kubectl, TokenMinter):
             token_id = name.removeprefix("bootstrap-token-")
             issued = _timestamp(created)
             if description.startswith(DESCRIPTION_PREFIX) and TOKEN_ID.fullmatch(token_id) and issued is not None:
-                tokens.append(LiveToken(token_id, description[len(DESCRIPTION_PREFIX):], issued))
+                tokens.append(LiveToken(token_id, description[len(DESCRIPTION_PREFIX) :], issued))
         return tokens
 
     async def registered(self, tokens: list[LiveToken]) -> list[str]:
@@ -182,12 +199,17 @@ class KubectlTokenMinter(Kubectl, TokenMinter):
         for line in nodes.splitlines():
             name, timestamp, beat = (line.split("\t") + ["", ""])[:3]
             created[name], heartbeat[name] = _timestamp(timestamp), _timestamp(beat)
-        approved = {line.partition("\t")[0] for line in csrs.splitlines() if "Approved" in line.partition("\t")[2].split()}
+        approved = {
+            line.partition("\t")[0] for line in csrs.splitlines() if "Approved" in line.partition("\t")[2].split()
+        }
         done = []
         for token in tokens:
             node_created, node_beat = created.get(token.node_name), heartbeat.get(token.node_name)
-            if (f"system:bootstrap:{token.token_id}" in approved or (node_created is not None and node_created >= token.issued - CLOCK_SKEW)
-                    # A Node that existed already (an earlier membership of the name): its kubelet reported after the token.
-                    or (node_beat is not None and node_beat >= token.issued.replace(microsecond=0))):
+            if (
+                f"system:bootstrap:{token.token_id}" in approved
+                or (node_created is not None and node_created >= token.issued - CLOCK_SKEW)
+                # A Node that existed already (an earlier membership of the name): its kubelet reported after the token.
+                or (node_beat is not None and node_beat >= token.issued.replace(microsecond=0))
+            ):
                 done.append(token.token_id)
         return done

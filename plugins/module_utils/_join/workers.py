@@ -81,8 +81,9 @@ class WorkerPool:
 
     async def _spawn(self) -> None:
         ours, theirs = socket.socketpair()
-        process = multiprocessing.get_context("spawn").Process(target=serve, args=(theirs, *self._worker_args), daemon=True,
-                                                               name="joinservice-worker")
+        process = multiprocessing.get_context("spawn").Process(
+            target=serve, args=(theirs, *self._worker_args), daemon=True, name="joinservice-worker"
+        )
         try:
             process.start()
         finally:
@@ -99,8 +100,13 @@ class WorkerPool:
             self._workers.remove(worker)
         if worker.process.is_alive():
             worker.process.kill()
-        self._log.error("workers", result="restarted", pid=worker.process.pid, jobs_failed=worker.failed,
-                        msg="a worker process died; the next job starts another")
+        self._log.error(
+            "workers",
+            result="restarted",
+            pid=worker.process.pid,
+            jobs_failed=worker.failed,
+            msg="a worker process died; the next job starts another",
+        )
 
     def pids(self) -> list[int]:
         """The worker processes running now (the benchmark adds up their CPU time)."""
@@ -151,7 +157,7 @@ class _Worker(asyncio.Protocol):
             end = _LENGTH.size + length
             if len(received) < end:
                 return
-            job, ok, value = pickle.loads(received[_LENGTH.size:end])
+            job, ok, value = pickle.loads(received[_LENGTH.size : end])
             del received[:end]
             future = self.jobs.pop(job, None)
             # A job whose request was cancelled meanwhile is dropped.
@@ -179,7 +185,9 @@ def serve(connection: socket.socket, pki_dir: str, ek_ca_pem: bytes, cluster_id:
     """A worker process: it reads the cluster CA itself, then answers jobs until the service closes its socket."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    crypto = JoinCrypto(ClusterPki.load(pki_dir), load_ca_certificates(ek_ca_pem) if ek_ca_pem else [], cluster_id, verifier_id)
+    crypto = JoinCrypto(
+        ClusterPki.load(pki_dir), load_ca_certificates(ek_ca_pem) if ek_ca_pem else [], cluster_id, verifier_id
+    )
     steps = {"check": crypto.check, "seal_ticket": crypto.seal_ticket}
     jobs = connection.makefile("rb")
     while True:

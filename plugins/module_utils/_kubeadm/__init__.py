@@ -70,7 +70,9 @@ def scrub(text: str) -> str:
 def ca_cert_hash(ca_pem: bytes) -> str:
     """kubeadm's CA pin: sha256 of the CA certificate's SubjectPublicKeyInfo (DER)."""
     certificate = x509.load_pem_x509_certificate(ca_pem)
-    spki = certificate.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    spki = certificate.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return "sha256:" + hashlib.sha256(spki).hexdigest()
 
 
@@ -141,35 +143,50 @@ def has_encryption_algorithm(api_version: str) -> bool:
 
 def render_init_config(options: InitOptions, api_version: str) -> str:
     api = f"{KUBEADM_API_GROUP}/{api_version}"
-    node_registration = _prune({
-        "name": options.node_name,
-        "criSocket": options.cri_socket,
-        "kubeletExtraArgs": extra_args(api_version, options.kubelet_extra_args or {}),
-    })
-    init = _prune({
-        "apiVersion": api,
-        "kind": "InitConfiguration",
-        "localAPIEndpoint": _prune({"advertiseAddress": options.advertise_address, "bindPort": options.bind_port}),
-        "nodeRegistration": node_registration,
-        "skipPhases": skip_phases(api_version, options.skip_phases)[0],
-    })
-    cluster = _prune({
-        "apiVersion": api,
-        "kind": "ClusterConfiguration",
-        "clusterName": options.cluster_name,
-        "kubernetesVersion": options.kubernetes_version,
-        "controlPlaneEndpoint": options.control_plane_endpoint,
-        # Older kubeadm is given ECDSA CAs instead (ca.py); RSA-2048 is kubeadm's default either way.
-        "encryptionAlgorithm": "ECDSA-P256" if options.ca_key_algorithm == "ecdsa-p256" and has_encryption_algorithm(api_version) else None,
-        "networking": _prune({"podSubnet": options.pod_subnet, "serviceSubnet": options.service_subnet}),
-        "apiServer": _prune({
-            "certSANs": options.cert_sans or [],
-            "extraArgs": extra_args(api_version, options.api_server_extra_args or {}),
-        }),
-        "controllerManager": _prune({"extraArgs": extra_args(api_version, options.controller_manager_extra_args or {})}),
-        "scheduler": _prune({"extraArgs": extra_args(api_version, options.scheduler_extra_args or {})}),
-    })
-    kubelet = dict({"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration"}, **(options.kubelet_config or {}))
+    node_registration = _prune(
+        {
+            "name": options.node_name,
+            "criSocket": options.cri_socket,
+            "kubeletExtraArgs": extra_args(api_version, options.kubelet_extra_args or {}),
+        }
+    )
+    init = _prune(
+        {
+            "apiVersion": api,
+            "kind": "InitConfiguration",
+            "localAPIEndpoint": _prune({"advertiseAddress": options.advertise_address, "bindPort": options.bind_port}),
+            "nodeRegistration": node_registration,
+            "skipPhases": skip_phases(api_version, options.skip_phases)[0],
+        }
+    )
+    cluster = _prune(
+        {
+            "apiVersion": api,
+            "kind": "ClusterConfiguration",
+            "clusterName": options.cluster_name,
+            "kubernetesVersion": options.kubernetes_version,
+            "controlPlaneEndpoint": options.control_plane_endpoint,
+            # Older kubeadm is given ECDSA CAs instead (ca.py); RSA-2048 is kubeadm's default either way.
+            "encryptionAlgorithm": "ECDSA-P256"
+            if options.ca_key_algorithm == "ecdsa-p256" and has_encryption_algorithm(api_version)
+            else None,
+            "networking": _prune({"podSubnet": options.pod_subnet, "serviceSubnet": options.service_subnet}),
+            "apiServer": _prune(
+                {
+                    "certSANs": options.cert_sans or [],
+                    "extraArgs": extra_args(api_version, options.api_server_extra_args or {}),
+                }
+            ),
+            "controllerManager": _prune(
+                {"extraArgs": extra_args(api_version, options.controller_manager_extra_args or {})}
+            ),
+            "scheduler": _prune({"extraArgs": extra_args(api_version, options.scheduler_extra_args or {})}),
+        }
+    )
+    kubelet = dict(
+        {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration"},
+        **(options.kubelet_config or {}),
+    )
     return yaml.safe_dump_all([init, cluster, kubelet], sort_keys=False)
 
 
@@ -191,7 +208,11 @@ class Kubeadm:
             raise KubeadmError(f"{argv[0]} is not installed on this node") from None
         except subprocess.TimeoutExpired:
             raise KubeadmError(f"{' '.join(argv[:2])} did not finish within 15 minutes") from None
-        return completed.returncode, completed.stdout.decode(errors="replace"), completed.stderr.decode(errors="replace")
+        return (
+            completed.returncode,
+            completed.stdout.decode(errors="replace"),
+            completed.stderr.decode(errors="replace"),
+        )
 
     def run(self, *args: str, what: str) -> str:
         rc, out, err = self._run_command([self.binary, *args])
@@ -215,11 +236,20 @@ class Kubeadm:
             self.run("config", "validate", "--config", config_path, what="kubeadm config validate")
             return True
         if kind == "init":
-            self.run("config", "images", "list", "--config", config_path, what="kubeadm config validation (config images list)")
+            self.run(
+                "config",
+                "images",
+                "list",
+                "--config",
+                config_path,
+                what="kubeadm config validation (config images list)",
+            )
             return True
         return False
 
-    def init(self, config_path: str, ignore_preflight_errors: list[str], upload_certs: bool, phase_flags: list[str] = ()) -> str:
+    def init(
+        self, config_path: str, ignore_preflight_errors: list[str], upload_certs: bool, phase_flags: list[str] = ()
+    ) -> str:
         args = ["init", "--config", config_path, "--skip-token-print", "--skip-certificate-key-print", *phase_flags]
         if ignore_preflight_errors:
             args.append("--ignore-preflight-errors=" + ",".join(ignore_preflight_errors))
@@ -255,20 +285,34 @@ class Kubeadm:
         kubectl = self.kubectl_binary()
         present = []
         for binding in TOKEN_CERTIFICATE_BINDINGS:
-            rc, out, err = self._run_command([kubectl, f"--kubeconfig={kubeconfig}", "get", "clusterrolebinding", binding,
-                                              "--ignore-not-found", "--output=name"])
+            rc, out, err = self._run_command(
+                [
+                    kubectl,
+                    f"--kubeconfig={kubeconfig}",
+                    "get",
+                    "clusterrolebinding",
+                    binding,
+                    "--ignore-not-found",
+                    "--output=name",
+                ]
+            )
             if rc != 0:
-                raise KubeadmError(f"reading ClusterRoleBinding {binding} failed (exit {rc}): {scrub((err or out).strip())}")
+                raise KubeadmError(
+                    f"reading ClusterRoleBinding {binding} failed (exit {rc}): {scrub((err or out).strip())}"
+                )
             if out.strip():
                 present.append(binding)
         if check_mode:
             return present
         for binding in present:
-            rc, out, err = self._run_command([kubectl, f"--kubeconfig={kubeconfig}", "delete", "clusterrolebinding", binding,
-                                              "--ignore-not-found"])
+            rc, out, err = self._run_command(
+                [kubectl, f"--kubeconfig={kubeconfig}", "delete", "clusterrolebinding", binding, "--ignore-not-found"]
+            )
             if rc != 0:
-                raise KubeadmError(f"deleting ClusterRoleBinding {binding} (bootstrap tokens' certificate rights) failed "
-                                   f"(exit {rc}): {scrub((err or out).strip())}")
+                raise KubeadmError(
+                    f"deleting ClusterRoleBinding {binding} (bootstrap tokens' certificate rights) failed "
+                    f"(exit {rc}): {scrub((err or out).strip())}"
+                )
         return present
 
     def delete_default_tokens(self, kubeconfig: str) -> int:
@@ -324,23 +368,34 @@ def render_join_config(options: JoinOptions, api_version: str, token: str) -> st
     if not options.ca_cert_hashes:
         raise KubeadmError("a join needs at least one CA pin (sha256:<hex>); unpinned discovery is never used")
     skip = join_skip_phases(options)
-    join = _prune({
-        "apiVersion": f"{KUBEADM_API_GROUP}/{api_version}",
-        "kind": "JoinConfiguration",
-        "discovery": {"bootstrapToken": {
-            "apiServerEndpoint": options.api_server_endpoint,
-            "token": token,
-            "caCertHashes": list(options.ca_cert_hashes),
-        }},
-        "nodeRegistration": _prune({
-            "name": options.node_name,
-            "criSocket": options.cri_socket,
-            "kubeletExtraArgs": extra_args(api_version, options.kubelet_extra_args or {}),
-        }),
-        "controlPlane": {"localAPIEndpoint": _prune({"advertiseAddress": options.advertise_address, "bindPort": options.bind_port})}
-        if options.control_plane else None,
-        "skipPhases": skip_phases(api_version, skip)[0],
-    })
+    join = _prune(
+        {
+            "apiVersion": f"{KUBEADM_API_GROUP}/{api_version}",
+            "kind": "JoinConfiguration",
+            "discovery": {
+                "bootstrapToken": {
+                    "apiServerEndpoint": options.api_server_endpoint,
+                    "token": token,
+                    "caCertHashes": list(options.ca_cert_hashes),
+                }
+            },
+            "nodeRegistration": _prune(
+                {
+                    "name": options.node_name,
+                    "criSocket": options.cri_socket,
+                    "kubeletExtraArgs": extra_args(api_version, options.kubelet_extra_args or {}),
+                }
+            ),
+            "controlPlane": {
+                "localAPIEndpoint": _prune(
+                    {"advertiseAddress": options.advertise_address, "bindPort": options.bind_port}
+                )
+            }
+            if options.control_plane
+            else None,
+            "skipPhases": skip_phases(api_version, skip)[0],
+        }
+    )
     return yaml.safe_dump(join, sort_keys=False)
 
 
@@ -363,7 +418,9 @@ def read_token_file(path: str) -> str:
         with open(path, encoding="ascii") as handle:
             token = handle.read().strip()
     except FileNotFoundError:
-        raise KubeadmError(f"bootstrap token file {path} does not exist: get a join ticket first (join_ticket)") from None
+        raise KubeadmError(
+            f"bootstrap token file {path} does not exist: get a join ticket first (join_ticket)"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise KubeadmError(f"cannot read bootstrap token file {path}: {exc}") from None
     if not _TOKEN.fullmatch(token):
@@ -371,8 +428,14 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def join_with_token_file(kubeadm: Kubeadm, options: JoinOptions, token_file: str, ignore_preflight_errors: list[str],
-                         wanted_api_version: str = "auto", check_mode: bool = False) -> dict:
+def join_with_token_file(
+    kubeadm: Kubeadm,
+    options: JoinOptions,
+    token_file: str,
+    ignore_preflight_errors: list[str],
+    wanted_api_version: str = "auto",
+    check_mode: bool = False,
+) -> dict:
     """Render, validate and run ``kubeadm join`` with the token from ``token_file``; returns the result.
 
     The token reaches kubeadm in a 0600 configuration file (never argv); that file and the token file are deleted

@@ -48,15 +48,28 @@ def make_ca(common_name: str, now: datetime.datetime | None = None) -> tuple[byt
         .not_valid_before(now)
         .not_valid_after(now + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=True, data_encipherment=False,
-                                     key_agreement=False, key_cert_sign=True, crl_sign=False, encipher_only=False, decipher_only=False),
-                       critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(common_name)]), critical=False)
         .sign(key, hashes.SHA256())
     )
     # kubeadm writes EC keys as SEC 1 ("EC PRIVATE KEY"), and reads them back the same way.
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    )
     return certificate.public_bytes(serialization.Encoding.PEM), key_pem
 
 
@@ -71,8 +84,10 @@ def missing_cas(pki_dir: str) -> list[str]:
             continue
         if any(present):
             have, lacks = ("crt", "key") if present[0] else ("key", "crt")
-            raise CaError(f"{pki_dir}/{name}.{have} exists without {pki_dir}/{name}.{lacks}: a half-made CA; restore the missing file "
-                          "or remove both (on a node that is not initialised yet)")
+            raise CaError(
+                f"{pki_dir}/{name}.{have} exists without {pki_dir}/{name}.{lacks}: a half-made CA; restore the missing file "
+                "or remove both (on a node that is not initialised yet)"
+            )
         missing.append(name)
     return missing
 

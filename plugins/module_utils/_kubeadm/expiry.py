@@ -22,8 +22,13 @@ else:
 
 # What `kubeadm certs renew all` renews (relative to the Kubernetes directory): certificates, then kubeconfigs.
 RENEWABLE_CERTIFICATES = (
-    "pki/apiserver.crt", "pki/apiserver-kubelet-client.crt", "pki/apiserver-etcd-client.crt",
-    "pki/front-proxy-client.crt", "pki/etcd/server.crt", "pki/etcd/peer.crt", "pki/etcd/healthcheck-client.crt",
+    "pki/apiserver.crt",
+    "pki/apiserver-kubelet-client.crt",
+    "pki/apiserver-etcd-client.crt",
+    "pki/front-proxy-client.crt",
+    "pki/etcd/server.crt",
+    "pki/etcd/peer.crt",
+    "pki/etcd/healthcheck-client.crt",
 )
 RENEWABLE_KUBECONFIGS = ("admin.conf", "controller-manager.conf", "scheduler.conf")
 # The CAs (ten years): kubeadm renews none of them; reported, never renewed here.
@@ -57,9 +62,14 @@ class Expiry:
         return EXPIRING if self.not_after - now < threshold else OK
 
     def report(self, now: datetime.datetime, threshold: datetime.timedelta) -> dict:
-        return {"path": self.path, "group": self.group, "renewable": self.renewable,
-                "not_after": self.not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "days_left": round(self.days_left(now), 2), "status": self.status(now, threshold)}
+        return {
+            "path": self.path,
+            "group": self.group,
+            "renewable": self.renewable,
+            "not_after": self.not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "days_left": round(self.days_left(now), 2),
+            "status": self.status(now, threshold),
+        }
 
 
 def certificate_not_after(pem: bytes, what: str) -> datetime.datetime:
@@ -95,12 +105,15 @@ def _read(path: str) -> bytes:
         return handle.read(1 << 20)
 
 
-def scan(kubernetes_dir: str, control_plane: bool, kubelet_client: str = KUBELET_CLIENT,
-         others: tuple[str, ...] = ()) -> tuple[list[Expiry], list[str]]:
+def scan(
+    kubernetes_dir: str, control_plane: bool, kubelet_client: str = KUBELET_CLIENT, others: tuple[str, ...] = ()
+) -> tuple[list[Expiry], list[str]]:
     """Every expiry found, and the files looked for but absent (a node that has not joined has none of them)."""
     wanted: list[tuple[str, str, bool, bool]] = []  # path, group, renewable, kubeconfig
     if control_plane:
-        wanted += [(os.path.join(kubernetes_dir, name), "control_plane", True, False) for name in RENEWABLE_CERTIFICATES]
+        wanted += [
+            (os.path.join(kubernetes_dir, name), "control_plane", True, False) for name in RENEWABLE_CERTIFICATES
+        ]
         wanted += [(os.path.join(kubernetes_dir, name), "control_plane", True, True) for name in RENEWABLE_KUBECONFIGS]
         wanted += [(os.path.join(kubernetes_dir, name), "control_plane", False, False) for name in AUTHORITIES]
     wanted.append((kubelet_client, "kubelet", False, False))
@@ -114,8 +127,11 @@ def scan(kubernetes_dir: str, control_plane: bool, kubelet_client: str = KUBELET
             continue
         except OSError as exc:
             raise ExpiryError(f"cannot read {path}: {exc.strerror}") from None
-        not_after = (kubeconfig_not_after(content.decode("utf-8", "replace"), path) if kubeconfig
-                     else certificate_not_after(content, path))
+        not_after = (
+            kubeconfig_not_after(content.decode("utf-8", "replace"), path)
+            if kubeconfig
+            else certificate_not_after(content, path)
+        )
         found.append(Expiry(path, group, renewable, not_after))
     return found, missing
 

@@ -12,8 +12,19 @@ import tempfile
 
 from .._files import write_private_file
 from .._reset import NEEDS_RESET
-from . import (ADMIN_CONF, CA_CERT, INIT_RECORD, InitOptions, Kubeadm, KubeadmError, ca_cert_hash, config_api_version,
-               has_encryption_algorithm, render_init_config, skip_phases)
+from . import (
+    ADMIN_CONF,
+    CA_CERT,
+    INIT_RECORD,
+    InitOptions,
+    Kubeadm,
+    KubeadmError,
+    ca_cert_hash,
+    config_api_version,
+    has_encryption_algorithm,
+    render_init_config,
+    skip_phases,
+)
 from .ca import ECDSA_P256, CaError, make_missing_cas, missing_cas
 from .preflight import preflight_init
 
@@ -30,21 +41,33 @@ class InitRun:
     upload_certs: bool = False
 
 
-def check_before_init(kubeadm: Kubeadm, options: InitOptions, run: InitRun, kubelet_binary: str, check_mode: bool) -> dict:
+def check_before_init(
+    kubeadm: Kubeadm, options: InitOptions, run: InitRun, kubelet_binary: str, check_mode: bool
+) -> dict:
     """The checks before the node lock (preflight.preflight_init) on the configuration ``initialise`` would render.
 
     KubeadmError carries the result so far."""
     result = {"changed": False, "admin_kubeconfig": ADMIN_CONF}
     try:
         rendered = _render(kubeadm, options, run, result)
-        result.update(preflight_init(kubeadm, rendered, options.kubernetes_version or "", kubelet_binary,
-                                     run.ignore_preflight_errors, check_mode))
+        result.update(
+            preflight_init(
+                kubeadm,
+                rendered,
+                options.kubernetes_version or "",
+                kubelet_binary,
+                run.ignore_preflight_errors,
+                check_mode,
+            )
+        )
     except (KubeadmError, OSError, ValueError) as exc:
         raise KubeadmError(str(exc), result) from None
     return result
 
 
-def initialise(kubeadm: Kubeadm, options: InitOptions, run: InitRun, check_mode: bool = False, diff: bool = False) -> dict:
+def initialise(
+    kubeadm: Kubeadm, options: InitOptions, run: InitRun, check_mode: bool = False, diff: bool = False
+) -> dict:
     """Initialise the node unless it is; the module's result. A node already initialised changes nothing.
 
     KubeadmError carries the result so far, with ``needs_reset`` where only a reset lets the node be initialised again.
@@ -62,16 +85,21 @@ def initialise(kubeadm: Kubeadm, options: InitOptions, run: InitRun, check_mode:
 def _render(kubeadm: Kubeadm, options: InitOptions, run: InitRun, result: dict) -> str:
     api_version = config_api_version(kubeadm.version(), run.config_api_version)
     # Never left to kubeadm, which would look the version up on the internet.
-    rendered = render_init_config(dataclasses.replace(options, kubernetes_version=options.kubernetes_version or kubeadm.version()),
-                                  api_version)
+    rendered = render_init_config(
+        dataclasses.replace(options, kubernetes_version=options.kubernetes_version or kubeadm.version()), api_version
+    )
     result["config_api_version"] = api_version
     return rendered
 
 
-def _initialise(kubeadm: Kubeadm, options: InitOptions, run: InitRun, check_mode: bool, diff: bool, result: dict) -> None:
+def _initialise(
+    kubeadm: Kubeadm, options: InitOptions, run: InitRun, check_mode: bool, diff: bool, result: dict
+) -> None:
     rendered = _render(kubeadm, options, run, result)
     if diff:
-        result["diff"] = dict(before=_read(run.config_path), after=rendered, before_header=run.config_path, after_header="rendered")
+        result["diff"] = dict(
+            before=_read(run.config_path), after=rendered, before_header=run.config_path, after_header="rendered"
+        )
     if os.path.exists(kubeadm.path(ADMIN_CONF)):
         result["ca_cert_hash"] = _ca_cert_hash(kubeadm)
         if not kubeadm.init_completed(result["ca_cert_hash"]) and not check_mode:
@@ -89,10 +117,16 @@ def _initialise(kubeadm: Kubeadm, options: InitOptions, run: InitRun, check_mode
     os.makedirs(os.path.dirname(run.config_path), exist_ok=True)
     write_private_file(run.config_path, rendered.encode())
     try:
-        result["stdout"] = kubeadm.init(run.config_path, run.ignore_preflight_errors, run.upload_certs,
-                                        skip_phases(result["config_api_version"], options.skip_phases)[1])
+        result["stdout"] = kubeadm.init(
+            run.config_path,
+            run.ignore_preflight_errors,
+            run.upload_certs,
+            skip_phases(result["config_api_version"], options.skip_phases)[1],
+        )
     except KubeadmError as exc:
-        raise KubeadmError(f"{exc}. Before it can be initialised again, {NEEDS_RESET}.", dict(result, needs_reset=True)) from None
+        raise KubeadmError(
+            f"{exc}. Before it can be initialised again, {NEEDS_RESET}.", dict(result, needs_reset=True)
+        ) from None
     result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
     result["revoked_token_bindings"] = kubeadm.revoke_token_certificate_rights(ADMIN_CONF)
     result["ca_cert_hash"] = _ca_cert_hash(kubeadm)
@@ -104,9 +138,12 @@ def _finish_interrupted_init(kubeadm: Kubeadm, result: dict) -> None:
     try:
         result["deleted_default_tokens"] = kubeadm.delete_default_tokens(ADMIN_CONF)
     except KubeadmError as exc:
-        raise KubeadmError(f"{ADMIN_CONF} exists but kubeadm init never completed on this node ({INIT_RECORD} is missing) and "
-                           f"the control plane does not answer: {exc}. An interrupted kubeadm init: {NEEDS_RESET} before it "
-                           "can be initialised again.", dict(result, needs_reset=True)) from None
+        raise KubeadmError(
+            f"{ADMIN_CONF} exists but kubeadm init never completed on this node ({INIT_RECORD} is missing) and "
+            f"the control plane does not answer: {exc}. An interrupted kubeadm init: {NEEDS_RESET} before it "
+            "can be initialised again.",
+            dict(result, needs_reset=True),
+        ) from None
     result["revoked_token_bindings"] = kubeadm.revoke_token_certificate_rights(ADMIN_CONF)
     kubeadm.record_init_completed(result["ca_cert_hash"])
     result["changed"] = result["deleted_default_tokens"] > 0 or bool(result["revoked_token_bindings"])

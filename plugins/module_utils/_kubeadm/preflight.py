@@ -64,9 +64,11 @@ def check_installed(wanted: str, installed: dict[str, str]) -> None:
     wrong = {name: version for name, version in wrong.items() if version != target}
     if wrong:
         found = ", ".join(f"{name} is {_show(version)}" for name, version in wrong.items())
-        raise PreflightError(f"{found} but kubernetes_version is {_show(target)}: install the binaries of {_show(target)} (the node "
-                             "role installs the versions table's row of kubernetes_version) or set kubernetes_version to the "
-                             "installed version; the node was not locked")
+        raise PreflightError(
+            f"{found} but kubernetes_version is {_show(target)}: install the binaries of {_show(target)} (the node "
+            "role installs the versions table's row of kubernetes_version) or set kubernetes_version to the "
+            "installed version; the node was not locked"
+        )
 
 
 def max_kubelet_skew(api_server: tuple[int, int, int], kubelet: tuple[int, int, int]) -> int:
@@ -79,12 +81,16 @@ def check_kubelet_skew(kubelet_version: str, cluster_version: str) -> None:
     kubelet = parse_version(kubelet_version, "the kubelet")
     cluster = parse_version(cluster_version, "the cluster (the join ticket's kubernetes_version)")
     if kubelet[0] != cluster[0] or kubelet[1] > cluster[1]:
-        raise PreflightError(f"the kubelet is {_show(kubelet)}, newer than the cluster's API server ({_show(cluster)}): a kubelet "
-                             "must never be newer than the API server; install the cluster's version on this node")
+        raise PreflightError(
+            f"the kubelet is {_show(kubelet)}, newer than the cluster's API server ({_show(cluster)}): a kubelet "
+            "must never be newer than the API server; install the cluster's version on this node"
+        )
     allowed = max_kubelet_skew(cluster, kubelet)
     if cluster[1] - kubelet[1] > allowed:
-        raise PreflightError(f"the kubelet is {_show(kubelet)}, {cluster[1] - kubelet[1]} minor versions older than the cluster's API "
-                             f"server ({_show(cluster)}); the skew policy allows {allowed}: install a newer kubelet on this node")
+        raise PreflightError(
+            f"the kubelet is {_show(kubelet)}, {cluster[1] - kubelet[1]} minor versions older than the cluster's API "
+            f"server ({_show(cluster)}); the skew policy allows {allowed}: install a newer kubelet on this node"
+        )
 
 
 def installed_versions(kubeadm: Kubeadm, kubelet_binary: str) -> dict[str, str]:
@@ -107,11 +113,14 @@ def _errors(out: str, err: str) -> str:
 
 def init_preflight(kubeadm: Kubeadm, config_path: str, ignore_preflight_errors: list[str]) -> None:
     """``kubeadm init phase preflight`` on the rendered configuration (it pulls the images unless ImagePull is ignored)."""
-    rc, out, err = kubeadm._run_command([kubeadm.binary, "init", "phase", "preflight", "--config", config_path,
-                                         *_ignore_flag(ignore_preflight_errors)])
+    rc, out, err = kubeadm._run_command(
+        [kubeadm.binary, "init", "phase", "preflight", "--config", config_path, *_ignore_flag(ignore_preflight_errors)]
+    )
     if rc != 0:
-        raise PreflightError(f"kubeadm's init preflight failed (exit {rc}); fix this and run again, the node was not locked: "
-                             f"{_errors(out, err)}")
+        raise PreflightError(
+            f"kubeadm's init preflight failed (exit {rc}); fix this and run again, the node was not locked: "
+            f"{_errors(out, err)}"
+        )
 
 
 def render_join_preflight_config(options: JoinOptions, api_version: str, discovery_file: str) -> str:
@@ -120,18 +129,27 @@ def render_join_preflight_config(options: JoinOptions, api_version: str, discove
         "apiVersion": f"kubeadm.k8s.io/{api_version}",
         "kind": "JoinConfiguration",
         "discovery": {"file": {"kubeConfigPath": discovery_file}},
-        "nodeRegistration": {key: value for key, value in (("name", options.node_name), ("criSocket", options.cri_socket)) if value},
+        "nodeRegistration": {
+            key: value for key, value in (("name", options.node_name), ("criSocket", options.cri_socket)) if value
+        },
     }
     if options.control_plane:
-        document["controlPlane"] = {"localAPIEndpoint": {key: value for key, value in (
-            ("advertiseAddress", options.advertise_address), ("bindPort", options.bind_port)) if value}}
+        document["controlPlane"] = {
+            "localAPIEndpoint": {
+                key: value
+                for key, value in (("advertiseAddress", options.advertise_address), ("bindPort", options.bind_port))
+                if value
+            }
+        }
     phases = skip_phases(api_version, join_skip_phases(options))[0]
     if phases:
         document["skipPhases"] = phases
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def join_preflight(kubeadm: Kubeadm, options: JoinOptions, api_version: str, ignore_preflight_errors: list[str]) -> None:
+def join_preflight(
+    kubeadm: Kubeadm, options: JoinOptions, api_version: str, ignore_preflight_errors: list[str]
+) -> None:
     """``kubeadm join phase preflight``'s checks that need no cluster; passes when kubeadm got as far as discovery."""
     with tempfile.TemporaryDirectory(prefix="kubeadm-preflight-") as directory:
         discovery_file = os.path.join(directory, "no-discovery.conf")
@@ -140,21 +158,42 @@ def join_preflight(kubeadm: Kubeadm, options: JoinOptions, api_version: str, ign
             handle.write(DISCOVERY_PLACEHOLDER)
         with open(config_path, "w", encoding="utf-8") as handle:
             handle.write(render_join_preflight_config(options, api_version, discovery_file))
-        rc, out, err = kubeadm._run_command([kubeadm.binary, "join", "phase", "preflight", "--config", config_path,
-                                             *_ignore_flag(ignore_preflight_errors)])
+        rc, out, err = kubeadm._run_command(
+            [
+                kubeadm.binary,
+                "join",
+                "phase",
+                "preflight",
+                "--config",
+                config_path,
+                *_ignore_flag(ignore_preflight_errors),
+            ]
+        )
     if rc != 0 and DISCOVERY_REACHED not in err + out:
-        raise PreflightError(f"kubeadm's join preflight failed (exit {rc}); fix this and run again, the node was not locked: "
-                             f"{_errors(out, err)}")
+        raise PreflightError(
+            f"kubeadm's join preflight failed (exit {rc}); fix this and run again, the node was not locked: "
+            f"{_errors(out, err)}"
+        )
 
 
 def _passed(versions: dict[str, str], check_mode: bool) -> dict:
     # In check mode kubeadm's preflight does not run: it pulls images.
-    return {"changed": False, "preflight": "checked" if check_mode else "passed",
-            "kubeadm_version": versions["kubeadm"], "kubelet_version": versions["kubelet"]}
+    return {
+        "changed": False,
+        "preflight": "checked" if check_mode else "passed",
+        "kubeadm_version": versions["kubeadm"],
+        "kubelet_version": versions["kubelet"],
+    }
 
 
-def preflight_init(kubeadm: Kubeadm, rendered: str, wanted_version: str, kubelet_binary: str, ignore_preflight_errors: list[str],
-                   check_mode: bool) -> dict:
+def preflight_init(
+    kubeadm: Kubeadm,
+    rendered: str,
+    wanted_version: str,
+    kubelet_binary: str,
+    ignore_preflight_errors: list[str],
+    check_mode: bool,
+) -> dict:
     """Everything kubeadm_init checks before the lock: versions, the rendered configuration, kubeadm's init preflight.
 
     A node that was initialised (admin.conf exists) is not checked again: kubeadm init leaves it alone.
@@ -176,8 +215,15 @@ def preflight_init(kubeadm: Kubeadm, rendered: str, wanted_version: str, kubelet
     return result
 
 
-def preflight_join(kubeadm: Kubeadm, options: JoinOptions, api_version: str, wanted_version: str, kubelet_binary: str,
-                   ignore_preflight_errors: list[str], check_mode: bool) -> dict:
+def preflight_join(
+    kubeadm: Kubeadm,
+    options: JoinOptions,
+    api_version: str,
+    wanted_version: str,
+    kubelet_binary: str,
+    ignore_preflight_errors: list[str],
+    check_mode: bool,
+) -> dict:
     """Everything kubeadm_join checks before the node has a ticket: versions and kubeadm's local join checks.
 
     A node that has joined (kubelet.conf exists) is not checked again: kubeadm join leaves it alone.

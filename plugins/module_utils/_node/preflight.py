@@ -36,8 +36,14 @@ def satisfies(version: str, specifier: str) -> bool:
         if not match:
             raise ValueError(f"cannot read the requirement {clause.strip()!r}")
         operator, bound = match.group(1), _padded(_numbers(match.group(2)))
-        if not {">=": found >= bound, ">": found > bound, "<=": found <= bound, "<": found < bound,
-                "==": found == bound, "!=": found != bound}[operator]:
+        if not {
+            ">=": found >= bound,
+            ">": found > bound,
+            "<=": found <= bound,
+            "<": found < bound,
+            "==": found == bound,
+            "!=": found != bound,
+        }[operator]:
             return False
     return True
 
@@ -53,11 +59,13 @@ def controller_problems(python: tuple[int, ...], ansible_core: str, requires_ans
         problems.append(
             f"the controller runs Python {_python_text(python[:3])}; the collection needs Python "
             f"{_python_text(MINIMUM_PYTHON)} or newer on the controller: run ansible-playbook from a Python "
-            f"{_python_text(MINIMUM_PYTHON)}+ environment with pip install -r requirements.txt")
+            f"{_python_text(MINIMUM_PYTHON)}+ environment with pip install -r requirements.txt"
+        )
     if not satisfies(ansible_core, requires_ansible):
         problems.append(
             f"the controller runs ansible-core {ansible_core}; the collection requires ansible-core {requires_ansible} "
-            f"(meta/runtime.yml): install a supported one with pip install -r requirements.txt")
+            f"(meta/runtime.yml): install a supported one with pip install -r requirements.txt"
+        )
     return problems
 
 
@@ -68,10 +76,12 @@ def node_problems(host: str, machine: str | None, python_version: str | None) ->
         problems.append(
             f"{host}: the node's architecture is {machine}; the versions table provides Kubernetes builds for "
             f"{', '.join(sorted(MACHINE_ARCH))} only (amd64, arm64): remove the host from the inventory or run it "
-            "on a supported machine")
+            "on a supported machine"
+        )
     if python_version is not None and _numbers(python_version)[:2] < MINIMUM_PYTHON:
         problems.append(
             f"{host}: Ansible runs Python {python_version} on the node; the collection's modules need Python "
             f"{_python_text(MINIMUM_PYTHON)} or newer there: set ansible_python_interpreter (and node_python, which "
-            f"creates the modules' environment) to a Python {_python_text(MINIMUM_PYTHON)}+ on the node")
+            f"creates the modules' environment) to a Python {_python_text(MINIMUM_PYTHON)}+ on the node"
+        )
     return problems

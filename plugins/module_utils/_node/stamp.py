@@ -19,8 +19,10 @@ from .._files import FileDigest, Fingerprint, file_digest, wait_until_settled
 STAMP_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 # What a stamp records of the file named: its mode (octal) and fingerprint (inode, size, mtime_ns, ctime_ns).
 STAT_LINE = re.compile(r"^#stat ([0-7]{4}) ([0-9]+ [0-9]+ [0-9]+ [0-9]+) (.+)$")
-HEADER = ("# The sha256 of each installed file, as sha256sum --check reads it. A #stat line before a file has its mode and\n"
-          "# fingerprint (inode size mtime_ns ctime_ns) when it was hashed; while both hold, the file is not read again.\n")
+HEADER = (
+    "# The sha256 of each installed file, as sha256sum --check reads it. A #stat line before a file has its mode and\n"
+    "# fingerprint (inode size mtime_ns ctime_ns) when it was hashed; while both hold, the file is not read again.\n"
+)
 
 
 class UnreadableFile(NodeStateError):
@@ -64,7 +66,9 @@ def text(paths: list[str], settle: bool = True) -> str:
         raise NodeStateError("a stamp of no files never verifies; name the installed files")
     unfit = [path for path in paths if "\n" in path or "\\" in path]
     if unfit:
-        raise NodeStateError(f"cannot stamp {unfit[0]!r}: sha256sum's format holds no newline or backslash in a file name")
+        raise NodeStateError(
+            f"cannot stamp {unfit[0]!r}: sha256sum's format holds no newline or backslash in a file name"
+        )
     if settle:
         wait_until_settled(paths)
     lines = [HEADER]

@@ -41,9 +41,14 @@ class HostPreparation:
 
     def problems(self) -> list[str]:
         """Every malformed name or value, so that bad input fails before anything changes."""
-        found = [f"kernel module name {name!r} is not a module name" for name in self.kernel_modules
-                 if not MODULE_NAME.match(name)]
-        found += [f"sysctl key {key!r} is not a sysctl name" for key, dummy in self.sysctls if not SYSCTL_KEY.match(key)]
+        found = [
+            f"kernel module name {name!r} is not a module name"
+            for name in self.kernel_modules
+            if not MODULE_NAME.match(name)
+        ]
+        found += [
+            f"sysctl key {key!r} is not a sysctl name" for key, dummy in self.sysctls if not SYSCTL_KEY.match(key)
+        ]
         found += [f"sysctl {key} has no value" for key, value in self.sysctls if not value.strip() or "\n" in value]
         return found
 
@@ -80,7 +85,11 @@ def _same_file(archive: tarfile.TarFile, member: tarfile.TarInfo, target: str) -
         found = os.lstat(target)
     except OSError:
         return False
-    if not stat.S_ISREG(found.st_mode) or found.st_size != member.size or stat.S_IMODE(found.st_mode) != member.mode & 0o7777:
+    if (
+        not stat.S_ISREG(found.st_mode)
+        or found.st_size != member.size
+        or stat.S_IMODE(found.st_mode) != member.mode & 0o7777
+    ):
         return False
     source = archive.extractfile(member)
     with source, open(target, "rb") as installed:
@@ -116,7 +125,11 @@ class NodeState:
         if binary is None or not os.access(binary, os.X_OK):
             return 127, "", f"{argv[0]}: not found"
         completed = subprocess.run([binary, *argv[1:]], capture_output=True, check=False, timeout=600)
-        return completed.returncode, completed.stdout.decode(errors="replace"), completed.stderr.decode(errors="replace")
+        return (
+            completed.returncode,
+            completed.stdout.decode(errors="replace"),
+            completed.stderr.decode(errors="replace"),
+        )
 
     def _must_run(self, argv: list[str]) -> None:
         code, dummy, err = self._run_command(argv)
@@ -132,7 +145,11 @@ class NodeState:
         """Whether the virtualenv's python imports every module of ``imports``; the last error line when it does not."""
         code, dummy, err = self._run_command([os.path.join(path, "bin", "python"), "-c", IMPORT_PROGRAM, *imports])
         lines = err.strip().splitlines()
-        return {"path": path, "complete": code == 0, "error": None if code == 0 else (lines[-1] if lines else f"exit {code}")}
+        return {
+            "path": path,
+            "complete": code == 0,
+            "error": None if code == 0 else (lines[-1] if lines else f"exit {code}"),
+        }
 
     @staticmethod
     def tools(names: list[str]) -> dict[str, str | None]:
@@ -148,9 +165,13 @@ class NodeState:
             raise NodeStateError(f"not Debian package names: {', '.join(wrong)}")
         # Exit 1 when a package is unknown to dpkg; the others are listed all the same.
         dummy, out, dummy = self._run_command(
-            ["dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\n", "--", *names])
-        installed = {fields[0] for fields in (line.split() for line in out.splitlines())
-                     if len(fields) >= 2 and fields[1] == "ii"}
+            ["dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\n", "--", *names]
+        )
+        installed = {
+            fields[0]
+            for fields in (line.split() for line in out.splitlines())
+            if len(fields) >= 2 and fields[1] == "ii"
+        }
         return {name: name in installed for name in names}
 
     @staticmethod
@@ -163,12 +184,19 @@ class NodeState:
         states = {name: {"active": False, "enabled": False} for name in names}
         if not names:
             return states
-        code, out, dummy = self._run_command(["systemctl", "show", "--property=Id,ActiveState,UnitFileState", "--", *names])
-        blocks = [dict(line.split("=", 1) for line in block.splitlines() if "=" in line) for block in out.strip().split("\n\n")]
+        code, out, dummy = self._run_command(
+            ["systemctl", "show", "--property=Id,ActiveState,UnitFileState", "--", *names]
+        )
+        blocks = [
+            dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+            for block in out.strip().split("\n\n")
+        ]
         if code != 0 or len(blocks) != len(names):
             return states
-        return {name: {"active": block.get("ActiveState") == "active", "enabled": block.get("UnitFileState") == "enabled"}
-                for name, block in zip(names, blocks)}
+        return {
+            name: {"active": block.get("ActiveState") == "active", "enabled": block.get("UnitFileState") == "enabled"}
+            for name, block in zip(names, blocks)
+        }
 
     @staticmethod
     def archive(path: str, dest: str, expected_sha256: str) -> dict:
@@ -177,15 +205,21 @@ class NodeState:
             digest = file_digest(path).sha256
         except OSError:
             digest = None
-        return {"sha256": digest, "current": digest == expected_sha256, "unpacked": digest is not None and unpacked(path, dest)}
+        return {
+            "sha256": digest,
+            "current": digest == expected_sha256,
+            "unpacked": digest is not None and unpacked(path, dest),
+        }
 
     def _proc_lines(self, name: str, what: str) -> list[str]:
         try:
             with open(os.path.join(self.proc, name), encoding="utf-8") as handle:
                 return [line for line in handle.read().splitlines() if line.strip()]
         except FileNotFoundError:
-            raise NodeStateError(f"this host has no {os.path.join(self.proc, name)} (a container?), so {what} cannot "
-                                 "be checked; switch that step off for it") from None
+            raise NodeStateError(
+                f"this host has no {os.path.join(self.proc, name)} (a container?), so {what} cannot "
+                "be checked; switch that step off for it"
+            ) from None
 
     def active_swap(self) -> list[str]:
         """The swap devices and files in use (/proc/swaps after its header)."""
@@ -236,7 +270,9 @@ class NodeState:
             self._write(fstab, before, after, mode, outcome, f"comment out {count} swap line(s) in {fstab}")
 
     def _kernel_modules(self, preparation: HostPreparation, outcome: Outcome) -> None:
-        self._ensure_file(preparation.modules_load_file, "".join(f"{name}\n" for name in preparation.kernel_modules), outcome)
+        self._ensure_file(
+            preparation.modules_load_file, "".join(f"{name}\n" for name in preparation.kernel_modules), outcome
+        )
         loaded = self.loaded_modules()
         for name in preparation.kernel_modules:
             # /proc/modules names a module with underscores whichever way it was asked for.
@@ -246,7 +282,9 @@ class NodeState:
                     self._must_run(["modprobe", name])
 
     def _sysctls(self, preparation: HostPreparation, outcome: Outcome) -> None:
-        self._ensure_file(preparation.sysctl_file, "".join(f"{key} = {value}\n" for key, value in preparation.sysctls), outcome)
+        self._ensure_file(
+            preparation.sysctl_file, "".join(f"{key} = {value}\n" for key, value in preparation.sysctls), outcome
+        )
         for key, value in preparation.sysctls:
             current = self.sysctl(key)
             if current is not None and current.split() == value.split():
@@ -258,7 +296,9 @@ class NodeState:
                 with open(self._sysctl_path(key), "w", encoding="utf-8") as handle:
                     handle.write(value)
             except FileNotFoundError:
-                raise NodeStateError(f"sysctl {key}: this host has no such key (is the kernel module that provides it loaded?)") from None
+                raise NodeStateError(
+                    f"sysctl {key}: this host has no such key (is the kernel module that provides it loaded?)"
+                ) from None
             except OSError as exc:
                 raise NodeStateError(f"sysctl {key} = {value}: {exc.strerror}") from None
 
@@ -291,7 +331,9 @@ class NodeState:
 
     def _write(self, path: str, before: str | None, after: str, mode: int, outcome: Outcome, change: str) -> None:
         outcome.changes.append(change)
-        outcome.diff.append({"before_header": path, "after_header": path, "before": _shown(before), "after": _shown(after)})
+        outcome.diff.append(
+            {"before_header": path, "after_header": path, "before": _shown(before), "after": _shown(after)}
+        )
         if self.check_mode:
             return
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)

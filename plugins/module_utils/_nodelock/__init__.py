@@ -39,7 +39,12 @@ class LockState:
     boot_id: str | None
 
     def to_result(self) -> dict:
-        return {"locked": self.locked, "cluster_id": self.cluster_id, "pcr15": self.pcr15, "pcr15_state": self.pcr15_state}
+        return {
+            "locked": self.locked,
+            "cluster_id": self.cluster_id,
+            "pcr15": self.pcr15,
+            "pcr15_state": self.pcr15_state,
+        }
 
 
 def current_boot_id() -> str:
@@ -86,7 +91,9 @@ class NodeLock:
             pcr15_state = "marked"
         else:
             pcr15_state = "foreign"
-        return LockState(record is not None, cluster_id, pcr15.hex(), pcr15_state, record.get("boot_id") if record else None)
+        return LockState(
+            record is not None, cluster_id, pcr15.hex(), pcr15_state, record.get("boot_id") if record else None
+        )
 
     def take(self, cluster_id: bytes, check_mode: bool = False) -> tuple[bool, LockState]:
         """Lock the node for ``cluster_id``; returns (changed, state). Idempotent for the same cluster."""
@@ -97,15 +104,21 @@ class NodeLock:
             fcntl.flock(guard, fcntl.LOCK_EX)
             state = self.state()
             if state.locked and state.cluster_id != wanted:
-                raise NodeLockError(f"node is already locked for cluster {state.cluster_id}; it cannot join or initialise cluster {wanted}")
+                raise NodeLockError(
+                    f"node is already locked for cluster {state.cluster_id}; it cannot join or initialise cluster {wanted}"
+                )
             if state.pcr15_state == "foreign":
-                raise NodeLockError(f"PCR 15 is {state.pcr15}, which is not the mark of cluster {wanted}: the node was marked by "
-                                    f"someone else; {NEEDS_RESET}")
+                raise NodeLockError(
+                    f"PCR 15 is {state.pcr15}, which is not the mark of cluster {wanted}: the node was marked by "
+                    f"someone else; {NEEDS_RESET}"
+                )
             if state.locked and state.pcr15_state == "marked":
                 return False, state
             if state.locked and state.boot_id == self._boot_id():
-                raise NodeLockError("lock record exists but PCR 15 was reset within the same boot; the TPM was tampered with, "
-                                    f"{NEEDS_RESET}")
+                raise NodeLockError(
+                    "lock record exists but PCR 15 was reset within the same boot; the TPM was tampered with, "
+                    f"{NEEDS_RESET}"
+                )
             if check_mode:
                 return True, LockState(True, wanted, node_lock_mark(cluster_id).hex(), "marked", self._boot_id())
             if not state.locked:
@@ -118,12 +131,14 @@ class NodeLock:
             return True, self.state()
 
     def _record(self, cluster_id: str) -> bytes:
-        return json.dumps({
-            "version": RECORD_VERSION,
-            "cluster_id": cluster_id,
-            "locked_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "boot_id": self._boot_id(),
-        }).encode()
+        return json.dumps(
+            {
+                "version": RECORD_VERSION,
+                "cluster_id": cluster_id,
+                "locked_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "boot_id": self._boot_id(),
+            }
+        ).encode()
 
     def _write_record(self, cluster_id: str) -> None:
         """Create the record complete or not at all (readers without the flock, state(), never see it half written);

@@ -39,7 +39,9 @@ def take_ephemeral_key(path: str, check_mode: bool) -> EphemeralKey:
         with open(path, "rb") as handle:
             raw = handle.read(4096)
     except FileNotFoundError:
-        raise TicketError(f"ephemeral key {path} does not exist: it was already used, or tpm_evidence did not keep it") from None
+        raise TicketError(
+            f"ephemeral key {path} does not exist: it was already used, or tpm_evidence did not keep it"
+        ) from None
     except OSError as exc:
         raise TicketError(f"cannot read ephemeral key {path}: {exc.strerror}") from None
     finally:
@@ -87,7 +89,9 @@ def root_secrets(document: object, source: str) -> RootSecrets:
 
 def keep_root_secrets(path: str, secrets: RootSecrets, check_mode: bool) -> bool:
     """The node's copy of the root secrets, for its join service (0600)."""
-    return write_if_changed(path, (json.dumps(secrets.to_document(), sort_keys=True) + "\n").encode(), 0o600, check_mode)
+    return write_if_changed(
+        path, (json.dumps(secrets.to_document(), sort_keys=True) + "\n").encode(), 0o600, check_mode
+    )
 
 
 def cluster_id_of(message) -> bytes:
@@ -123,9 +127,15 @@ STATE_DISK_OPTIONS = dict(
 
 def state_disk_of(options: dict, check_mode: bool):
     from .._disk.luks import StateDisk
-    return StateDisk(options["device"], name=options["name"], mount_path=options["mount_path"],
-                     pbkdf_memory=options.get("pbkdf_memory"), pbkdf_iterations=options.get("pbkdf_iterations"),
-                     check_mode=check_mode)
+
+    return StateDisk(
+        options["device"],
+        name=options["name"],
+        mount_path=options["mount_path"],
+        pbkdf_memory=options.get("pbkdf_memory"),
+        pbkdf_iterations=options.get("pbkdf_iterations"),
+        check_mode=check_mode,
+    )
 
 
 def state_disk_ready(options: dict) -> bool:
@@ -135,6 +145,7 @@ def state_disk_ready(options: dict) -> bool:
     if options.get("state", "formatted") == "formatted":
         return True
     from .._disk.placement import is_placed
+
     disk = state_disk_of(options, True)
     if not disk.is_mapped(strict=False):
         return False
@@ -155,15 +166,22 @@ def disk_uuid(options: dict, check_mode: bool) -> tuple[str | None, bool]:
 def luks_uuid(options: dict) -> str:
     """The UUID of a state disk that must already be LUKS (a member's disk is never formatted again)."""
     from .._disk import StateDiskError
+
     disk = state_disk_of(options, False)
     disk.check_device()
     if not disk.is_luks():
-        raise StateDiskError(f"the state disk {options['device']} of this member has no LUKS header: it was replaced or wiped; "
-                             f"nothing was changed; {NEEDS_RESET}")
+        raise StateDiskError(
+            f"the state disk {options['device']} of this member has no LUKS header: it was replaced or wiped; "
+            f"nothing was changed; {NEEDS_RESET}"
+        )
     return disk.luks_uuid()
 
 
 def key_state_disk(options: dict, disk_key: bytes, check_mode: bool) -> dict:
     """Re-key the state disk to ``disk_key`` (and map/mount it where asked); returns the state_disk result."""
     result = state_disk_of(options, check_mode).ensure(options["state"], disk_key)
-    return {k: v for k, v in result.items() if k in ("changed", "uuid", "keyslots", "keyed", "mapped", "mapping_available", "mount_path")}
+    return {
+        k: v
+        for k, v in result.items()
+        if k in ("changed", "uuid", "keyslots", "keyed", "mapped", "mapping_available", "mount_path")
+    }

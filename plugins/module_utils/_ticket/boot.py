@@ -39,6 +39,7 @@ from .._files import write_file_atomically
 from .._nodelock import NodeLockError
 from . import STATE_DISK_OPTIONS, NoJoinService, TicketError
 from .join import FRESH, MEMBER, REBOOTED, JoinSettings, NodeJoin
+
 # Defined beside the recover hand-over, which serves a node in this state.
 from .recover import WAITING_FOR_KEYS
 
@@ -69,8 +70,15 @@ class BootConfigError(ValueError):
 class BootConfig:
     """The configuration file: join settings, kubeadm options, and the node's API server address for control planes."""
 
-    def __init__(self, settings: JoinSettings, kubeadm: dict, advertise_address: str | None, bind_port: int,
-                 status_file: str = DEFAULT_STATUS_FILE, wait_interval: float = 5.0):
+    def __init__(
+        self,
+        settings: JoinSettings,
+        kubeadm: dict,
+        advertise_address: str | None,
+        bind_port: int,
+        status_file: str = DEFAULT_STATUS_FILE,
+        wait_interval: float = 5.0,
+    ):
         self.settings = settings
         self.kubeadm = kubeadm
         self.advertise_address = advertise_address
@@ -79,10 +87,17 @@ class BootConfig:
         self.wait_interval = wait_interval
 
     def join_options(self, record: dict) -> JoinOptions:
-        return JoinOptions(api_server_endpoint=record["api_server_endpoint"], ca_cert_hashes=record["ca_cert_hashes"],
-                           node_name=record.get("node_name") or self.settings.node_name, control_plane=self.settings.control_plane,
-                           advertise_address=self.advertise_address, bind_port=self.bind_port, cri_socket=self.kubeadm["cri_socket"],
-                           kubelet_extra_args=self.kubeadm["kubelet_extra_args"], skip_phases=self.kubeadm["skip_phases"])
+        return JoinOptions(
+            api_server_endpoint=record["api_server_endpoint"],
+            ca_cert_hashes=record["ca_cert_hashes"],
+            node_name=record.get("node_name") or self.settings.node_name,
+            control_plane=self.settings.control_plane,
+            advertise_address=self.advertise_address,
+            bind_port=self.bind_port,
+            cri_socket=self.kubeadm["cri_socket"],
+            kubelet_extra_args=self.kubeadm["kubelet_extra_args"],
+            skip_phases=self.kubeadm["skip_phases"],
+        )
 
 
 def _check(source: str, name: str, value: object, kind: object) -> None:
@@ -108,7 +123,9 @@ def _options(source: str, prefix: str, document: object, spec: dict) -> dict:
             continue
         _check(source, prefix + name, value, _TYPES[option.get("type", "str")])
         if option.get("choices") and value not in option["choices"]:
-            raise BootConfigError(f"{source}: setting {prefix}{name} must be one of {', '.join(option['choices'])}, got {value!r}")
+            raise BootConfigError(
+                f"{source}: setting {prefix}{name} must be one of {', '.join(option['choices'])}, got {value!r}"
+            )
         values[name] = value
     return values
 
@@ -117,18 +134,26 @@ def parse_config(document: object, source: str) -> BootConfig:
     # JoinSettings' annotations are strings (postponed evaluation): the type names of an argument spec.
     spec = {name: dict(type=kind) for name, kind in JoinSettings.__annotations__.items() if name != "cluster_ca"}
     # No node name: the join service's registry grants it (the enrolled name, or the pool name derived from the EK).
-    spec.update(endpoints=dict(type="list", required=True), node_name=dict(type="str", default=""),
-                cluster_ca_file=dict(type="path", required=True), state_disk=dict(type="dict", required=True),
-                advertise_address=dict(type="str"), bind_port=dict(type="int", default=6443),
-                kubeadm=dict(type="dict", default={}), status_file=dict(type="path", default=DEFAULT_STATUS_FILE),
-                wait_interval=dict(type="float", default=5.0))
+    spec.update(
+        endpoints=dict(type="list", required=True),
+        node_name=dict(type="str", default=""),
+        cluster_ca_file=dict(type="path", required=True),
+        state_disk=dict(type="dict", required=True),
+        advertise_address=dict(type="str"),
+        bind_port=dict(type="int", default=6443),
+        kubeadm=dict(type="dict", default={}),
+        status_file=dict(type="path", default=DEFAULT_STATUS_FILE),
+        wait_interval=dict(type="float", default=5.0),
+    )
     values = _options(source, "", document, spec)
     values["state_disk"] = _options(source, "state_disk.", values["state_disk"], STATE_DISK_OPTIONS)
     kubeadm = _options(source, "kubeadm.", values.pop("kubeadm"), _KUBEADM_SETTINGS)
     if not values["endpoints"] or not all(isinstance(endpoint, str) and endpoint for endpoint in values["endpoints"]):
         raise BootConfigError(f"{source}: endpoints must list the join services (host:port)")
     if values["control_plane"] and not values["advertise_address"]:
-        raise BootConfigError(f"{source}: a control plane needs advertise_address (the address its API server advertises)")
+        raise BootConfigError(
+            f"{source}: a control plane needs advertise_address (the address its API server advertises)"
+        )
     try:
         with open(values.pop("cluster_ca_file"), encoding="ascii") as handle:
             values["cluster_ca"] = handle.read()
@@ -153,14 +178,18 @@ def load_config(path: str) -> BootConfig:
     except OSError as exc:
         raise BootConfigError(f"cannot read the join configuration {path}: {exc.strerror}") from None
     if info.st_mode & 0o077:
-        raise BootConfigError(f"the join configuration {path} is mode {info.st_mode & 0o777:04o}: it must not be accessible to "
-                              "group or others (0600), because whoever can change it chooses the cluster this node joins")
+        raise BootConfigError(
+            f"the join configuration {path} is mode {info.st_mode & 0o777:04o}: it must not be accessible to "
+            "group or others (0600), because whoever can change it chooses the cluster this node joins"
+        )
     if len(text) > MAX_CONFIG_BYTES:
         raise BootConfigError(f"the join configuration {path} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise BootConfigError(f"the join configuration {path} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
+        raise BootConfigError(
+            f"the join configuration {path} is neither JSON nor YAML: {str(exc).splitlines()[0]}"
+        ) from None
     return parse_config(document, f"join configuration {path}")
 
 
@@ -184,19 +213,33 @@ def _rejoin_or_wait(config: BootConfig, log: StructuredLog, joining: NodeJoin, f
             now = time.monotonic()
             if since is None:
                 since = _now()
-            write_status(config.status_file, WAITING_FOR_KEYS, since=since, reason=str(exc),
-                         control_plane=config.settings.control_plane)
+            write_status(
+                config.status_file,
+                WAITING_FOR_KEYS,
+                since=since,
+                reason=str(exc),
+                control_plane=config.settings.control_plane,
+            )
             if now - logged >= WAIT_LOG_SECONDS:
-                log.warning("wait", result=WAITING_FOR_KEYS,
-                            msg=f"no join service answers; waiting for a control plane or recover.yml: {exc}", **fields)
+                log.warning(
+                    "wait",
+                    result=WAITING_FOR_KEYS,
+                    msg=f"no join service answers; waiting for a control plane or recover.yml: {exc}",
+                    **fields,
+                )
                 logged = now
         sleep(config.wait_interval)
         if joining.state() == MEMBER:
             return None
 
 
-def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None, kubeadm: Kubeadm | None = None,
-        sleep=time.sleep) -> str:
+def run(
+    config: BootConfig,
+    log: StructuredLog,
+    joining: NodeJoin | None = None,
+    kubeadm: Kubeadm | None = None,
+    sleep=time.sleep,
+) -> str:
     """Take the node to member; returns the state it started in. Raises the failure of the step that failed."""
     joining = joining or NodeJoin(config.settings)
     started = time.monotonic()
@@ -204,33 +247,67 @@ def run(config: BootConfig, log: StructuredLog, joining: NodeJoin | None = None,
     fields = dict(node_name=joining.node_name(), control_plane=config.settings.control_plane)
     log.info("state", state=state, **fields)
     if state == MEMBER:
-        log.info("done", result="member", msg="the node is a member and PCR 15 carries the cluster's mark: nothing to do", **fields)
+        log.info(
+            "done",
+            result="member",
+            msg="the node is a member and PCR 15 carries the cluster's mark: nothing to do",
+            **fields,
+        )
         write_status(config.status_file, MEMBER)
         return state
     if state == REBOOTED:
         result = _rejoin_or_wait(config, log, joining, fields, sleep)
         if result is None:
-            log.info("done", result="recovered",
-                     msg="the recover hand-over made the node a member again while it waited for keys",
-                     duration_ms=_elapsed_ms(started), **fields)
+            log.info(
+                "done",
+                result="recovered",
+                msg="the recover hand-over made the node a member again while it waited for keys",
+                duration_ms=_elapsed_ms(started),
+                **fields,
+            )
         else:
             lock = joining.lock.state()
-            log.info("rejoin", result="rejoined", cluster_id=result["cluster_id"], pcr15_state=lock.pcr15_state,
-                     state_disk=_disk_fields(result["state_disk"]), duration_ms=_elapsed_ms(started), **fields)
+            log.info(
+                "rejoin",
+                result="rejoined",
+                cluster_id=result["cluster_id"],
+                pcr15_state=lock.pcr15_state,
+                state_disk=_disk_fields(result["state_disk"]),
+                duration_ms=_elapsed_ms(started),
+                **fields,
+            )
         write_status(config.status_file, MEMBER)
         return state
     write_status(config.status_file, JOINING)
     if state == FRESH:
         result = joining.join()
         fields["node_name"] = result["node_name"]
-        log.info("ticket", result="applied", cluster_id=result["cluster_id"], api_server_endpoint=result["api_server_endpoint"],
-                 state_disk=_disk_fields(result["state_disk"]), duration_ms=_elapsed_ms(started), **fields)
+        log.info(
+            "ticket",
+            result="applied",
+            cluster_id=result["cluster_id"],
+            api_server_endpoint=result["api_server_endpoint"],
+            state_disk=_disk_fields(result["state_disk"]),
+            duration_ms=_elapsed_ms(started),
+            **fields,
+        )
     record = joining.record()
     kubeadm = kubeadm or Kubeadm(config.kubeadm["binary_path"], joining.root)
-    joined = join_with_token_file(kubeadm, config.join_options(record), config.settings.token_file,
-                                  config.kubeadm["ignore_preflight_errors"], config.kubeadm["config_api_version"])
-    log.info("kubeadm-join", result="joined" if joined["changed"] else "already-joined", api_server_endpoint=record["api_server_endpoint"],
-             config_api_version=joined.get("config_api_version"), duration_ms=_elapsed_ms(started), **fields)
+    joined = join_with_token_file(
+        kubeadm,
+        config.join_options(record),
+        config.settings.token_file,
+        config.kubeadm["ignore_preflight_errors"],
+        config.kubeadm["config_api_version"],
+    )
+    log.info(
+        "kubeadm-join",
+        result="joined" if joined["changed"] else "already-joined",
+        api_server_endpoint=record["api_server_endpoint"],
+        config_api_version=joined.get("config_api_version"),
+        duration_ms=_elapsed_ms(started),
+        **fields,
+    )
     write_status(config.status_file, MEMBER)
     return state
 
@@ -257,17 +334,28 @@ def gate(status_file: str, stream=None) -> int:
         state = None
     if state in READY_STATES:
         return 0
-    (stream or sys.stderr).write("confidential-join: not starting yet: the boot-time join has not made this node a "
-                                 f"member ({state or 'no status yet'}; journalctl -u confidential-join.service)\n")
+    (stream or sys.stderr).write(
+        "confidential-join: not starting yet: the boot-time join has not made this node a "
+        f"member ({state or 'no status yet'}; journalctl -u confidential-join.service)\n"
+    )
     return EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="confidential-join", description="confidential.kubernetes: join or rejoin the cluster at boot")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"the join configuration (YAML or JSON, 0600; default {DEFAULT_CONFIG})")
-    parser.add_argument("--gate", metavar="STATUS_FILE",
-                        help="only check the status file: exit 0 when the node is a member "
-                             "(the ExecStartPre of the kubelet and the join service)")
+    parser = argparse.ArgumentParser(
+        prog="confidential-join", description="confidential.kubernetes: join or rejoin the cluster at boot"
+    )
+    parser.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG,
+        help=f"the join configuration (YAML or JSON, 0600; default {DEFAULT_CONFIG})",
+    )
+    parser.add_argument(
+        "--gate",
+        metavar="STATUS_FILE",
+        help="only check the status file: exit 0 when the node is a member "
+        "(the ExecStartPre of the kubelet and the join service)",
+    )
     args = parser.parse_args(argv)
     if args.gate:
         return gate(args.gate)

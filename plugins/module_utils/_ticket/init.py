@@ -43,9 +43,14 @@ class InitState:
     ca_cert_hash: str | None = None
 
     def to_result(self) -> dict:
-        return {"initialised": self.initialised, "reason": self.reason, "node_lock": self.node_lock,
-                "admin_kubeconfig_exists": self.admin_kubeconfig_exists,
-                "admin_kubeconfig_sha256": self.admin_kubeconfig_sha256, "ca_cert_hash": self.ca_cert_hash}
+        return {
+            "initialised": self.initialised,
+            "reason": self.reason,
+            "node_lock": self.node_lock,
+            "admin_kubeconfig_exists": self.admin_kubeconfig_exists,
+            "admin_kubeconfig_sha256": self.admin_kubeconfig_sha256,
+            "ca_cert_hash": self.ca_cert_hash,
+        }
 
 
 def _kept_cluster_id(secrets_file: str) -> tuple[str | None, str]:
@@ -89,7 +94,9 @@ def init_state(cluster_id: str | None, lock: NodeLock, kubeadm: Kubeadm, secrets
     if lock_state.cluster_id != cluster_id:
         return not_initialised(f"the node is locked for cluster {lock_state.cluster_id}, not for {cluster_id}")
     if lock_state.pcr15_state != "marked":
-        return not_initialised(f"PCR 15 does not carry the cluster's mark ({lock_state.pcr15_state}; a reboot resets it)")
+        return not_initialised(
+            f"PCR 15 does not carry the cluster's mark ({lock_state.pcr15_state}; a reboot resets it)"
+        )
     if not exists:
         return not_initialised("kubeadm init has not written the admin kubeconfig")
     try:

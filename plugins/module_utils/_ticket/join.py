@@ -17,8 +17,17 @@ import os
 from dataclasses import dataclass, fields
 
 from . import (
-    SECRETS_FILE, NoJoinService, TicketError, cluster_id_of, disk_uuid, keep_root_secrets, key_state_disk, luks_uuid,
-    state_disk_ready, write_if_changed)
+    SECRETS_FILE,
+    NoJoinService,
+    TicketError,
+    cluster_id_of,
+    disk_uuid,
+    keep_root_secrets,
+    key_state_disk,
+    luks_uuid,
+    state_disk_ready,
+    write_if_changed,
+)
 from .._join.protocol import JOIN, REJOIN, JoinTicket, RejoinTicket
 from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
 from .._nodelock import DEFAULT_RECORD, NodeLock
@@ -55,7 +64,9 @@ def kubelet_csr(node_name: str) -> tuple[bytes, bytes]:
         attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}"))
     subject = x509.Name(attributes)
     csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return key_pem, csr.public_bytes(serialization.Encoding.PEM)
 
 
@@ -134,22 +145,30 @@ class NodeJoin:
                     return MEMBER
                 return self._pending()
         if kubelet_conf and record is None:
-            raise TicketError(f"{self.kubelet_conf} exists but there is no join record {self.settings.join_record}: "
-                              "this node was joined or initialised by other means; nothing was changed")
+            raise TicketError(
+                f"{self.kubelet_conf} exists but there is no join record {self.settings.join_record}: "
+                "this node was joined or initialised by other means; nothing was changed"
+            )
         if record is not None and lock.locked:
-            raise TicketError(f"the node joined cluster {record['cluster_id']} but its lock record says "
-                              f"{lock.cluster_id} and PCR 15 is {lock.pcr15} ({lock.pcr15_state}): it was tampered "
-                              f"with; {NEEDS_RESET}")
+            raise TicketError(
+                f"the node joined cluster {record['cluster_id']} but its lock record says "
+                f"{lock.cluster_id} and PCR 15 is {lock.pcr15} ({lock.pcr15_state}): it was tampered "
+                f"with; {NEEDS_RESET}"
+            )
         if not lock.locked:
             if kubelet_conf:
-                raise TicketError(f"the node joined cluster {record['cluster_id']} but has no lock record "
-                                  f"{self.settings.lock_record}: it was tampered with; {NEEDS_RESET}")
+                raise TicketError(
+                    f"the node joined cluster {record['cluster_id']} but has no lock record "
+                    f"{self.settings.lock_record}: it was tampered with; {NEEDS_RESET}"
+                )
             return FRESH
         raise self._not_joined()
 
     def _not_joined(self) -> TicketError:
-        return TicketError(f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a "
-                           f"join failed after the point of no return; {NEEDS_RESET}")
+        return TicketError(
+            f"the node is locked (lock record {self.settings.lock_record}) but has not joined: a "
+            f"join failed after the point of no return; {NEEDS_RESET}"
+        )
 
     def _pending(self) -> str:
         """A node marked in this boot, its disk ready, no kubelet.conf: a kubeadm join to run, or one cut short."""
@@ -159,18 +178,27 @@ class NodeJoin:
         leftovers = (self._path(BOOTSTRAP_KUBELET_CONF), None if self.settings.control_plane else self._path(CA_CERT))
         started = [path for path in leftovers if path and os.path.exists(path)]
         if started:
-            raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): "
-                              f"{NEEDS_RESET}")
+            raise TicketError(f"kubeadm join was interrupted on this node ({started[0]} is left behind): {NEEDS_RESET}")
         return PENDING
 
     def _request(self, flow: str, uuid: str, csr_pem: bytes = b"", attempts: int = 0) -> JoinTicket | RejoinTicket:
         from .._join.client import JoinError, request_ticket
+
         settings = self.settings
         try:
             return request_ticket(
-                endpoints=settings.endpoints, ca_pem=settings.cluster_ca.encode(), tcti=settings.tcti, node_name=settings.node_name,
-                control_plane=settings.control_plane and flow == JOIN, disk_uuid=uuid, kubelet_csr_pem=csr_pem, flow=flow,
-                attempts=attempts or settings.attempts, timeout=settings.timeout, total_timeout=settings.total_timeout)
+                endpoints=settings.endpoints,
+                ca_pem=settings.cluster_ca.encode(),
+                tcti=settings.tcti,
+                node_name=settings.node_name,
+                control_plane=settings.control_plane and flow == JOIN,
+                disk_uuid=uuid,
+                kubelet_csr_pem=csr_pem,
+                flow=flow,
+                attempts=attempts or settings.attempts,
+                timeout=settings.timeout,
+                total_timeout=settings.total_timeout,
+            )
         except JoinError as exc:
             if exc.retryable:
                 raise NoJoinService(f"no {flow} ticket: {exc}") from None
@@ -179,8 +207,10 @@ class NodeJoin:
     def _require_cluster_ca(self, flow: str) -> None:
         """The join services' TLS is checked against the cluster CA: a join or rejoin without it changes nothing."""
         if not self.settings.cluster_ca.strip():
-            raise TicketError(f"cluster_ca is empty: a {flow} needs the cluster CA (PEM) to check the join services' TLS certificates; "
-                              "nothing was changed")
+            raise TicketError(
+                f"cluster_ca is empty: a {flow} needs the cluster CA (PEM) to check the join services' TLS certificates; "
+                "nothing was changed"
+            )
 
     def join(self) -> dict:
         """A fresh node: ticket, node lock, state disk, files, token file. Returns the join record and the state disk result."""
@@ -198,8 +228,10 @@ class NodeJoin:
         ticket = self._request(REJOIN, luks_uuid(self.settings.state_disk), attempts=attempts)
         cluster_id = cluster_id_of(ticket)
         if record is None or cluster_id.hex() != record["cluster_id"]:
-            raise TicketError(f"the rejoin ticket is for cluster {cluster_id.hex()}, but this node joined "
-                              f"{record['cluster_id'] if record else 'no cluster'}; nothing was changed")
+            raise TicketError(
+                f"the rejoin ticket is for cluster {cluster_id.hex()}, but this node joined "
+                f"{record['cluster_id'] if record else 'no cluster'}; nothing was changed"
+            )
         self.lock.take(cluster_id)
         disk = key_state_disk(self.settings.state_disk, ticket.state_disk_key, False)
         return dict(record, state_disk=disk)
@@ -216,10 +248,14 @@ class NodeJoin:
         settings = self.settings
         granted = ticket.node_name
         if settings.node_name and granted != settings.node_name:
-            raise TicketError(f"the join ticket names this node {granted!r}, not {settings.node_name!r}; nothing was changed")
+            raise TicketError(
+                f"the join ticket names this node {granted!r}, not {settings.node_name!r}; nothing was changed"
+            )
         if settings.control_plane and not (ticket.control_plane_files and ticket.cluster_secrets):
-            raise TicketError("a control-plane join ticket must carry the control-plane PKI files and the cluster secrets; "
-                              "nothing was changed")
+            raise TicketError(
+                "a control-plane join ticket must carry the control-plane PKI files and the cluster secrets; "
+                "nothing was changed"
+            )
         cluster_id = cluster_id_of(ticket)
         check_cluster_version(ticket.kubernetes_version, settings.kubelet_version)
         self.lock.take(cluster_id)
@@ -234,7 +270,11 @@ class NodeJoin:
             # A control plane runs a join service of its own, which needs the root secrets.
             keep_root_secrets(settings.secrets_file, ticket.cluster_secrets, False)
         write_if_changed(settings.token_file, ticket.bootstrap_token.encode(), 0o600, False)
-        record = {"cluster_id": cluster_id.hex(), "api_server_endpoint": ticket.api_server_endpoint,
-                  "ca_cert_hashes": list(ticket.ca_cert_hashes), "node_name": granted}
+        record = {
+            "cluster_id": cluster_id.hex(),
+            "api_server_endpoint": ticket.api_server_endpoint,
+            "ca_cert_hashes": list(ticket.ca_cert_hashes),
+            "node_name": granted,
+        }
         write_if_changed(settings.join_record, (json.dumps(record, sort_keys=True) + "\n").encode(), 0o644, False)
         return dict(record, state_disk=disk)

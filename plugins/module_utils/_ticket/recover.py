@@ -38,8 +38,14 @@ class Standing:
     cluster_id: str
 
     def to_result(self) -> dict:
-        return {"node_state": self.node_state, "boot_state": self.boot_state, "waiting": self.waiting,
-                "reason": self.reason, "disk_uuid": self.disk_uuid, "cluster_id": self.cluster_id}
+        return {
+            "node_state": self.node_state,
+            "boot_state": self.boot_state,
+            "waiting": self.waiting,
+            "reason": self.reason,
+            "disk_uuid": self.disk_uuid,
+            "cluster_id": self.cluster_id,
+        }
 
 
 def boot_state(status_file: str) -> str:
@@ -83,13 +89,21 @@ def recover(joining: NodeJoin, sealed_b64: str, nonce_hex: str, verifier_id: str
     record = joining.record()
     cluster_id = cluster_id_of(hand_over)
     if record is None or record["cluster_id"] != cluster_id.hex():
-        raise TicketError(f"the recover hand-over is for cluster {cluster_id.hex()}, but this node joined "
-                          f"{record['cluster_id'] if record else 'no cluster'}; nothing was changed")
+        raise TicketError(
+            f"the recover hand-over is for cluster {cluster_id.hex()}, but this node joined "
+            f"{record['cluster_id'] if record else 'no cluster'}; nothing was changed"
+        )
     uuid = luks_uuid(joining.settings.state_disk)
     if uuid.lower() != hand_over.disk_uuid:
-        raise TicketError(f"the recover hand-over is for disk {hand_over.disk_uuid}, but this node's state disk is "
-                          f"{uuid}; nothing was changed")
+        raise TicketError(
+            f"the recover hand-over is for disk {hand_over.disk_uuid}, but this node's state disk is "
+            f"{uuid}; nothing was changed"
+        )
     locked, lock = joining.lock.take(cluster_id)
     disk = key_state_disk(joining.settings.state_disk, hand_over.state_disk_key, False)
-    return {"changed": locked or disk["changed"], "cluster_id": cluster_id.hex(), "node_lock": lock.to_result(),
-            "state_disk": disk}
+    return {
+        "changed": locked or disk["changed"],
+        "cluster_id": cluster_id.hex(),
+        "node_lock": lock.to_result(),
+        "state_disk": disk,
+    }

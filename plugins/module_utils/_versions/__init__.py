@@ -153,8 +153,11 @@ def row_problems(version: str, row, shipped: bool = True) -> list[str]:
             problems.append(f"{version}: end_of_life is not a date YYYY-MM-DD ({row.get('end_of_life')!r})")
     if "kubespray" in row or shipped:
         provenance = row.get("kubespray")
-        if not isinstance(provenance, dict) or sorted(provenance) != ["kubernetes", "runtime"] or not all(
-                COMMIT.match(str(commit)) for commit in provenance.values()):
+        if (
+            not isinstance(provenance, dict)
+            or sorted(provenance) != ["kubernetes", "runtime"]
+            or not all(COMMIT.match(str(commit)) for commit in provenance.values())
+        ):
             problems.append(f"{version}: kubespray is not {{kubernetes: <commit>, runtime: <commit>}} ({provenance!r})")
     return problems
 
@@ -169,8 +172,10 @@ def runc_problems(version: str, runc: str) -> list[str]:
     if found[:2] >= RUNC_FIRST_FIXED_BRANCH or (fixed is not None and found >= fixed):
         return []
     wanted = " or ".join(".".join(map(str, f)) for f in RUNC_FIXED.values())
-    return [f"{version}: runc {runc} has container escapes CVE-2025-31133, CVE-2025-52565 and CVE-2025-52881; use "
-            f"runc {wanted} or later on its branch, or any 1.4"]
+    return [
+        f"{version}: runc {runc} has container escapes CVE-2025-31133, CVE-2025-52565 and CVE-2025-52881; use "
+        f"runc {wanted} or later on its branch, or any 1.4"
+    ]
 
 
 def _item_problems(version: str, label: str, item, shipped: bool) -> list[str]:
@@ -201,9 +206,14 @@ def parse_row(version: str, row, shipped: bool = True) -> Row:
     problems = row_problems(version, row, shipped)
     if problems:
         raise VersionTableError("the versions table row is malformed: " + "; ".join(problems))
-    return Row(version=version, artifacts=row["artifacts"], images=row["images"],
-               host_packages=tuple(row.get("host_packages") or ()), end_of_life=_date(row.get("end_of_life")),
-               kubespray=dict(row.get("kubespray") or {}))
+    return Row(
+        version=version,
+        artifacts=row["artifacts"],
+        images=row["images"],
+        host_packages=tuple(row.get("host_packages") or ()),
+        end_of_life=_date(row.get("end_of_life")),
+        kubespray=dict(row.get("kubespray") or {}),
+    )
 
 
 def select_row(table: dict, version: str, shipped_versions: frozenset[str] = frozenset()) -> Row:
@@ -212,7 +222,8 @@ def select_row(table: dict, version: str, shipped_versions: frozenset[str] = fro
     if version not in table:
         raise VersionTableError(
             f"Kubernetes {version or '(empty)'} is not in the versions table; supported: "
-            f"{', '.join(supported(table)) or 'none'}")
+            f"{', '.join(supported(table)) or 'none'}"
+        )
     return parse_row(version, table[version], shipped=version in shipped_versions)
 
 
@@ -221,7 +232,8 @@ def refuse_end_of_life(row: Row, today: datetime.date, allow: bool) -> None:
     if row.is_end_of_life(today) and not allow:
         raise VersionTableError(
             f"Kubernetes {row.minor} is end of life since {row.end_of_life.isoformat()}; upgrade, or set "
-            f"{ALLOW_END_OF_LIFE}: true")
+            f"{ALLOW_END_OF_LIFE}: true"
+        )
 
 
 @dataclass(frozen=True)
@@ -265,7 +277,8 @@ def node_arch(machine: str) -> str:
         return MACHINE_ARCH[machine]
     except KeyError:
         raise VersionTableError(
-            f"no Kubernetes builds for the node architecture {machine!r} (supported: x86_64, aarch64)") from None
+            f"no Kubernetes builds for the node architecture {machine!r} (supported: x86_64, aarch64)"
+        ) from None
 
 
 def version_key(version: str) -> tuple:

@@ -1,4 +1,5 @@
 """A stand-in for the kubelet: TLS bootstrap, Node + Lease, static pods run as local processes (see README.md)."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,9 @@ def binary_version(path: Path, *args: str) -> str:
         stat = path.stat()
         key = (str(path), args, stat.st_mtime_ns, stat.st_size)
         if key not in _VERSIONS:
-            out = subprocess.run([str(path), *(args or ["--version"])], capture_output=True, text=True, timeout=30,
-                                 check=False).stdout
+            out = subprocess.run(
+                [str(path), *(args or ["--version"])], capture_output=True, text=True, timeout=30, check=False
+            ).stdout
             found = re.search(r"(?:^v|Kubernetes v|etcd Version: )(\d+\.\d+\.\d+)", out)
             if not found:
                 raise StandinError(f"{path} printed no version: {out.strip()[:80]!r}")
@@ -74,5 +76,7 @@ def resolve_image(reference: str) -> tuple[str, Path, str]:
     version = binary_version(binary) if binary.exists() else ""
     wanted = tag.split("-")[0].split(".")[:2] if component == "etcd" else [tag]
     if not version or (version.split(".")[:2] if component == "etcd" else ["v" + version]) != wanted:
-        raise StandinError(f"image {reference!r}: {binary} " + (f"is version {version}" if version else "does not exist"))
+        raise StandinError(
+            f"image {reference!r}: {binary} " + (f"is version {version}" if version else "does not exist")
+        )
     return component, binary, version

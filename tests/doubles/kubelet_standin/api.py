@@ -1,4 +1,5 @@
 """The API server client and the kubelet's TLS bootstrap (pkg/kubelet/certificate/bootstrap, as in 1.20)."""
+
 from __future__ import annotations
 
 import base64
@@ -50,8 +51,13 @@ def load_kubeconfig(path: Path) -> Kubeconfig:
         context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
         cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
         user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
-        return Kubeconfig(cluster["server"], field(cluster, "certificate-authority"),
-                          field(user, "client-certificate"), field(user, "client-key"), user.get("token", ""))
+        return Kubeconfig(
+            cluster["server"],
+            field(cluster, "certificate-authority"),
+            field(user, "client-certificate"),
+            field(user, "client-key"),
+            user.get("token", ""),
+        )
     except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration, ValueError) as exc:
         raise ApiError(f"unable to load kubeconfig {path}: {exc}") from None
 
@@ -76,7 +82,9 @@ class Client:
             # ssl loads a client certificate only from a file: a private one on tmpfs, removed at once.
             with tempfile.NamedTemporaryFile(dir="/run") as pem:
                 # The certificate store's file holds both, and kubelet.conf names it twice.
-                pem.write(config.cert_pem if config.cert_pem == config.key_pem else config.cert_pem + b"\n" + config.key_pem)
+                pem.write(
+                    config.cert_pem if config.cert_pem == config.key_pem else config.cert_pem + b"\n" + config.key_pem
+                )
                 pem.flush()
                 self.context.load_cert_chain(pem.name)
 
@@ -94,7 +102,9 @@ class Client:
         finally:
             connection.close()
         if response.status >= 300:
-            raise ApiError(f"{method} {path}: {response.status} {payload[:300].decode(errors='replace')}", response.status)
+            raise ApiError(
+                f"{method} {path}: {response.status} {payload[:300].decode(errors='replace')}", response.status
+            )
         return json.loads(payload or b"{}")
 
 
@@ -102,10 +112,15 @@ def write_kubeconfig(path: Path, server: str, ca_pem: bytes, pem_path: Path) -> 
     """writeKubeconfigFromBootstrapping: the bootstrap server and CA, the certificate store's current file."""
     cluster = {"server": server, "certificate-authority-data": base64.b64encode(ca_pem).decode()}
     context = {"cluster": "default-cluster", "user": "default-auth", "namespace": "default"}
-    config = {"apiVersion": "v1", "kind": "Config", "current-context": "default-context", "preferences": {},
-              "clusters": [{"name": "default-cluster", "cluster": cluster}],
-              "contexts": [{"name": "default-context", "context": context}],
-              "users": [{"name": "default-auth", "user": {"client-certificate": str(pem_path), "client-key": str(pem_path)}}]}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "default-context",
+        "preferences": {},
+        "clusters": [{"name": "default-cluster", "cluster": cluster}],
+        "contexts": [{"name": "default-context", "context": context}],
+        "users": [{"name": "default-auth", "user": {"client-certificate": str(pem_path), "client-key": str(pem_path)}}],
+    }
     write_private(path, yaml.safe_dump(config).encode())
 
 
@@ -122,16 +137,29 @@ def store_certificate(cert_dir: Path, cert_pem: bytes, key_pem: bytes) -> None:
 def request_certificate(client: Client, node_name: str, log) -> tuple[bytes, bytes]:
     """requestNodeCertificate: a CSR for system:node:<name>, then the certificate once approved and issued."""
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-                         x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}")])
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}"),
+        ]
+    )
     csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
     public = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     name = "node-csr-" + base64.urlsafe_b64encode(hashlib.sha256(public).digest()).decode().rstrip("=")
-    client.request("POST", "/apis/certificates.k8s.io/v1/certificatesigningrequests", {
-        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": name},
-        "spec": {"request": base64.b64encode(csr.public_bytes(serialization.Encoding.PEM)).decode(),
-                 "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
-                 "usages": ["digital signature", "key encipherment", "client auth"]}})
+    client.request(
+        "POST",
+        "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+        {
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "metadata": {"name": name},
+            "spec": {
+                "request": base64.b64encode(csr.public_bytes(serialization.Encoding.PEM)).decode(),
+                "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                "usages": ["digital signature", "key encipherment", "client auth"],
+            },
+        },
+    )
     log(f"certificate signing request {name} created; waiting for it to be approved and issued")
     while True:
         status = client.request("GET", f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}")["status"]
@@ -140,7 +168,8 @@ def request_certificate(client: Client, node_name: str, log) -> tuple[bytes, byt
             raise ApiError(f"certificate signing request {name} was {'/'.join(sorted(conditions))}")
         if "Approved" in conditions and status.get("certificate"):
             return base64.b64decode(status["certificate"]), key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
+                serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+            )
         time.sleep(1)
 
 

@@ -1,4 +1,5 @@
 """`crictl`: the calls kubeadm 1.20 makes (-r ENDPOINT info, inspecti, pull, pods, stopp, rmp); see README.md."""
+
 from __future__ import annotations
 
 import datetime
@@ -10,9 +11,19 @@ import sys
 from . import StandinError, resolve_image, same_endpoint
 from .pods import PODS, read_states, running, stop_container
 
-INFO = {"status": {"conditions": [{"type": "RuntimeReady", "status": True, "reason": "", "message": ""},
-                                  {"type": "NetworkReady", "status": False, "reason": "NetworkPluginNotReady",
-                                   "message": "kubelet-standin runs static pods as host processes, with no pod network"}]}}
+INFO = {
+    "status": {
+        "conditions": [
+            {"type": "RuntimeReady", "status": True, "reason": "", "message": ""},
+            {
+                "type": "NetworkReady",
+                "status": False,
+                "reason": "NetworkPluginNotReady",
+                "message": "kubelet-standin runs static pods as host processes, with no pod network",
+            },
+        ]
+    }
+}
 
 
 def image(command: str, reference: str) -> str:
@@ -56,8 +67,10 @@ def main(argv: list[str]) -> int:
         if args and args[0].startswith("-"):
             raise StandinError(f"flag provided but not defined: {args[0]}")
         if not same_endpoint(endpoint):
-            raise StandinError(f"connect: connect endpoint '{endpoint}', make sure you are running as root and the "
-                               "endpoint has been started: context deadline exceeded")
+            raise StandinError(
+                f"connect: connect endpoint '{endpoint}', make sure you are running as root and the "
+                "endpoint has been started: context deadline exceeded"
+            )
         command, rest = (args or [""])[0], args[1:]
         if command == "info" and not rest:
             print(json.dumps(INFO, indent=2))

@@ -1,4 +1,5 @@
 """`kubelet`: the real kubelet's command line; credentials, Node + Lease, healthz and static pods."""
+
 from __future__ import annotations
 
 import signal
@@ -16,8 +17,11 @@ from .api import Client, client_config, load_kubeconfig, request_certificate, st
 from .node import NodeAgent, parse_labels, parse_taints
 from .pods import StaticPods
 
-FLAGS = {line.rstrip("="): line.endswith("=") for line in
-         (Path(__file__).parent / "kubelet-flags.txt").read_text().splitlines() if line and not line.startswith("#")}
+FLAGS = {
+    line.rstrip("="): line.endswith("=")
+    for line in (Path(__file__).parent / "kubelet-flags.txt").read_text().splitlines()
+    if line and not line.startswith("#")
+}
 HEARTBEAT_SECONDS, SYNC_SECONDS = 10.0, 2.0
 KUBELET_CONFIG = ("kubelet.config.k8s.io/v1beta1", "KubeletConfiguration")
 
@@ -96,7 +100,9 @@ def main(argv: list[str]) -> int:
     try:
         flags = parse_flags(argv)
         if flags.get("help", "false") != "false":
-            print("Usage: kubelet [flags]\n" + "".join(f"  --{flag}{' value' * value}\n" for flag, value in FLAGS.items()))
+            print(
+                "Usage: kubelet [flags]\n" + "".join(f"  --{flag}{' value' * value}\n" for flag, value in FLAGS.items())
+            )
             return 0
         if flags.get("version", "false") != "false":
             print(f"Kubernetes {kubernetes_version()}")
@@ -108,16 +114,20 @@ def main(argv: list[str]) -> int:
             except (OSError, yaml.YAMLError) as exc:
                 raise StandinError(f"failed to load Kubelet config file {flags['config']}, error: {exc}") from None
             if not isinstance(config, dict) or (config.get("apiVersion"), config.get("kind")) != KUBELET_CONFIG:
-                raise StandinError(f"failed to load Kubelet config file {flags['config']}: not a {' '.join(KUBELET_CONFIG)}")
+                raise StandinError(
+                    f"failed to load Kubelet config file {flags['config']}: not a {' '.join(KUBELET_CONFIG)}"
+                )
 
         def setting(flag: str, field: str, default: object) -> str:
             return str(flags.get(flag, config.get(field, default)))
 
         runtime, endpoint = flags.get("container-runtime", "docker"), flags.get("container-runtime-endpoint", "")
         if runtime != "remote" or not same_endpoint(endpoint):
-            raise StandinError(f"failed to run Kubelet: container runtime {runtime!r} at {endpoint or 'default'!r} is "
-                               f"unavailable: the stand-in serves only --container-runtime=remote "
-                               f"--container-runtime-endpoint={ENDPOINT}")
+            raise StandinError(
+                f"failed to run Kubelet: container runtime {runtime!r} at {endpoint or 'default'!r} is "
+                f"unavailable: the stand-in serves only --container-runtime=remote "
+                f"--container-runtime-endpoint={ENDPOINT}"
+            )
         hostname = socket.gethostname().lower()
         if not flags.get("kubeconfig"):
             raise StandinError("--kubeconfig is needed: the stand-in does not run in standalone mode")
@@ -125,13 +135,22 @@ def main(argv: list[str]) -> int:
         bootstrap = Path(flags["bootstrap-kubeconfig"]) if flags.get("bootstrap-kubeconfig") else None
         rotate = setting("rotate-certificates", "rotateCertificates", False).lower() == "true"
         boot = client_config(kubeconfig, bootstrap, cert_dir, rotate, log)
-        agent_args = {"name": flags.get("hostname-override", hostname).lower(), "hostname": hostname,
-                      "version": kubernetes_version(), "address": flags.get("node-ip") or node_address(hostname),
-                      "labels": parse_labels(flags.get("node-labels", "")),
-                      "taints": parse_taints(flags.get("register-with-taints", "")),
-                      "max_pods": int(setting("max-pods", "maxPods", 110))}
-        server = ThreadingHTTPServer((setting("healthz-bind-address", "healthzBindAddress", "127.0.0.1"),
-                                      int(setting("healthz-port", "healthzPort", 10248))), Healthz)
+        agent_args = {
+            "name": flags.get("hostname-override", hostname).lower(),
+            "hostname": hostname,
+            "version": kubernetes_version(),
+            "address": flags.get("node-ip") or node_address(hostname),
+            "labels": parse_labels(flags.get("node-labels", "")),
+            "taints": parse_taints(flags.get("register-with-taints", "")),
+            "max_pods": int(setting("max-pods", "maxPods", 110)),
+        }
+        server = ThreadingHTTPServer(
+            (
+                setting("healthz-bind-address", "healthzBindAddress", "127.0.0.1"),
+                int(setting("healthz-port", "healthzPort", 10248)),
+            ),
+            Healthz,
+        )
     except (StandinError, OSError, ValueError) as exc:
         print(f"F{time.strftime('%m%d %H:%M:%S')} kubelet-standin] {exc}", file=sys.stderr, flush=True)
         return 255

@@ -1,4 +1,5 @@
 """The Node object with its status heartbeat, its Lease in kube-node-lease and the mirror pods of the static pods."""
+
 from __future__ import annotations
 
 import datetime
@@ -14,15 +15,18 @@ from .pods import read_states, running
 
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 STRATEGIC = "application/strategic-merge-patch+json"
-CONDITIONS = (("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-              ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-              ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-              ("Ready", "True", "KubeletReady", "kubelet-standin is posting ready status (static pods only)"))
+CONDITIONS = (
+    ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+    ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+    ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    ("Ready", "True", "KubeletReady", "kubelet-standin is posting ready status (static pods only)"),
+)
 
 
 def now(micro: bool = False, at: float | None = None) -> str:
     return datetime.datetime.fromtimestamp(time.time() if at is None else at, datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%S" + (".%fZ" if micro else "Z"))
+        "%Y-%m-%dT%H:%M:%S" + (".%fZ" if micro else "Z")
+    )
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -63,25 +67,60 @@ class NodeAgent:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 1024
         capacity = {"cpu": str(os.cpu_count()), "memory": f"{memory}Ki", "pods": str(self.max_pods)}
         machine_id = Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else ""
-        info = {"machineID": machine_id, "systemUUID": machine_id, "kernelVersion": platform.release(),
-                "bootID": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
-                "osImage": platform.freedesktop_os_release().get("PRETTY_NAME", ""), "containerRuntimeVersion": RUNTIME,
-                "kubeletVersion": self.version, "kubeProxyVersion": self.version, "operatingSystem": "linux",
-                "architecture": ARCH}
-        return {"capacity": capacity, "allocatable": capacity, "nodeInfo": info,
-                "conditions": [{"type": kind, "status": status, "reason": reason, "message": message,
-                                "lastHeartbeatTime": now(), "lastTransitionTime": self.since}
-                               for kind, status, reason, message in CONDITIONS],
-                "addresses": [{"type": "InternalIP", "address": self.address},
-                              {"type": "Hostname", "address": self.hostname}]}
+        info = {
+            "machineID": machine_id,
+            "systemUUID": machine_id,
+            "kernelVersion": platform.release(),
+            "bootID": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            "osImage": platform.freedesktop_os_release().get("PRETTY_NAME", ""),
+            "containerRuntimeVersion": RUNTIME,
+            "kubeletVersion": self.version,
+            "kubeProxyVersion": self.version,
+            "operatingSystem": "linux",
+            "architecture": ARCH,
+        }
+        return {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "nodeInfo": info,
+            "conditions": [
+                {
+                    "type": kind,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastHeartbeatTime": now(),
+                    "lastTransitionTime": self.since,
+                }
+                for kind, status, reason, message in CONDITIONS
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": self.address},
+                {"type": "Hostname", "address": self.hostname},
+            ],
+        }
 
     def register(self) -> None:
         """Create the Node (an existing one is kept, as the kubelet does) and remember its uid for the Lease."""
-        labels = {"kubernetes.io/hostname": self.hostname, "kubernetes.io/os": "linux", "kubernetes.io/arch": ARCH,
-                  "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": ARCH, **self.labels}
-        node = {"apiVersion": "v1", "kind": "Node", "spec": {"taints": self.taints} if self.taints else {}, "status": self.status(),
-                "metadata": {"name": self.name, "labels": labels,
-                             "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}}}
+        labels = {
+            "kubernetes.io/hostname": self.hostname,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": ARCH,
+            "beta.kubernetes.io/os": "linux",
+            "beta.kubernetes.io/arch": ARCH,
+            **self.labels,
+        }
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "spec": {"taints": self.taints} if self.taints else {},
+            "status": self.status(),
+            "metadata": {
+                "name": self.name,
+                "labels": labels,
+                "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+            },
+        }
         try:
             self.uid = self.client.request("POST", "/api/v1/nodes", node)["metadata"]["uid"]
         except ApiError as exc:
@@ -99,11 +138,21 @@ class NodeAgent:
         except ApiError as exc:
             if exc.status != 404:
                 raise
-            self.client.request("POST", path.rsplit("/", 1)[0], {"kind": "Lease", "spec": spec, "metadata": {
-                "name": self.name, "ownerReferences": [self.owner()]}, "apiVersion": "coordination.k8s.io/v1"})
+            self.client.request(
+                "POST",
+                path.rsplit("/", 1)[0],
+                {
+                    "kind": "Lease",
+                    "spec": spec,
+                    "metadata": {"name": self.name, "ownerReferences": [self.owner()]},
+                    "apiVersion": "coordination.k8s.io/v1",
+                },
+            )
         # A pod bound here never ran (no containers do): its deletion is final at once, as the kubelet makes it.
         for pod in self.client.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.name}")["items"]:
-            if (meta := pod["metadata"]).get("deletionTimestamp") and f"{meta['namespace']}/{meta['name']}" not in self.mirrored:
+            if (meta := pod["metadata"]).get(
+                "deletionTimestamp"
+            ) and f"{meta['namespace']}/{meta['name']}" not in self.mirrored:
                 self._pod("DELETE", f"{meta['namespace']}/{meta['name']}", {"gracePeriodSeconds": 0}, missing_ok=True)
         for gone in set(self.mirrored) - {f"{s['namespace']}/{s['name']}" for s in read_states().values()}:
             self._pod("DELETE", gone, missing_ok=True)
@@ -128,28 +177,60 @@ class NodeAgent:
         path, manifest, mirror_hash = f"{state['namespace']}/{state['name']}", state["manifest"], state["hash"][:32]
         if self.mirrored.get(path) != mirror_hash:
             meta = manifest["metadata"]
-            annotations = {**meta.get("annotations", {}), "kubernetes.io/config.source": "file",
-                           "kubernetes.io/config.hash": mirror_hash, "kubernetes.io/config.mirror": mirror_hash}
-            pod = {**manifest, "spec": {**manifest["spec"], "nodeName": self.name}, "metadata": {
-                **meta, "name": state["name"], "annotations": annotations, "ownerReferences": [{**self.owner(), "controller": True}]}}
+            annotations = {
+                **meta.get("annotations", {}),
+                "kubernetes.io/config.source": "file",
+                "kubernetes.io/config.hash": mirror_hash,
+                "kubernetes.io/config.mirror": mirror_hash,
+            }
+            pod = {
+                **manifest,
+                "spec": {**manifest["spec"], "nodeName": self.name},
+                "metadata": {
+                    **meta,
+                    "name": state["name"],
+                    "annotations": annotations,
+                    "ownerReferences": [{**self.owner(), "controller": True}],
+                },
+            }
             try:
                 self.client.request("POST", f"/api/v1/namespaces/{state['namespace']}/pods", pod)
             except ApiError as exc:
                 # One left by an earlier stand-in is kept when it mirrors this manifest, else replaced.
                 existing = self._pod("GET", path) if exc.status == 409 else {}
-                if existing.get("metadata", {}).get("annotations", {}).get("kubernetes.io/config.mirror") != mirror_hash:
+                if (
+                    existing.get("metadata", {}).get("annotations", {}).get("kubernetes.io/config.mirror")
+                    != mirror_hash
+                ):
                     self._pod("DELETE", path, missing_ok=True)
                     raise
             self.mirrored[path] = mirror_hash
-        statuses = [{"name": spec["name"], "image": spec["image"], "imageID": "", "ready": running(c),
-                     "started": running(c), "restartCount": c["restarts"], "containerID": f"{RUNTIME[:15]}://{c['pid']}",
-                     "state": {"running": {"startedAt": now(at=c["started_at"])}} if running(c) else {"waiting": {}}}
-                    for spec, c in zip(manifest["spec"]["containers"], state["containers"])]
+        statuses = [
+            {
+                "name": spec["name"],
+                "image": spec["image"],
+                "imageID": "",
+                "ready": running(c),
+                "started": running(c),
+                "restartCount": c["restarts"],
+                "containerID": f"{RUNTIME[:15]}://{c['pid']}",
+                "state": {"running": {"startedAt": now(at=c["started_at"])}} if running(c) else {"waiting": {}},
+            }
+            for spec, c in zip(manifest["spec"]["containers"], state["containers"])
+        ]
         ready = "True" if all(status["ready"] for status in statuses) else "False"
-        status = {"phase": "Running", "hostIP": self.address, "podIP": self.address, "podIPs": [{"ip": self.address}],
-                  "startTime": now(at=state["created"]), "containerStatuses": statuses,
-                  "conditions": [{"type": kind, "status": ready if "Ready" in kind else "True"}
-                                 for kind in ("Initialized", "Ready", "ContainersReady", "PodScheduled")]}
+        status = {
+            "phase": "Running",
+            "hostIP": self.address,
+            "podIP": self.address,
+            "podIPs": [{"ip": self.address}],
+            "startTime": now(at=state["created"]),
+            "containerStatuses": statuses,
+            "conditions": [
+                {"type": kind, "status": ready if "Ready" in kind else "True"}
+                for kind in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+            ],
+        }
         try:
             self._pod("PATCH", path + "/status", {"status": status}, STRATEGIC)
         except ApiError:

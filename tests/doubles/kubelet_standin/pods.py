@@ -1,4 +1,5 @@
 """Static pods as processes, one per container; STATE_DIR/pods/<ns>_<name>.json: pod id, manifest hash, pids, starts."""
+
 from __future__ import annotations
 
 import hashlib
@@ -80,12 +81,23 @@ def parse_manifest(path: Path, node_name: str) -> tuple[str, dict]:
             if "value" not in variable:
                 raise StandinError(f"env {variable.get('name')}: only literal values are supported")
             env[variable["name"]] = str(variable["value"])
-        containers.append({"name": container["name"], "env": env, "workdir": container.get("workingDir") or "/",
-                           "argv": [str(binary), *command[1:], *map(str, container.get("args") or [])]})
+        containers.append(
+            {
+                "name": container["name"],
+                "env": env,
+                "workdir": container.get("workingDir") or "/",
+                "argv": [str(binary), *command[1:], *map(str, container.get("args") or [])],
+            }
+        )
     namespace = meta.get("namespace") or "default"
     return f"{namespace}_{meta['name']}", {
-        "name": f"{meta['name']}-{node_name}", "namespace": namespace, "containers": containers, "manifest": pod,
-        "hash": hashlib.sha256(text.encode()).hexdigest(), "grace": float(spec.get("terminationGracePeriodSeconds", 30))}
+        "name": f"{meta['name']}-{node_name}",
+        "namespace": namespace,
+        "containers": containers,
+        "manifest": pod,
+        "hash": hashlib.sha256(text.encode()).hexdigest(),
+        "grace": float(spec.get("terminationGracePeriodSeconds", 30)),
+    }
 
 
 class StaticPods:
@@ -117,16 +129,24 @@ class StaticPods:
         wanted, states = self.wanted(), read_states()
         for key, state in list(states.items()):
             if wanted.get(key, {}).get("hash") != state["hash"]:
-                self.log(f"stopping pod {key}: its manifest " + ("changed" if key in wanted else "is gone or cannot run"))
+                self.log(
+                    f"stopping pod {key}: its manifest " + ("changed" if key in wanted else "is gone or cannot run")
+                )
                 for container in state["containers"]:
                     stop_container(container, state["grace"])
                 (PODS / f"{key}.json").unlink(missing_ok=True)
                 del states[key]
         for key, pod in wanted.items():
-            state = states.get(key) or {**pod, "id": secrets.token_hex(32), "created": time.time(),
-                                        "containers": [{"name": c["name"], "restarts": 0} for c in pod["containers"]]}
-            changed = [self._keep_running(key, spec, container)
-                       for spec, container in zip(pod["containers"], state["containers"])]
+            state = states.get(key) or {
+                **pod,
+                "id": secrets.token_hex(32),
+                "created": time.time(),
+                "containers": [{"name": c["name"], "restarts": 0} for c in pod["containers"]],
+            }
+            changed = [
+                self._keep_running(key, spec, container)
+                for spec, container in zip(pod["containers"], state["containers"])
+            ]
             if any(changed) or key not in states:
                 write_private(PODS / f"{key}.json", json.dumps(state, indent=1).encode())
 
@@ -148,8 +168,15 @@ class StaticPods:
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "ab") as output:
-                child = subprocess.Popen(spec["argv"], env=spec["env"], cwd=spec["workdir"], stdin=subprocess.DEVNULL,
-                                         stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+                child = subprocess.Popen(
+                    spec["argv"],
+                    env=spec["env"],
+                    cwd=spec["workdir"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         except OSError as exc:
             self.log(f"pod {key} container {spec['name']} cannot start: {exc}; next try in {BACKOFF_MAX:.0f} s")
             container["next_start"] = now + BACKOFF_MAX

@@ -1,4 +1,5 @@
 """The confidential-kubernetes lab: nspawn nodes with swtpm on one machine."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """Command line of the lab: `lab up|down|stop|start|reboot|status|ssh|kubernetes`."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,27 +10,40 @@ from .paths import LabPaths
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="lab", description="Kubernetes lab nodes (systemd-nspawn + swtpm) on this machine.")
+    top = argparse.ArgumentParser(
+        prog="lab", description="Kubernetes lab nodes (systemd-nspawn + swtpm) on this machine."
+    )
     commands = top.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="boot the lab nodes (reusing running ones) and write the inventory")
     up.add_argument("--control-planes", type=int, default=1, metavar="N")
     up.add_argument("--workers", type=int, default=2, metavar="M")
-    up.add_argument("--tamper", nargs="+", default=[], metavar="NODE",
-                    help="boot these nodes with a different kernel command line (PCR 8)")
+    up.add_argument(
+        "--tamper",
+        nargs="+",
+        default=[],
+        metavar="NODE",
+        help="boot these nodes with a different kernel command line (PCR 8)",
+    )
     commands.add_parser("down", help="stop every node and remove bridge, veths and node state")
-    for name, what in (("stop", "power nodes off, keeping their disks and TPM state (all nodes when none is named)"),
-                       ("start", "power stopped nodes on: swtpm restarted (PCRs reset), boot measured (all for none)"),
-                       ("reboot", "power nodes off and on: swtpm restarted, so PCRs (15 too) reset (all for none)")):
+    for name, what in (
+        ("stop", "power nodes off, keeping their disks and TPM state (all nodes when none is named)"),
+        ("start", "power stopped nodes on: swtpm restarted (PCRs reset), boot measured (all for none)"),
+        ("reboot", "power nodes off and on: swtpm restarted, so PCRs (15 too) reset (all for none)"),
+    ):
         power = commands.add_parser(name, help=what)
         power.add_argument("nodes", nargs="*", metavar="NODE")
     commands.add_parser("status", help="table of the nodes")
     ssh = commands.add_parser("ssh", help="ssh into a node, or run a command there")
     ssh.add_argument("node")
     ssh.add_argument("remote", nargs=argparse.REMAINDER, metavar="CMD")
-    real = commands.add_parser("kubernetes", help="build (once) and verify the real Kubernetes binaries in the cache; "
-                                                  "prints their bin dir")
-    real.add_argument("--verify-only", action="store_true",
-                      help="check every binary against SHA256SUMS, change nothing; exit 1 on any problem")
+    real = commands.add_parser(
+        "kubernetes", help="build (once) and verify the real Kubernetes binaries in the cache; prints their bin dir"
+    )
+    real.add_argument(
+        "--verify-only",
+        action="store_true",
+        help="check every binary against SHA256SUMS, change nothing; exit 1 on any problem",
+    )
     return top
 
 
@@ -68,8 +82,9 @@ def _kubernetes(paths: LabPaths, verify_only: bool) -> int:
         lab.log(f"kubernetes: {name}: {problem}")
     if problems:
         return 1
-    lab.log(f"kubernetes: {kubernetes.RELEASE.version}: all {len(kubernetes.RELEASE.artefacts)} binaries "
-            "match SHA256SUMS")
+    lab.log(
+        f"kubernetes: {kubernetes.RELEASE.version}: all {len(kubernetes.RELEASE.artefacts)} binaries match SHA256SUMS"
+    )
     print(kubernetes.CacheLayout(paths, kubernetes.RELEASE).bin_dir)
     return 0
 

@@ -4,6 +4,7 @@ Built once and cached under CK_LAB_CACHE/base-<key>, where the key hashes everyt
 that goes into it (this file included). A build happens in a temporary directory that
 is renamed at the end, so a crash never leaves a half base that looks cached.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,12 +34,29 @@ STANDIN_TOOLS = ("crictl",)
 # The program the node role's kubelet unit runs in the lab (node_stack_kubelet_path).
 STANDIN_KUBELET = f"{DOUBLES_MOUNT}/bin/kubelet"
 PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
-    "iproute2", "cryptsetup-bin", "tpm2-tools", "libtss2-esys-3.0.2-0", "libtss2-tctildr0",
-    "libtss2-tcti-swtpm0", "libtss2-mu0", "libtss2-rc0", "libtss2-fapi1",
-    "ca-certificates", "procps",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-venv",
+    "iproute2",
+    "cryptsetup-bin",
+    "tpm2-tools",
+    "libtss2-esys-3.0.2-0",
+    "libtss2-tctildr0",
+    "libtss2-tcti-swtpm0",
+    "libtss2-mu0",
+    "libtss2-rc0",
+    "libtss2-fapi1",
+    "ca-certificates",
+    "procps",
     # What kubeadm's preflight looks for on a node.
-    "conntrack", "iptables", "ethtool", "socat", "ebtables",
+    "conntrack",
+    "iptables",
+    "ethtool",
+    "socat",
+    "ebtables",
 )
 NODE_IMPORT_CHECK = "import tpm2_pytss, cryptography.hazmat.primitives.hpke, grpc, yaml"
 
@@ -95,9 +113,15 @@ WantedBy=multi-user.target
 
 # Units that only slow a disposable container's boot down.
 MASKED_UNITS = (
-    "apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
-    "fstrim.timer", "systemd-networkd-wait-online.service", "getty@.service",
-    "console-getty.service", "systemd-timesyncd.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "e2scrub_all.timer",
+    "e2scrub_reap.service",
+    "fstrim.timer",
+    "systemd-networkd-wait-online.service",
+    "getty@.service",
+    "console-getty.service",
+    "systemd-timesyncd.service",
 )
 
 
@@ -157,8 +181,10 @@ def _requirements(paths: LabPaths) -> str:
 
 def _build(paths: LabPaths, key: str) -> None:
     if sys.version_info[:2] != (3, 11):
-        raise LabError("building the base needs Python 3.11 on the host (node wheels must match "
-                       f"bookworm's python3), this is {sys.version.split()[0]}")
+        raise LabError(
+            "building the base needs Python 3.11 on the host (node wheels must match "
+            f"bookworm's python3), this is {sys.version.split()[0]}"
+        )
     paths.cache_dir.mkdir(parents=True, exist_ok=True)
     work = paths.cache_dir / f".build-{key[:20]}-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
@@ -166,10 +192,16 @@ def _build(paths: LabPaths, key: str) -> None:
     root = work / "root"
     wheelhouse = work / "wheelhouse"
     try:
-        run([sys.executable, "-m", "pip", "wheel", "--quiet", "-r", paths.requirements_node,
-             "-w", wheelhouse], timeout=1200, what="pip wheel of requirements-node.txt")
-        run(["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, root, MIRROR],
-            timeout=1800, what="debootstrap")
+        run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "-r", paths.requirements_node, "-w", wheelhouse],
+            timeout=1200,
+            what="pip wheel of requirements-node.txt",
+        )
+        run(
+            ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, root, MIRROR],
+            timeout=1800,
+            what="debootstrap",
+        )
         _configure(root, key)
         _install_venv(root, wheelhouse, paths.requirements_node)
         run(_nspawn_pipe(root) + ["/usr/bin/apt-get", "clean"], what="apt-get clean in the base")
@@ -195,12 +227,22 @@ def _configure(root: Path, key: str) -> None:
     (root / "etc/hosts").write_text(hosts_file())
     (root / "etc/machine-id").write_text("")
     (root / "etc/confidential-kubernetes-lab-image").write_text(key + "\n")
-    for directory in (DOUBLES_MOUNT, KUBERNETES_MOUNT, "srv", "root/.ssh", "run/tpm",
-                      "etc/systemd/system/kubelet.service.d", "etc/kubernetes/manifests", "etc/sysctl.d"):
+    for directory in (
+        DOUBLES_MOUNT,
+        KUBERNETES_MOUNT,
+        "srv",
+        "root/.ssh",
+        "run/tpm",
+        "etc/systemd/system/kubelet.service.d",
+        "etc/kubernetes/manifests",
+        "etc/sysctl.d",
+    ):
         (root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
     (root / "root/.ssh").chmod(0o700)
-    links = {**{name: f"{KUBERNETES_MOUNT}/{name}" for name in IMAGE_BINARIES},
-             **{tool: f"{DOUBLES_MOUNT}/bin/{tool}" for tool in STANDIN_TOOLS}}
+    links = {
+        **{name: f"{KUBERNETES_MOUNT}/{name}" for name in IMAGE_BINARIES},
+        **{tool: f"{DOUBLES_MOUNT}/bin/{tool}" for tool in STANDIN_TOOLS},
+    }
     for tool, target in links.items():
         link = root / "usr/local/bin" / tool
         link.unlink(missing_ok=True)
@@ -210,8 +252,18 @@ def _configure(root: Path, key: str) -> None:
     (root / "etc/systemd/system/kubelet.service.d/20-kubelet-standin.conf").write_text(STANDIN_DROPIN)
     (root / "etc/sysctl.d/90-kubernetes.conf").write_text(SYSCTL_CONF)
     (root / "etc/systemd/system/cklab-sysctl.service").write_text(SYSCTL_UNIT)
-    run(["systemctl", f"--root={root}", "enable", "systemd-networkd.service", "ssh.service",
-         "cklab-ssh-hostkey.service", "cklab-sysctl.service"], what="systemctl enable in the base")
+    run(
+        [
+            "systemctl",
+            f"--root={root}",
+            "enable",
+            "systemd-networkd.service",
+            "ssh.service",
+            "cklab-ssh-hostkey.service",
+            "cklab-sysctl.service",
+        ],
+        what="systemctl enable in the base",
+    )
     run(["systemctl", f"--root={root}", "mask", *MASKED_UNITS], what="systemctl mask in the base")
 
 
@@ -222,17 +274,41 @@ def hosts_file(name: str = "", address: str = "") -> str:
 
 
 def _nspawn_pipe(root: Path, *extra: str) -> list[str]:
-    return ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--pipe",
-            f"--directory={root}", "--private-network", *extra]
+    return [
+        "systemd-nspawn",
+        "--quiet",
+        "--register=no",
+        "--keep-unit",
+        "--pipe",
+        f"--directory={root}",
+        "--private-network",
+        *extra,
+    ]
 
 
 def _install_venv(root: Path, wheelhouse: Path, requirements: Path) -> None:
     binds = [f"--bind-ro={wheelhouse}:/tmp/wheelhouse", f"--bind-ro={requirements}:/tmp/requirements-node.txt"]
-    run(_nspawn_pipe(root, *binds) + ["/usr/bin/python3", "-m", "venv", NODE_VENV],
-        timeout=300, what="python3 -m venv in the base")
-    run(_nspawn_pipe(root, *binds, "--setenv=PIP_DISABLE_PIP_VERSION_CHECK=1")
-        + [f"{NODE_VENV}/bin/pip", "install", "--quiet", "--no-index", "--find-links=/tmp/wheelhouse",
-           "-r", "/tmp/requirements-node.txt"],
-        timeout=600, what="pip install in the base")
-    run(_nspawn_pipe(root) + [f"{NODE_VENV}/bin/python", "-c", NODE_IMPORT_CHECK],
-        timeout=120, what="import check of the node venv")
+    run(
+        _nspawn_pipe(root, *binds) + ["/usr/bin/python3", "-m", "venv", NODE_VENV],
+        timeout=300,
+        what="python3 -m venv in the base",
+    )
+    run(
+        _nspawn_pipe(root, *binds, "--setenv=PIP_DISABLE_PIP_VERSION_CHECK=1")
+        + [
+            f"{NODE_VENV}/bin/pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links=/tmp/wheelhouse",
+            "-r",
+            "/tmp/requirements-node.txt",
+        ],
+        timeout=600,
+        what="pip install in the base",
+    )
+    run(
+        _nspawn_pipe(root) + [f"{NODE_VENV}/bin/python", "-c", NODE_IMPORT_CHECK],
+        timeout=120,
+        what="import check of the node venv",
+    )

@@ -4,6 +4,7 @@ entry for it in the lab's row of the versions table, its sha256 taken from the a
 It goes into the lab mirror's tree (cklab/mirror.py), which `lab up` serves on the bridge; the collection fetches it
 like any artefact, by its URL path from the mirror, verifies the sha256, pushes it and installs it with the real helm.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,8 +39,12 @@ def ensure_chart(paths: LabPaths, tree: Path, base_url: str) -> dict:
     if not archive.exists() or archive.stat().st_mtime < newest:
         archive.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=archive.parent) as staging:
-            run = subprocess.run([str(paths.kubernetes_bin / "helm-3.17.2"), "package", str(source), "--destination", staging],
-                                 capture_output=True, text=True, check=False)
+            run = subprocess.run(
+                [str(paths.kubernetes_bin / "helm-3.17.2"), "package", str(source), "--destination", staging],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if run.returncode != 0:
                 raise LabError(f"helm package {source} failed: {run.stderr.strip() or run.stdout.strip()}")
             (Path(staging) / archive.name).replace(archive)

@@ -1,4 +1,5 @@
 """The host side: one command runner, and the checks of what the lab needs."""
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,13 @@ def run(
     full_env = None if env is None else {**os.environ, **env}
     try:
         done = subprocess.run(
-            args, env=full_env, input=input_text, capture_output=True, text=True,
-            timeout=timeout, check=False,
+            args,
+            env=full_env,
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired as exc:
         raise LabError(f"{what or args[0]}: no answer within {timeout:.0f} s") from exc
@@ -84,8 +90,7 @@ def check_host() -> None:
         raise LabError("the lab needs root (it creates a bridge and boots nspawn nodes)")
     packages = missing_packages()
     if packages:
-        raise LabError("missing host packages: " + " ".join(packages)
-                       + " (apt-get install " + " ".join(packages) + ")")
+        raise LabError("missing host packages: " + " ".join(packages) + " (apt-get install " + " ".join(packages) + ")")
     features = missing_kernel_features()
     if features:
         raise LabError("missing kernel features: " + "; ".join(features))
@@ -107,8 +112,10 @@ def ensure_inotify_instances(node_count: int, setting: Path = INOTIFY_INSTANCES,
             setting.write_text(f"{wanted}\n")
             log(f"raised fs.inotify.max_user_instances from {current} to {wanted} for {node_count} nodes")
     except (OSError, ValueError) as exc:
-        raise LabError(f"cannot raise fs.inotify.max_user_instances to {wanted} "
-                       f"(nodes would fail with 'Too many open files'): {exc}") from exc
+        raise LabError(
+            f"cannot raise fs.inotify.max_user_instances to {wanted} "
+            f"(nodes would fail with 'Too many open files'): {exc}"
+        ) from exc
 
 
 def file_sha256(path: Path) -> str:

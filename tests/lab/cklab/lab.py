@@ -1,4 +1,5 @@
 """The lab's commands: up, down, status, ssh."""
+
 from __future__ import annotations
 
 import fcntl
@@ -49,6 +50,7 @@ def boot_timeout(node_count: int) -> float:
 
 # ---- up ---------------------------------------------------------------------------------
 
+
 def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) -> None:
     wanted = plan_nodes(control_planes, workers, set(tamper))
     check_host()
@@ -65,14 +67,18 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
             network.ensure_bridge()
             tree = mirror.tree_dir(bin_dir.parent)
             mirror_url = mirror.serve(paths, tree)
-            _write_outputs(paths, wanted, base, cni.with_chart(mirror.load_row(bin_dir.parent), paths, tree), mirror_url)
+            _write_outputs(
+                paths, wanted, base, cni.with_chart(mirror.load_row(bin_dir.parent), paths, tree), mirror_url
+            )
             _wait_for_ssh(paths, wanted, boot_timeout(len(fresh)))
         except LabError:
             log("tearing the lab down after the failure")
             _teardown(paths)
             raise
-    log(f"{len(wanted)} nodes up ({len(fresh)} started) in {time.monotonic() - started:.1f} s; "
-        f"Kubernetes mirror at {mirror_url}")
+    log(
+        f"{len(wanted)} nodes up ({len(fresh)} started) in {time.monotonic() - started:.1f} s; "
+        f"Kubernetes mirror at {mirror_url}"
+    )
     print(paths.inventory)
 
 
@@ -81,8 +87,10 @@ def check_kubernetes_bin(paths: LabPaths) -> None:
     needed = {*base_image.IMAGE_BINARIES, *(artifact.source for artifact in mirror.ARTIFACTS)}
     missing = [name for name in sorted(needed) if not os.access(paths.kubernetes_bin / name, os.X_OK)]
     if missing:
-        raise LabError(f"Kubernetes binaries missing from {paths.kubernetes_bin}: {' '.join(missing)} "
-                       "(build them with tests/lab/lab kubernetes)")
+        raise LabError(
+            f"Kubernetes binaries missing from {paths.kubernetes_bin}: {' '.join(missing)} "
+            "(build them with tests/lab/lab kubernetes)"
+        )
 
 
 def cannot_boot(paths: LabPaths) -> str | None:
@@ -105,8 +113,10 @@ def _ensure_lab_identity(paths: LabPaths) -> None:
     paths.ssh_dir.mkdir(parents=True, exist_ok=True)
     paths.ssh_dir.chmod(0o700)
     if not paths.ssh_key.is_file():
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "confidential-kubernetes-lab",
-             "-f", paths.ssh_key], what="ssh-keygen for the lab key")
+        run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "confidential-kubernetes-lab", "-f", paths.ssh_key],
+            what="ssh-keygen for the lab key",
+        )
     tpm.write_ca_config(paths)
 
 
@@ -122,8 +132,12 @@ def _converge(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base) ->
     to_start = []
     for node in wanted:
         record = nodes.recorded(paths, node.name)
-        same = (record is not None and record.get("image_id") == base.image_id
-                and record.get("tampered") == node.tampered and record.get("address") == node.address)
+        same = (
+            record is not None
+            and record.get("image_id") == base.image_id
+            and record.get("tampered") == node.tampered
+            and record.get("address") == node.address
+        )
         if same and nodes.is_running(paths, node.name):
             continue
         if record is not None and record.get("image_id") != base.image_id:
@@ -151,8 +165,9 @@ def _converge(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base) ->
     return to_start
 
 
-def _start_node(paths: LabPaths, node: NodeSpec, base: base_image.Base, setup_conf: Path,
-                authorized_key: str) -> str | None:
+def _start_node(
+    paths: LabPaths, node: NodeSpec, base: base_image.Base, setup_conf: Path, authorized_key: str
+) -> str | None:
     """Manufacture (once), power on the TPM, measure the boot, boot the node. Return an error or None."""
     try:
         paths.node_dir(node.name).mkdir(parents=True, exist_ok=True)
@@ -178,8 +193,9 @@ def _start_node(paths: LabPaths, node: NodeSpec, base: base_image.Base, setup_co
     return None
 
 
-def _write_outputs(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base, versions_row: dict,
-                   mirror_url: str) -> None:
+def _write_outputs(
+    paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base, versions_row: dict, mirror_url: str
+) -> None:
     tpm.export_ek_ca(paths)
     paths.measurement_policy.write_text(measure.golden_policy(base.image_id))
     known_hosts = []
@@ -187,8 +203,9 @@ def _write_outputs(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Bas
         key = nodes.host_public_key(paths, node.name).read_text().split()
         known_hosts.append(f"{node.address} {key[0]} {key[1]}\n")
     paths.known_hosts.write_text("".join(known_hosts))
-    paths.inventory.write_text(render_inventory(wanted, paths.lab_dir, paths.ssh_key, paths.known_hosts,
-                                                versions_row, mirror_url))
+    paths.inventory.write_text(
+        render_inventory(wanted, paths.lab_dir, paths.ssh_key, paths.known_hosts, versions_row, mirror_url)
+    )
 
 
 def _port_open(address: str) -> bool:
@@ -199,16 +216,28 @@ def _port_open(address: str) -> bool:
         return False
 
 
-def ssh_command(paths: LabPaths, address: str, *remote: str, connect_timeout: int = 5,
-                batch: bool = True) -> list[str]:
-    return ["ssh", "-i", str(paths.ssh_key), *ssh_options(paths.known_hosts, batch=batch),
-            "-o", f"ConnectTimeout={connect_timeout}", f"root@{address}", *remote]
+def ssh_command(paths: LabPaths, address: str, *remote: str, connect_timeout: int = 5, batch: bool = True) -> list[str]:
+    return [
+        "ssh",
+        "-i",
+        str(paths.ssh_key),
+        *ssh_options(paths.known_hosts, batch=batch),
+        "-o",
+        f"ConnectTimeout={connect_timeout}",
+        f"root@{address}",
+        *remote,
+    ]
 
 
 def ssh_ok(paths: LabPaths, address: str, timeout: float = 10.0) -> bool:
     try:
-        done = subprocess.run(ssh_command(paths, address, "true"), stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            ssh_command(paths, address, "true"),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0
@@ -242,6 +271,7 @@ def _wait_for_ssh(paths: LabPaths, wanted: list[NodeSpec], seconds: float) -> No
 
 # ---- power: stop, start, reboot ---------------------------------------------------------
 
+
 def recorded_nodes(paths: LabPaths, names: list[str]) -> list[NodeSpec]:
     """The lab's nodes of these names (every recorded node for none), as `up` made them; unknown names are an error."""
     known = {name: nodes.recorded(paths, name) for name in _recorded_names(paths)}
@@ -253,8 +283,10 @@ def recorded_nodes(paths: LabPaths, names: list[str]) -> list[NodeSpec]:
         have = " ".join(sorted(known, key=_node_order))
         raise LabError(f"not nodes of this lab: {' '.join(unknown)} (it has {have})")
     chosen = sorted(names or known, key=_node_order)
-    return [NodeSpec(known[n]["name"], known[n]["role"], known[n]["address"], bool(known[n].get("tampered")))
-            for n in chosen]
+    return [
+        NodeSpec(known[n]["name"], known[n]["role"], known[n]["address"], bool(known[n].get("tampered")))
+        for n in chosen
+    ]
 
 
 def stop(paths: LabPaths, names: list[str]) -> None:
@@ -294,8 +326,9 @@ def _base_of(paths: LabPaths, chosen: list[NodeSpec]) -> base_image.Base:
     base = base_image.cached_base(paths)
     for node in chosen:
         if base is None or (nodes.recorded(paths, node.name) or {}).get("image_id") != base.image_id:
-            raise LabError(f"{node.name} was made over another base image than the cached one; "
-                           "run 'lab up' to rebuild it")
+            raise LabError(
+                f"{node.name} was made over another base image than the cached one; run 'lab up' to rebuild it"
+            )
     return base
 
 
@@ -314,6 +347,7 @@ def _power_on(paths: LabPaths, chosen: list[NodeSpec], base: base_image.Base) ->
 
 
 # ---- down -------------------------------------------------------------------------------
+
 
 def down(paths: LabPaths) -> None:
     if os.geteuid() != 0:
@@ -420,6 +454,7 @@ def _unmount_under(directory: Path) -> None:
 
 # ---- status and ssh ---------------------------------------------------------------------
 
+
 def status(paths: LabPaths) -> int:
     names = _recorded_names(paths)
     if not names:
@@ -428,17 +463,33 @@ def status(paths: LabPaths) -> int:
     rows = [("NAME", "ROLE", "ADDRESS", "TAMPERED", "NSPAWN", "SWTPM", "SSH")]
     with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
         records = {name: nodes.recorded(paths, name) or {} for name in names}
-        reachable = dict(zip(names, pool.map(
-            lambda n: bool(records[n].get("address")) and paths.known_hosts.is_file()
-            and _port_open(records[n]["address"]) and ssh_ok(paths, records[n]["address"], timeout=5), names)))
+        reachable = dict(
+            zip(
+                names,
+                pool.map(
+                    lambda n: (
+                        bool(records[n].get("address"))
+                        and paths.known_hosts.is_file()
+                        and _port_open(records[n]["address"])
+                        and ssh_ok(paths, records[n]["address"], timeout=5)
+                    ),
+                    names,
+                ),
+            )
+        )
     for name in sorted(names, key=_node_order):
         record = records[name]
-        rows.append((
-            name, record.get("role", "?"), record.get("address", "?"),
-            "yes" if record.get("tampered") else "no",
-            str(nodes.live_pid(paths, name, "nspawn") or "-"), str(nodes.live_pid(paths, name, "swtpm") or "-"),
-            "ok" if reachable[name] else "no",
-        ))
+        rows.append(
+            (
+                name,
+                record.get("role", "?"),
+                record.get("address", "?"),
+                "yes" if record.get("tampered") else "no",
+                str(nodes.live_pid(paths, name, "nspawn") or "-"),
+                str(nodes.live_pid(paths, name, "swtpm") or "-"),
+                "ok" if reachable[name] else "no",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

@@ -6,6 +6,7 @@ its PCR 8 differs from the policy. The log is written in the TCG crypto-agile bi
 own event log module (plugins/module_utils/_attestation/eventlog.py), which the verifier parses: one format and
 one parser for the lab's made-up events and real firmware logs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,10 +79,16 @@ def boot_events(image_id: str, tampered: bool) -> list[BootEvent]:
     kernel = f"confidential-kubernetes-lab kernel {image_id}"
     command_line = kernel_command_line(tampered)
     return [
-        BootEvent(4, _sha256_hex(kernel), KERNEL_PATH, "EV_EFI_BOOT_SERVICES_APPLICATION",
-                  _image_load_event(KERNEL_PATH)),
-        BootEvent(8, _sha256_hex(command_line), f"kernel_cmdline: {command_line}", "EV_IPL",
-                  f"kernel_cmdline: {command_line}".encode() + b"\x00"),
+        BootEvent(
+            4, _sha256_hex(kernel), KERNEL_PATH, "EV_EFI_BOOT_SERVICES_APPLICATION", _image_load_event(KERNEL_PATH)
+        ),
+        BootEvent(
+            8,
+            _sha256_hex(command_line),
+            f"kernel_cmdline: {command_line}",
+            "EV_IPL",
+            f"kernel_cmdline: {command_line}".encode() + b"\x00",
+        ),
         BootEvent(9, _sha256_hex(image_id), f"image: {image_id}", "EV_IPL", f"image: {image_id}".encode() + b"\x00"),
     ]
 
@@ -102,8 +109,9 @@ def replay(events: list[BootEvent]) -> dict[int, str]:
 def event_log(events: list[BootEvent]) -> bytes:
     """The node's TCG event log (crypto-agile binary, as /sys/kernel/security/tpm0/binary_bios_measurements)."""
     module = eventlog()
-    return module.build(BANKS, [(e.pcr, module.EVENT_TYPE_IDS[e.type], {"sha256": bytes.fromhex(e.digest)}, e.data)
-                                for e in events])
+    return module.build(
+        BANKS, [(e.pcr, module.EVENT_TYPE_IDS[e.type], {"sha256": bytes.fromhex(e.digest)}, e.data) for e in events]
+    )
 
 
 def replay_log(raw: bytes) -> dict[int, str]:
@@ -120,9 +128,11 @@ def render_policy(expected: dict[int, str], events: list[BootEvent] = ()) -> str
         lines.append("event_log:")
         # Descriptions through the parser, so that they are what the verifier will compare them with.
         for event in eventlog().parse(event_log(list(events))).events:
-            lines.append(f"  - {{pcr: {event.pcr}, type: {event.type_name}, "
-                         f"description: {json.dumps(event.description)}, "
-                         f'digest: "{event.digests["sha256"].hex()}"}}')
+            lines.append(
+                f"  - {{pcr: {event.pcr}, type: {event.type_name}, "
+                f"description: {json.dumps(event.description)}, "
+                f'digest: "{event.digests["sha256"].hex()}"}}'
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,7 @@ the recorded helm, and its sha256 is that of the packed bytes. Nothing is hashed
 on `lab-mirror.invalid`, a name that never resolves: `lab up` serves the tree on the bridge address and sets
 `kubernetes_mirror_url`, which the node role puts in front of each URL's path.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -111,8 +112,10 @@ def render_row(digests: Mapping[str, str]) -> dict:
     """The lab's row from the sha256 of each artefact's file in the tree."""
     artifacts: dict = {name: None for name in NOT_PROVIDED}
     for artifact in ARTIFACTS:
-        artifacts[artifact.name] = {"version": artifact.version,
-                                    ARCH: {"url": f"{ROW_BASE_URL}/{artifact.url_path}", "sha256": digests[artifact.name]}}
+        artifacts[artifact.name] = {
+            "version": artifact.version,
+            ARCH: {"url": f"{ROW_BASE_URL}/{artifact.url_path}", "sha256": digests[artifact.name]},
+        }
     return {"artifacts": artifacts, "images": dict(IMAGES)}
 
 
@@ -210,6 +213,7 @@ def _place(path: Path, *, data: bytes | None = None, source: Path | None = None)
 
 # ---- the server -------------------------------------------------------------------------
 
+
 def url() -> str:
     return f"http://{HOST_ADDRESS}:{PORT}"
 
@@ -242,15 +246,17 @@ def serve(paths: LabPaths, tree: Path) -> str:
         stop(paths)
     log_file = paths.lab_dir / "mirror.log"
     with open(log_file, "ab") as output:
-        process = subprocess.Popen(_command(tree), stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            _command(tree), stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True
+        )
     _pid_file(paths).write_text(f"{process.pid}\n")
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
             tail = log_file.read_text(errors="replace").strip().splitlines()[-5:]
-            raise LabError(f"the lab mirror server exited ({process.returncode}) on {HOST_ADDRESS}:{PORT}: "
-                           + " | ".join(tail))
+            raise LabError(
+                f"the lab mirror server exited ({process.returncode}) on {HOST_ADDRESS}:{PORT}: " + " | ".join(tail)
+            )
         try:
             with socket.create_connection((HOST_ADDRESS, PORT), timeout=1.0):
                 return url()

@@ -1,4 +1,5 @@
 """The lab bridge on the host, and the veths nspawn attaches to it."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ def ensure_bridge() -> None:
         try:
             run(["ip", "link", "add", BRIDGE, "type", "bridge"], what="ip link add (bridge)")
         except LabError as exc:
-            raise LabError(f"cannot create the lab bridge {BRIDGE}; this kernel may lack bridge support ({exc})") from exc
+            raise LabError(
+                f"cannot create the lab bridge {BRIDGE}; this kernel may lack bridge support ({exc})"
+            ) from exc
     addresses = json.loads(run(["ip", "-json", "addr", "show", "dev", BRIDGE], what="ip addr show"))
     have = {(a.get("local"), a.get("prefixlen")) for entry in addresses for a in entry.get("addr_info", [])}
     if (HOST_ADDRESS, PREFIX_LENGTH) not in have:
@@ -36,7 +39,7 @@ def lab_veths() -> list[str]:
     for link in _links():
         name = link.get("ifname", "")
         base = name.split("@", 1)[0]
-        ours = base.startswith("vb-" + MACHINE_PREFIX) and is_lab_node_name(base[3 + len(MACHINE_PREFIX):])
+        ours = base.startswith("vb-" + MACHINE_PREFIX) and is_lab_node_name(base[3 + len(MACHINE_PREFIX) :])
         if ours or link.get("master") == BRIDGE:
             found.append(base)
     return found

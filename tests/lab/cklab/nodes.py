@@ -4,6 +4,7 @@ nodes/NAME/ holds upper/ (the overlay upper dir: authorized_keys, the node's SSH
 key, the state-disk file), etc/ (hostname, hosts and network unit, bound read-only), tpm/
 (bound to /run/tpm), tpm-state/, node.json, the pid files and the logs.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ def prepare(paths: LabPaths, node: NodeSpec, image_id: str, authorized_key: str)
     host_key = upper / "etc/ssh/ssh_host_ed25519_key"
     if not host_key.is_file():
         host_key.parent.mkdir(parents=True, exist_ok=True)
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{node.name}", "-f", host_key],
-            what=f"ssh-keygen for {node.name}")
+        run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{node.name}", "-f", host_key],
+            what=f"ssh-keygen for {node.name}",
+        )
     disk = upper / STATE_DISK
     if not disk.exists():
         disk.parent.mkdir(parents=True, exist_ok=True)
@@ -73,8 +76,13 @@ def recorded(paths: LabPaths, name: str) -> dict | None:
 def nspawn_command(paths: LabPaths, node: NodeSpec, base: Base) -> list[str]:
     directory = paths.node_dir(node.name)
     return [
-        "systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--boot",
-        f"--machine={MACHINE_PREFIX}{node.name}", f"--directory={base.root}",
+        "systemd-nspawn",
+        "--quiet",
+        "--register=no",
+        "--keep-unit",
+        "--boot",
+        f"--machine={MACHINE_PREFIX}{node.name}",
+        f"--directory={base.root}",
         f"--overlay={base.root}:{upper_dir(paths, node.name)}:/",
         f"--network-bridge={BRIDGE}",
         f"--bind-ro={directory}/etc/hostname:/etc/hostname",
@@ -83,7 +91,10 @@ def nspawn_command(paths: LabPaths, node: NodeSpec, base: Base) -> list[str]:
         f"--bind={directory}/tpm:/run/tpm",
         f"--bind-ro={paths.doubles_dir}:{DOUBLES_MOUNT}",
         *(f"--bind-ro={paths.kubernetes_bin / name}:{KUBERNETES_MOUNT}/{name}" for name in IMAGE_BINARIES),
-        "--console=read-only", "--link-journal=no", "--resolv-conf=off", "--timezone=off",
+        "--console=read-only",
+        "--link-journal=no",
+        "--resolv-conf=off",
+        "--timezone=off",
     ]
 
 
@@ -91,8 +102,13 @@ def start(paths: LabPaths, node: NodeSpec, base: Base) -> int:
     """Boot the node in the background; its console goes to console.log. Return the nspawn pid."""
     directory = paths.node_dir(node.name)
     with open(directory / "console.log", "ab") as console:
-        process = subprocess.Popen(nspawn_command(paths, node, base), stdin=subprocess.DEVNULL,
-                                   stdout=console, stderr=console, start_new_session=True)
+        process = subprocess.Popen(
+            nspawn_command(paths, node, base),
+            stdin=subprocess.DEVNULL,
+            stdout=console,
+            stderr=console,
+            start_new_session=True,
+        )
     (directory / "nspawn.pid").write_text(f"{process.pid}\n")
     return process.pid
 

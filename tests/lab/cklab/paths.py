@@ -1,4 +1,5 @@
 """Where the lab keeps its run state, its base cache and the repository."""
+
 from __future__ import annotations
 
 import os

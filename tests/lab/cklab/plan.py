@@ -4,6 +4,7 @@ Control planes take 10.77.I.10-19 and workers 10.77.I.20-254, so a lab holds up 
 10 control planes and 235 workers. I is CK_LAB_INDEX (0-9, default 0): labs with
 different indexes (and different CK_LAB_DIRs) run side by side on their own bridges.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,10 +57,7 @@ def plan_nodes(control_planes: int, workers: int, tampered: frozenset[str] | set
     nodes = [
         NodeSpec(f"cp-{i}", ROLE_CONTROL_PLANE, f"{NETWORK_PREFIX}.{CONTROL_PLANE_FIRST + i}")
         for i in range(control_planes)
-    ] + [
-        NodeSpec(f"worker-{i}", ROLE_WORKER, f"{NETWORK_PREFIX}.{WORKER_FIRST + i}")
-        for i in range(workers)
-    ]
+    ] + [NodeSpec(f"worker-{i}", ROLE_WORKER, f"{NETWORK_PREFIX}.{WORKER_FIRST + i}") for i in range(workers)]
     unknown = sorted(set(tampered) - {node.name for node in nodes})
     if unknown:
         raise LabError(f"--tamper names no node of this lab: {', '.join(unknown)}")
@@ -84,6 +82,6 @@ def network_unit(node: NodeSpec) -> str:
 def is_lab_node_name(name: str) -> bool:
     """Whether a name has the form of a lab node name (used to find leftovers)."""
     for prefix in ("cp-", "worker-"):
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
             return True
     return False

@@ -5,6 +5,7 @@ The lab CA lives in CK_LAB_DIR/ca: swtpm_localca makes a root CA and an intermed
 check an EK certificate. Node TPM state lives in nodes/NAME/tpm-state (not visible in the
 node); nodes/NAME/tpm (bound to /run/tpm in the node) holds only the sockets and the event log.
 """
+
 from __future__ import annotations
 
 import re
@@ -50,9 +51,7 @@ def write_ca_config(paths: LabPaths) -> Path:
         f"certserial = {ca}/certserial\n"
     )
     (ca / "swtpm-localca.options").write_text(
-        "--platform-manufacturer confidential-kubernetes-lab\n"
-        "--platform-version 2.1\n"
-        "--platform-model cklab\n"
+        "--platform-manufacturer confidential-kubernetes-lab\n--platform-version 2.1\n--platform-model cklab\n"
     )
     setup_conf = ca / "swtpm_setup.conf"
     setup_conf.write_text(
@@ -82,9 +81,25 @@ def manufacture(paths: LabPaths, name: str, setup_conf: Path) -> None:
     if (state / "tpm2-00.permall").is_file():
         return
     state.mkdir(parents=True, exist_ok=True)
-    run(["swtpm_setup", "--tpm2", "--tpmstate", state, "--create-ek-cert", "--create-platform-cert",
-         "--lock-nvram", "--config", setup_conf, "--vmid", name, "--overwrite"],
-        env={"XDG_CONFIG_HOME": str(paths.ca_dir)}, timeout=120, what=f"swtpm_setup for {name}")
+    run(
+        [
+            "swtpm_setup",
+            "--tpm2",
+            "--tpmstate",
+            state,
+            "--create-ek-cert",
+            "--create-platform-cert",
+            "--lock-nvram",
+            "--config",
+            setup_conf,
+            "--vmid",
+            name,
+            "--overwrite",
+        ],
+        env={"XDG_CONFIG_HOME": str(paths.ca_dir)},
+        timeout=120,
+        what=f"swtpm_setup for {name}",
+    )
 
 
 def start(paths: LabPaths, name: str) -> int:
@@ -101,10 +116,25 @@ def start(paths: LabPaths, name: str) -> int:
     log = open(paths.node_dir(name) / "swtpm.log", "ab")
     try:
         process = subprocess.Popen(
-            ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={tpm_state_dir(paths, name)}",
-             "--server", f"type=unixio,path={sock}", "--ctrl", f"type=unixio,path={sock}.ctrl",
-             "--flags", "not-need-init,startup-clear", "--pid", f"file={pid_file}"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            [
+                "swtpm",
+                "socket",
+                "--tpm2",
+                "--tpmstate",
+                f"dir={tpm_state_dir(paths, name)}",
+                "--server",
+                f"type=unixio,path={sock}",
+                "--ctrl",
+                f"type=unixio,path={sock}.ctrl",
+                "--flags",
+                "not-need-init,startup-clear",
+                "--pid",
+                f"file={pid_file}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
     finally:
         log.close()
@@ -131,14 +161,22 @@ def _accepts(path: Path) -> bool:
 def extend_events(paths: LabPaths, name: str, events: list[BootEvent]) -> None:
     env = {"TPM2TOOLS_TCTI": host_tcti(paths, name)}
     for event in events:
-        run(["tpm2_pcrextend", f"{event.pcr}:sha256={event.digest}"], env=env, timeout=30,
-            what=f"tpm2_pcrextend of PCR {event.pcr} on {name}")
+        run(
+            ["tpm2_pcrextend", f"{event.pcr}:sha256={event.digest}"],
+            env=env,
+            timeout=30,
+            what=f"tpm2_pcrextend of PCR {event.pcr} on {name}",
+        )
 
 
 def read_pcrs(paths: LabPaths, name: str, pcrs: tuple[int, ...]) -> dict[int, str]:
     """Current SHA-256 PCR values (hex) of a node's TPM."""
-    out = run(["tpm2_pcrread", "sha256:" + ",".join(str(p) for p in pcrs)],
-              env={"TPM2TOOLS_TCTI": host_tcti(paths, name)}, timeout=30, what=f"tpm2_pcrread on {name}")
+    out = run(
+        ["tpm2_pcrread", "sha256:" + ",".join(str(p) for p in pcrs)],
+        env={"TPM2TOOLS_TCTI": host_tcti(paths, name)},
+        timeout=30,
+        what=f"tpm2_pcrread on {name}",
+    )
     return parse_pcrread(out)
 
 
@@ -153,13 +191,19 @@ def parse_pcrread(text: str) -> dict[int, str]:
 def verify_ek_certificate(paths: LabPaths, name: str) -> None:
     """Read the RSA EK certificate from NV and check that it chains to ek-ca.pem."""
     der = paths.node_dir(name) / "ek-rsa.der"
-    run(["tpm2_nvread", EK_CERT_NV_INDEX_RSA, "-C", "o", "-o", der],
-        env={"TPM2TOOLS_TCTI": host_tcti(paths, name)}, timeout=30, what=f"tpm2_nvread of the EK certificate on {name}")
+    run(
+        ["tpm2_nvread", EK_CERT_NV_INDEX_RSA, "-C", "o", "-o", der],
+        env={"TPM2TOOLS_TCTI": host_tcti(paths, name)},
+        timeout=30,
+        what=f"tpm2_nvread of the EK certificate on {name}",
+    )
     pem = paths.node_dir(name) / "ek-rsa.pem"
     run(["openssl", "x509", "-inform", "DER", "-in", der, "-out", pem], what="openssl x509")
     root = paths.ca_dir / "swtpm-localca-rootca-cert.pem"
     intermediate = paths.ca_dir / "issuercert.pem"
-    out = run(["openssl", "verify", "-CAfile", root, "-untrusted", intermediate, pem],
-              what=f"openssl verify of the EK certificate of {name}")
+    out = run(
+        ["openssl", "verify", "-CAfile", root, "-untrusted", intermediate, pem],
+        what=f"openssl verify of the EK certificate of {name}",
+    )
     if not out.strip().endswith("OK"):
         raise LabError(f"the EK certificate of {name} does not chain to {paths.ek_ca}")

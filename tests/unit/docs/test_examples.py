@@ -53,8 +53,11 @@ def _module_examples() -> list[Snippet]:
     found = []
     for path in sorted((REPO / "plugins" / "modules").glob("*.py")):
         for node in ast.parse(path.read_text()).body:
-            if (isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["EXAMPLES"]
-                    and isinstance(node.value, ast.Constant)):
+            if (
+                isinstance(node, ast.Assign)
+                and [getattr(t, "id", "") for t in node.targets] == ["EXAMPLES"]
+                and isinstance(node.value, ast.Constant)
+            ):
                 found.append(Snippet(f"{path.relative_to(REPO)}:EXAMPLES", "yaml", node.value.value))
     return found
 
@@ -78,9 +81,14 @@ def _is_play(item: object) -> bool:
 
 
 def _is_inventory(doc: object) -> bool:
-    return (isinstance(doc, dict) and bool(doc)
-            and all(isinstance(group, dict) and set(group) <= GROUP_KEYS and set(group) & {"hosts", "children"}
-                    for group in doc.values()))
+    return (
+        isinstance(doc, dict)
+        and bool(doc)
+        and all(
+            isinstance(group, dict) and set(group) <= GROUP_KEYS and set(group) & {"hosts", "children"}
+            for group in doc.values()
+        )
+    )
 
 
 def _playbooks() -> list[tuple[Snippet, list]]:
@@ -90,8 +98,11 @@ def _playbooks() -> list[tuple[Snippet, list]]:
         doc = _load(snippet)
         if isinstance(doc, list) and doc and all(_is_play(item) for item in doc):
             plays.append((snippet, doc))
-        elif isinstance(doc, list) and doc and all(isinstance(item, dict) and ("name" in item or "block" in item)
-                                                   for item in doc):
+        elif (
+            isinstance(doc, list)
+            and doc
+            and all(isinstance(item, dict) and ("name" in item or "block" in item) for item in doc)
+        ):
             plays.append((snippet, [{"name": str(snippet), "hosts": "cluster", "gather_facts": False, "tasks": doc}]))
     return plays
 
@@ -128,12 +139,28 @@ def test_every_module_example_is_a_task_list(snippet):
 
 def _syntax_check(tmp_path: Path, files: list[Path]) -> subprocess.CompletedProcess:
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"children": {
-        "control_plane": {"hosts": {"cp-0": None}}, "workers": {"hosts": {"worker-0": None}},
-        "cluster": {"children": {"control_plane": None, "workers": None}}}}}))
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "control_plane": {"hosts": {"cp-0": None}},
+                        "workers": {"hosts": {"worker-0": None}},
+                        "cluster": {"children": {"control_plane": None, "workers": None}},
+                    }
+                }
+            }
+        )
+    )
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run([ANSIBLE_PLAYBOOK, "--syntax-check", "-i", str(inventory), *map(str, files)],
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "--syntax-check", "-i", str(inventory), *map(str, files)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
 
 
 def test_every_playbook_snippet_and_module_example_passes_the_syntax_check(tmp_path):
@@ -186,8 +213,11 @@ def test_every_inventory_snippet_names_its_nodes_in_the_cluster_group(snippet):
 NO_STACK = ("docs/playbooks/reset.md", "docs/playbooks/remove_node.md", "docs/roles/reset.md")
 
 
-@pytest.mark.parametrize("snippet", [s for s in INVENTORIES if "confidential_state_disk" in s.text
-                                     and not s.where.startswith(NO_STACK)], ids=str)
+@pytest.mark.parametrize(
+    "snippet",
+    [s for s in INVENTORIES if "confidential_state_disk" in s.text and not s.where.startswith(NO_STACK)],
+    ids=str,
+)
 def test_every_cluster_inventory_snippet_pins_a_kubernetes_version(snippet):
     """A cluster inventory without kubernetes_version stops site.yml at the CNI check (docs/inventory.md once did)."""
     names = {key for key, unused_value in _walk(_load(snippet))}
@@ -197,8 +227,11 @@ def test_every_cluster_inventory_snippet_pins_a_kubernetes_version(snippet):
 def _versions_named() -> list[tuple[str, str]]:
     named = []
     for snippet in YAML_SNIPPETS + EXAMPLES:
-        named += [(str(snippet), str(value)) for key, value in _walk(_load(snippet))
-                  if key in VERSION_KEYS + ("kubernetes_version",) and "{{" not in str(value)]
+        named += [
+            (str(snippet), str(value))
+            for key, value in _walk(_load(snippet))
+            if key in VERSION_KEYS + ("kubernetes_version",) and "{{" not in str(value)
+        ]
     for snippet in BASH_SNIPPETS:
         named += [(str(snippet), value) for value in re.findall(r"\bkubernetes_version=([\w.]+)", snippet.text)]
     return named
@@ -215,16 +248,25 @@ def test_every_cilium_chart_a_snippet_names_is_the_tables():
     cilium = {row["artifacts"]["cilium"]["version"] for row in TABLE.values()}
     named = [(str(s), v) for s in SNIPPETS + EXAMPLES for v in re.findall(r"cilium-(\d+\.\d+\.\d+)", s.text)]
     for snippet in YAML_SNIPPETS:
-        named += [(str(snippet), str(release.get("chart_version", ""))) for key, value in _walk(_load(snippet))
-                  if key == "upgrade_releases" for release in value or [] if release.get("release_name") == "cilium"]
+        named += [
+            (str(snippet), str(release.get("chart_version", "")))
+            for key, value in _walk(_load(snippet))
+            if key == "upgrade_releases"
+            for release in value or []
+            if release.get("release_name") == "cilium"
+        ]
     wrong = [f"{where}: {value}" for where, value in named if value.removeprefix("v") not in cilium]
     assert not wrong, f"Cilium charts that are not the table's ({', '.join(sorted(cilium))}):\n" + "\n".join(wrong)
 
 
 def test_every_playbook_a_command_names_exists():
     shipped = {path.stem for path in (REPO / "playbooks").glob("*.yml")}
-    named = [(str(s), name) for s in BASH_SNIPPETS for name in re.findall(r"confidential\.kubernetes\.(\w+)", s.text)
-             if re.search(rf"ansible-playbook[^\n]*confidential\.kubernetes\.{name}\b", s.text)]
+    named = [
+        (str(s), name)
+        for s in BASH_SNIPPETS
+        for name in re.findall(r"confidential\.kubernetes\.(\w+)", s.text)
+        if re.search(rf"ansible-playbook[^\n]*confidential\.kubernetes\.{name}\b", s.text)
+    ]
     assert named
     missing = [f"{where}: {name}" for where, name in named if name not in shipped]
     assert not missing, "commands naming playbooks the collection does not ship:\n" + "\n".join(missing)

@@ -29,9 +29,13 @@ def test_the_variables_page_lists_every_option_of_every_argument_spec():
 
 def test_the_check_fails_for_a_stale_page(tmp_path):
     stale = tmp_path / "variables-page.py"
-    stale.write_text(SCRIPT.read_text().replace('PAGE = REPO / "docs" / "variables.md"',
-                                                f'PAGE = __import__("pathlib").Path("{tmp_path}") / "variables.md"')
-                     .replace("REPO = Path(__file__).resolve().parents[1]", f'REPO = Path("{REPO}")'))
+    stale.write_text(
+        SCRIPT.read_text()
+        .replace(
+            'PAGE = REPO / "docs" / "variables.md"', f'PAGE = __import__("pathlib").Path("{tmp_path}") / "variables.md"'
+        )
+        .replace("REPO = Path(__file__).resolve().parents[1]", f'REPO = Path("{REPO}")')
+    )
     (tmp_path / "variables.md").write_text("# Variables\n")
     run = subprocess.run([sys.executable, str(stale), "--check"], capture_output=True, text=True, check=False)
     assert run.returncode == 1 and "is not current" in run.stderr

@@ -29,10 +29,25 @@ def _module(path: Path, name: str):
 
 runner = _module(REPO / "tests" / "drills" / "runner.py", "drills_runner")
 
-OUTAGE = {"waiting_control_planes": 3, "api_ready_seconds": 41.3, "recover_seconds": 58.2, "recover_changed": 9,
-          "all_ready_seconds": 75.0, "configmaps": "200/200", "secret": True, "rerun_changed": 0}
-RESTORE = {"configmaps_restored": "200/200", "snapshot_fetch_seconds": 43.1, "snapshot_bytes": 2712345,
-           "etcd_keys": 1893, "restore_seconds": 120.4, "nodes_ready_after_s": 12.0, "refused": "tampered,truncated"}
+OUTAGE = {
+    "waiting_control_planes": 3,
+    "api_ready_seconds": 41.3,
+    "recover_seconds": 58.2,
+    "recover_changed": 9,
+    "all_ready_seconds": 75.0,
+    "configmaps": "200/200",
+    "secret": True,
+    "rerun_changed": 0,
+}
+RESTORE = {
+    "configmaps_restored": "200/200",
+    "snapshot_fetch_seconds": 43.1,
+    "snapshot_bytes": 2712345,
+    "etcd_keys": 1893,
+    "restore_seconds": 120.4,
+    "nodes_ready_after_s": 12.0,
+    "refused": "tampered,truncated",
+}
 
 
 class _Lab:
@@ -52,6 +67,7 @@ def _run_main(monkeypatch, tmp_path, drills: dict, *argv: str) -> tuple[int, dic
             if isinstance(drills[name], Exception):
                 raise drills[name]
             return dict(drills[name])
+
         return drill
 
     monkeypatch.setattr(runner, "DrillLab", _Lab)
@@ -80,8 +96,10 @@ def test_runner_writes_every_drill_and_day2_reads_the_figures(monkeypatch, tmp_p
     assert rows["encrypted snapshot size (1893 keys)"]["value"] == 2712345
     assert rows["restore.yml run"]["value"] == 120.4
     assert rows["ConfigMaps after the restore"]["met"] is True
-    assert all(set(row) == {"benchmark", "figure", "value", "unit", "target", "met"} and row["benchmark"] == "day2"
-               for row in rows.values())
+    assert all(
+        set(row) == {"benchmark", "figure", "value", "unit", "target", "met"} and row["benchmark"] == "day2"
+        for row in rows.values()
+    )
 
 
 def test_slow_recover_and_lost_objects_miss_their_targets(monkeypatch, tmp_path):
@@ -93,19 +111,23 @@ def test_slow_recover_and_lost_objects_miss_their_targets(monkeypatch, tmp_path)
 
 
 def test_a_failed_drill_is_a_missed_row_and_the_next_did_not_run(monkeypatch, tmp_path):
-    rc, document = _run_main(monkeypatch, tmp_path,
-                             {"outage": AssertionError("after recover: 150/200 ConfigMaps"), "restore": RESTORE})
+    rc, document = _run_main(
+        monkeypatch, tmp_path, {"outage": AssertionError("after recover: 150/200 ConfigMaps"), "restore": RESTORE}
+    )
     assert rc == 1
     rows = day2.figures_from(document)
     failed = [row["figure"] for row in rows if row["met"] is False]
-    assert failed == ["3 cp + 2 workers: outage: FAILED: after recover: 150/200 ConfigMaps",
-                      "3 cp + 2 workers: restore: did not run"]
+    assert failed == [
+        "3 cp + 2 workers: outage: FAILED: after recover: 150/200 ConfigMaps",
+        "3 cp + 2 workers: restore: did not run",
+    ]
     assert not any("API ready" in row["figure"] for row in rows)
 
 
 @pytest.mark.parametrize("control_planes, target", [(1, ""), (3, "<= 60 s")])
 def test_the_api_target_is_for_three_control_planes(monkeypatch, tmp_path, control_planes, target):
-    dummy, document = _run_main(monkeypatch, tmp_path, {"outage": OUTAGE, "restore": RESTORE},
-                                f"--control-planes={control_planes}")
+    dummy, document = _run_main(
+        monkeypatch, tmp_path, {"outage": OUTAGE, "restore": RESTORE}, f"--control-planes={control_planes}"
+    )
     ready = [row for row in day2.figures_from(document) if "API ready" in row["figure"]]
     assert [row["target"] for row in ready] == [target]

@@ -15,17 +15,27 @@ sys.path.insert(0, str(REPO / "tests" / "drills"))
 
 import quickstart  # noqa: E402 pylint: disable=wrong-import-position
 
-LAB = {"all": {
-    "vars": {"ansible_user": "root", "ansible_python_interpreter": "/opt/venv/bin/python",
-             "ansible_ssh_private_key_file": "/lab/ssh/id_ed25519",
-             "confidential_measurement_policy_file": "/lab/measurement-policy.yml",
-             "confidential_ek_ca_file": "/lab/ca/ek-ca.pem",
-             "confidential_state_disk": {"device": "/srv/state-disk.img", "state": "formatted"},
-             "kubernetes_version": "1.20.2", "kubernetes_mirror_url": "http://10.77.0.1:8080"},
-    "children": {"control_plane": {"hosts": {"cp-0": {"ansible_host": "10.77.0.10"}}},
-                 "workers": {"hosts": {"worker-0": {"ansible_host": "10.77.0.20"},
-                                       "worker-1": {"ansible_host": "10.77.0.21"}}},
-                 "cluster": {"children": {"control_plane": {}, "workers": {}}}}}}
+LAB = {
+    "all": {
+        "vars": {
+            "ansible_user": "root",
+            "ansible_python_interpreter": "/opt/venv/bin/python",
+            "ansible_ssh_private_key_file": "/lab/ssh/id_ed25519",
+            "confidential_measurement_policy_file": "/lab/measurement-policy.yml",
+            "confidential_ek_ca_file": "/lab/ca/ek-ca.pem",
+            "confidential_state_disk": {"device": "/srv/state-disk.img", "state": "formatted"},
+            "kubernetes_version": "1.20.2",
+            "kubernetes_mirror_url": "http://10.77.0.1:8080",
+        },
+        "children": {
+            "control_plane": {"hosts": {"cp-0": {"ansible_host": "10.77.0.10"}}},
+            "workers": {
+                "hosts": {"worker-0": {"ansible_host": "10.77.0.20"}, "worker-1": {"ansible_host": "10.77.0.21"}}
+            },
+            "cluster": {"children": {"control_plane": {}, "workers": {}}},
+        },
+    }
+}
 
 
 def test_the_worked_example_is_read_from_the_docs():

@@ -1,4 +1,5 @@
 """The lab tool's tests: import path of tests/lab and the `lab` marker."""
+
 from __future__ import annotations
 
 import sys
@@ -11,4 +12,5 @@ if str(LAB_SOURCE) not in sys.path:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "lab: boots real lab nodes (root, systemd-nspawn, swtpm; about a minute with a cached base)")
+        "markers", "lab: boots real lab nodes (root, systemd-nspawn, swtpm; about a minute with a cached base)"
+    )

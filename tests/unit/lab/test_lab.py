@@ -1,4 +1,5 @@
 """Tests of the lab tool (tests/lab): pure functions, and one real up/ssh/down run marked `lab`."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +27,7 @@ IMAGE_ID = "7897f4d0de52b9cf38ee49621214c44fb3c93c38d33edd2f8eb43f6c280e867f"
 
 # ---- address plan -----------------------------------------------------------------------
 
+
 def test_default_lab_is_one_control_plane_and_two_workers_with_fixed_addresses():
     nodes = plan.plan_nodes(1, 2)
     assert [(n.name, n.role, n.address, n.tampered) for n in nodes] == [
@@ -50,12 +52,15 @@ def test_adding_a_worker_keeps_existing_addresses():
     assert after["worker-2"] == f"{plan.NETWORK_PREFIX}.22"
 
 
-@pytest.mark.parametrize("control_planes, workers, message", [
-    (0, 2, "--control-planes must be between 1 and 10"),
-    (11, 2, "--control-planes must be between 1 and 10"),
-    (1, -1, "--workers must be between 0 and 235"),
-    (1, 236, "--workers must be between 0 and 235"),
-])
+@pytest.mark.parametrize(
+    "control_planes, workers, message",
+    [
+        (0, 2, "--control-planes must be between 1 and 10"),
+        (11, 2, "--control-planes must be between 1 and 10"),
+        (1, -1, "--workers must be between 0 and 235"),
+        (1, 236, "--workers must be between 0 and 235"),
+    ],
+)
 def test_lab_sizes_beyond_the_address_plan_are_rejected(control_planes, workers, message):
     with pytest.raises(LabError, match=message):
         plan.plan_nodes(control_planes, workers)
@@ -85,20 +90,30 @@ def test_network_unit_gives_host0_a_static_address_and_the_host_as_gateway():
     assert "DHCP" not in unit
 
 
-@pytest.mark.parametrize("name, is_node", [
-    ("cp-0", True), ("worker-12", True), ("cp-", False), ("worker-x", False), ("eth0", False), ("cp-0a", False),
-])
+@pytest.mark.parametrize(
+    "name, is_node",
+    [
+        ("cp-0", True),
+        ("worker-12", True),
+        ("cp-", False),
+        ("worker-x", False),
+        ("eth0", False),
+        ("cp-0a", False),
+    ],
+)
 def test_lab_node_names_are_recognised_for_leftover_search(name, is_node):
     assert plan.is_lab_node_name(name) is is_node
 
 
 # ---- measured boot ----------------------------------------------------------------------
 
+
 def test_extend_matches_a_value_read_from_swtpm():
     # Known answer: swtpm's PCR 8 after `tpm2_pcrextend 8:sha256=<sha256("abc")>` from reset.
     digest = hashlib.sha256(b"abc").hexdigest()
     assert measure.extend(bytes(32), digest).hex() == (
-        "589f9ffed4c477966bfb8d41f37895b08c69047df8f911d6f3b57fbe08faee8d")
+        "589f9ffed4c477966bfb8d41f37895b08c69047df8f911d6f3b57fbe08faee8d"
+    )
 
 
 def test_replay_chains_extensions_of_the_same_pcr():
@@ -137,15 +152,18 @@ def test_event_log_is_a_tcg_log_that_tpm2_eventlog_reads_and_that_replays_to_the
     raw = measure.event_log(events)
     parsed = measure.eventlog().parse(raw)
     assert [(e.pcr, e.type_name, e.description) for e in parsed.events] == [
-        (e.pcr, e.type, e.description) for e in events]
+        (e.pcr, e.type, e.description) for e in events
+    ]
     assert parsed.events[0].description == "\\EFI\\cklab\\vmlinuz-cklab"
     assert parsed.events[1].description.endswith("lab.tamper=1") is tampered
     assert measure.replay_log(raw) == measure.replay(events)
     (tmp_path / "log").write_bytes(raw)
-    theirs = yaml.safe_load(subprocess.run(["tpm2_eventlog", str(tmp_path / "log")], check=True, capture_output=True,
-                                           text=True).stdout)
+    theirs = yaml.safe_load(
+        subprocess.run(["tpm2_eventlog", str(tmp_path / "log")], check=True, capture_output=True, text=True).stdout
+    )
     assert [(e["PCRIndex"], e["EventType"], e["Digests"][0]["Digest"]) for e in theirs["events"][1:]] == [
-        (e.pcr, e.type, e.digest) for e in events]
+        (e.pcr, e.type, e.digest) for e in events
+    ]
     assert {pcr: f"{value:064x}" for pcr, value in theirs["pcrs"]["sha256"].items()} == measure.replay(events)
 
 
@@ -164,10 +182,12 @@ def test_policy_file_has_the_exact_documented_layout():
 
 def test_golden_policy_enrols_the_untampered_log_and_the_collection_reads_it():
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import parse_policy
+
     policy = parse_policy(measure.golden_policy(IMAGE_ID))
     events = measure.boot_events(IMAGE_ID, tampered=False)
     assert [(e.pcr, e.type, e.description, e.digest.hex()) for e in policy.event_log] == [
-        (e.pcr, e.type, e.description, e.digest) for e in events]
+        (e.pcr, e.type, e.description, e.digest) for e in events
+    ]
 
 
 def test_golden_policy_parses_and_holds_the_untampered_replay():
@@ -176,7 +196,8 @@ def test_golden_policy_parses_and_holds_the_untampered_replay():
     assert policy["version"] == 1 and policy["hash_algorithm"] == "sha256"
     assert policy["ak_trust"] == "ek-certificate"
     assert {int(pcr): rule["allowed"] for pcr, rule in policy["pcrs"].items()} == {
-        pcr: [value] for pcr, value in replayed.items()}
+        pcr: [value] for pcr, value in replayed.items()
+    }
     assert all(rule["warn_only"] is False for rule in policy["pcrs"].values())
 
 
@@ -187,10 +208,20 @@ def test_pcrread_output_is_parsed_to_lowercase_hex():
 
 # ---- inventory --------------------------------------------------------------------------
 
+
 def _inventory(tmp_path: Path, nodes) -> dict:
-    text = render_inventory(nodes, tmp_path, tmp_path / "ssh/id_ed25519", tmp_path / "ssh/known_hosts",
-                            {"1.20.2": mirror.render_row({"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64,
-                                                          "helm": "d" * 64})}, "http://10.77.0.1:8780")
+    text = render_inventory(
+        nodes,
+        tmp_path,
+        tmp_path / "ssh/id_ed25519",
+        tmp_path / "ssh/known_hosts",
+        {
+            "1.20.2": mirror.render_row(
+                {"kubeadm": "a" * 64, "kubelet": "b" * 64, "kubectl": "c" * 64, "helm": "d" * 64}
+            )
+        },
+        "http://10.77.0.1:8780",
+    )
     return yaml.safe_load(text)
 
 
@@ -199,7 +230,9 @@ def test_inventory_groups_and_hosts(tmp_path):
     children = inventory["all"]["children"]
     assert children["control_plane"]["hosts"] == {"cp-0": {"ansible_host": f"{plan.NETWORK_PREFIX}.10"}}
     assert children["workers"]["hosts"] == {
-        "worker-0": {"ansible_host": f"{plan.NETWORK_PREFIX}.20"}, "worker-1": {"ansible_host": f"{plan.NETWORK_PREFIX}.21"}}
+        "worker-0": {"ansible_host": f"{plan.NETWORK_PREFIX}.20"},
+        "worker-1": {"ansible_host": f"{plan.NETWORK_PREFIX}.21"},
+    }
     assert set(children["cluster"]["children"]) == {"control_plane", "workers"}
 
 
@@ -222,15 +255,24 @@ def test_inventory_gives_the_node_role_the_lab_row_and_mirror(tmp_path):
     row = variables["kubernetes_versions_extra"]["1.20.2"]
     assert row["artifacts"]["kubeadm"] == {
         "version": "1.20.2",
-        "amd64": {"url": "http://lab-mirror.invalid/release/v1.20.2/bin/linux/amd64/kubeadm", "sha256": "a" * 64}}
-    assert sorted(name for name, entry in row["artifacts"].items() if entry is None) == ["cni_plugins", "containerd", "crictl", "runc"]
+        "amd64": {"url": "http://lab-mirror.invalid/release/v1.20.2/bin/linux/amd64/kubeadm", "sha256": "a" * 64},
+    }
+    assert sorted(name for name, entry in row["artifacts"].items() if entry is None) == [
+        "cni_plugins",
+        "containerd",
+        "crictl",
+        "runc",
+    ]
     assert variables["node_stack_kubelet_path"] == "/opt/k8s-doubles/bin/kubelet"
     assert variables["node_stack_kernel_modules"] is False and variables["node_stack_swap_off"] is False
 
 
 def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha256(tmp_path):
-    paths = LabPaths(lab_dir=tmp_path, cache_dir=Path(os.environ.get("CK_LAB_CACHE") or "/var/cache/confidential-kubernetes-lab"),
-                     repo_root=Path(__file__).resolve().parents[3])
+    paths = LabPaths(
+        lab_dir=tmp_path,
+        cache_dir=Path(os.environ.get("CK_LAB_CACHE") or "/var/cache/confidential-kubernetes-lab"),
+        repo_root=Path(__file__).resolve().parents[3],
+    )
     if not os.access(paths.kubernetes_bin / "helm-3.17.2", os.X_OK):
         pytest.skip("the lab's helm is not built (tests/lab/lab kubernetes)")
     lab_rows = {"1.20.2": mirror.render_row({artifact.name: "a" * 64 for artifact in mirror.ARTIFACTS})}
@@ -238,8 +280,11 @@ def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha
     row = rows["1.20.2"]
     chart = row["artifacts"]["cilium"]
     archive = tmp_path / "tree" / "charts" / "cilium-1.18.0-standin.tgz"
-    assert chart == {"version": "1.18.0-standin", "url": f"{mirror.ROW_BASE_URL}/charts/cilium-1.18.0-standin.tgz",
-                     "sha256": hashlib.sha256(archive.read_bytes()).hexdigest()}
+    assert chart == {
+        "version": "1.18.0-standin",
+        "url": f"{mirror.ROW_BASE_URL}/charts/cilium-1.18.0-standin.tgz",
+        "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
+    }
     assert {**row["artifacts"], "cilium": None} == {**lab_rows["1.20.2"]["artifacts"], "cilium": None}
     # Packaged once: a second up keeps the archive and its sha256.
     assert cni.with_chart(lab_rows, paths, tmp_path / "tree") == rows
@@ -277,6 +322,7 @@ def test_interactive_ssh_drops_batch_mode(tmp_path):
 
 
 # ---- host checks and base cache key ----------------------------------------------------
+
 
 def test_missing_host_packages_are_named_once_each():
     present = {"ip", "ssh", "openssl", "debootstrap", "systemd-nspawn", "systemctl"}
@@ -327,12 +373,16 @@ def test_missing_kubernetes_binaries_are_named(tmp_path):
         lab_commands.check_kubernetes_bin(paths)
     assert str(error.value) == (
         f"Kubernetes binaries missing from {paths.kubernetes_bin}: etcdctl helm-3.17.2 kube-apiserver "
-        "kube-controller-manager kube-scheduler kubelet (build them with tests/lab/lab kubernetes)")
+        "kube-controller-manager kube-scheduler kubelet (build them with tests/lab/lab kubernetes)"
+    )
 
 
 def test_hosts_file_names_localhost_and_the_node_itself():
     assert base.hosts_file("worker-3", "10.77.0.23").splitlines() == [
-        "127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", "10.77.0.23\tworker-3"]
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        "10.77.0.23\tworker-3",
+    ]
     assert "worker" not in base.hosts_file()
 
 
@@ -343,6 +393,7 @@ def test_cli_reports_bad_input_in_one_line(capsys):
 
 
 # ---- power commands (stop, start, reboot) -----------------------------------------------
+
 
 def _recorded_lab(tmp_path) -> LabPaths:
     paths = LabPaths.from_environment()
@@ -380,12 +431,16 @@ def test_power_command_line_names_nodes_or_none():
 
 # ---- a real lab -------------------------------------------------------------------------
 
+
 def _leftovers(lab_dir: Path) -> list[str]:
     found = []
     if Path("/sys/class/net", plan.BRIDGE).exists():
         found.append(f"bridge {plan.BRIDGE}")
-    found += [f"veth {name}" for name in os.listdir("/sys/class/net")
-              if name.startswith("vb-" + plan.MACHINE_PREFIX) and plan.is_lab_node_name(name[3 + len(plan.MACHINE_PREFIX):])]
+    found += [
+        f"veth {name}"
+        for name in os.listdir("/sys/class/net")
+        if name.startswith("vb-" + plan.MACHINE_PREFIX) and plan.is_lab_node_name(name[3 + len(plan.MACHINE_PREFIX) :])
+    ]
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and entry.name != str(os.getpid()):
             try:
@@ -394,8 +449,11 @@ def _leftovers(lab_dir: Path) -> list[str]:
                 continue
             if str(lab_dir) in line or f"http.server --bind {plan.HOST_ADDRESS} " in line:
                 found.append(f"process {entry.name}: {line[:80]}")
-    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if str(lab_dir) in line.split()[4]]
+    found += [
+        f"mount {line.split()[4]}"
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if str(lab_dir) in line.split()[4]
+    ]
     return found
 
 
@@ -432,11 +490,13 @@ def test_lab_up_ssh_tpm_and_down_leave_nothing_behind(tmp_path):
         socket_check = lab("ssh", "cp-0", "test", "-S", "/run/tpm/swtpm.sock", timeout=60)
         assert socket_check.returncode == 0, socket_check.stderr
 
-        read_pcr = ("from tpm2_pytss import ESAPI, TCTILdr\n"
-                    "from tpm2_pytss.types import TPML_PCR_SELECTION\n"
-                    "with ESAPI(TCTILdr('swtpm', 'path=/run/tpm/swtpm.sock')) as esapi:\n"
-                    "    _, _, values = esapi.pcr_read(TPML_PCR_SELECTION.parse('sha256:8'))\n"
-                    "    print(bytes(values.digests[0]).hex())\n")
+        read_pcr = (
+            "from tpm2_pytss import ESAPI, TCTILdr\n"
+            "from tpm2_pytss.types import TPML_PCR_SELECTION\n"
+            "with ESAPI(TCTILdr('swtpm', 'path=/run/tpm/swtpm.sock')) as esapi:\n"
+            "    _, _, values = esapi.pcr_read(TPML_PCR_SELECTION.parse('sha256:8'))\n"
+            "    print(bytes(values.digests[0]).hex())\n"
+        )
         pcr = lab("ssh", "cp-0", "/opt/confidential-kubernetes/venv/bin/python", "-c", f'"{read_pcr}"', timeout=60)
         assert pcr.returncode == 0, pcr.stderr
         policy = yaml.safe_load((lab_dir / "measurement-policy.yml").read_text())

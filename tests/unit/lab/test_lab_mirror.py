@@ -5,6 +5,7 @@ under a temporary CK_LAB_DIR and run the node role's kubernetes entry point agai
 version and a mirror serving a tampered kubeadm (a real HTTP server on loopback) are refused with nothing installed,
 then the lab's own mirror installs kubeadm, kubelet, kubectl and helm 1.20.2 / 3.17.2, and a re-run changes nothing.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,12 @@ from cklab.paths import LabPaths
 REPO = Path(__file__).resolve().parents[3]
 LAB = REPO / "tests" / "lab" / "lab"
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
-SOURCES = {"kubeadm": b"kubeadm 1.20.2", "kubelet": b"kubelet 1.20.2", "kubectl": b"kubectl 1.20.2",
-           "helm-3.17.2": b"helm 3.17.2"}
+SOURCES = {
+    "kubeadm": b"kubeadm 1.20.2",
+    "kubelet": b"kubelet 1.20.2",
+    "kubectl": b"kubectl 1.20.2",
+    "helm-3.17.2": b"helm 3.17.2",
+}
 
 
 def _sha256(data: bytes) -> str:
@@ -65,8 +70,15 @@ def test_the_row_is_written_with_the_build_from_its_recorded_checksums(tmp_path)
     row = mirror.load_row(version_dir)["1.20.2"]
     # The CNI chart is entered by lab up (cni.with_chart, which packages it with the real helm); with it the row is whole.
     assert "cilium" not in row["artifacts"]
-    chart = {"version": "1.18.0-standin", "url": f"{mirror.ROW_BASE_URL}/charts/cilium-1.18.0-standin.tgz", "sha256": "b" * 64}
-    assert _versions.row_problems("1.20.2", {**row, "artifacts": {**row["artifacts"], "cilium": chart}}, shipped=False) == []
+    chart = {
+        "version": "1.18.0-standin",
+        "url": f"{mirror.ROW_BASE_URL}/charts/cilium-1.18.0-standin.tgz",
+        "sha256": "b" * 64,
+    }
+    assert (
+        _versions.row_problems("1.20.2", {**row, "artifacts": {**row["artifacts"], "cilium": chart}}, shipped=False)
+        == []
+    )
     assert sorted(name for name, entry in row["artifacts"].items() if entry is None) == sorted(mirror.NOT_PROVIDED)
     # kubeadm 1.20's preflight checks: the row names their packages, the shared build's file does not carry them.
     assert row["host_packages"] == ["conntrack", "iptables", "iproute2", "ethtool", "socat", "ebtables"]
@@ -99,16 +111,23 @@ def test_a_mirror_without_a_row_names_the_command_that_writes_it(tmp_path):
 
 # ---- on a lab node ------------------------------------------------------------------------
 
+
 class Lab:
     def __init__(self, lab_dir: Path, tmp: Path) -> None:
         self.dir = lab_dir
         self.tmp = tmp
-        self.env = {**os.environ, "CK_LAB_DIR": str(lab_dir), "ANSIBLE_NOCOLOR": "1",
-                    "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".venv" / "collections")}
+        self.env = {
+            **os.environ,
+            "CK_LAB_DIR": str(lab_dir),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".venv" / "collections"),
+        }
         self.playbook = LAB.with_name("node-stack.yml")
 
     def lab(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return subprocess.run([str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     def on_node(self, command: str) -> str:
         done = self.lab("ssh", "cp-0", command, timeout=120)
@@ -117,12 +136,20 @@ class Lab:
 
     def stack(self, **extra) -> subprocess.CompletedProcess:
         extra.setdefault("kubernetes_artifacts_cache", str(self.tmp / "cache"))
-        return subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(self.dir / "inventory.yml"), "-e", json.dumps(extra),
-                               str(self.playbook)], env=self.env, capture_output=True, text=True, timeout=1200, check=False)
+        return subprocess.run(
+            [ANSIBLE_PLAYBOOK, "-i", str(self.dir / "inventory.yml"), "-e", json.dumps(extra), str(self.playbook)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
 
     def installed(self) -> str:
-        return self.on_node("ls /usr/local/bin /var/cache/confidential-kubernetes/artifacts /etc/systemd/system/kubelet.service "
-                            "2>/dev/null; true")
+        return self.on_node(
+            "ls /usr/local/bin /var/cache/confidential-kubernetes/artifacts /etc/systemd/system/kubelet.service "
+            "2>/dev/null; true"
+        )
 
     @functools.cached_property
     def row(self) -> dict:
@@ -182,7 +209,11 @@ def tampered_mirror(lab, tmp_path):
 @pytest.mark.lab
 def test_a_fresh_node_has_no_kubernetes_tools_of_the_labs_hand(lab):
     assert lab.on_node("for t in kubeadm kubectl kubelet helm; do command -v $t || echo no-$t; done").split() == [
-        "no-kubeadm", "no-kubectl", "no-kubelet", "no-helm"]
+        "no-kubeadm",
+        "no-kubectl",
+        "no-kubelet",
+        "no-helm",
+    ]
 
 
 @pytest.mark.lab
@@ -200,8 +231,10 @@ def test_a_mirror_serving_a_tampered_kubeadm_is_refused_and_nothing_is_installed
     before = lab.installed()
     run = lab.stack(kubernetes_mirror_url=tampered_mirror)
     assert run.returncode != 0
-    assert (f"sha256 mismatch for kubeadm 1.20.2 (amd64) from {tampered_mirror}/release/v1.20.2/bin/linux/amd64/kubeadm: "
-            f"expected {lab.row['1.20.2']['artifacts']['kubeadm']['amd64']['sha256']}") in run.stdout
+    assert (
+        f"sha256 mismatch for kubeadm 1.20.2 (amd64) from {tampered_mirror}/release/v1.20.2/bin/linux/amd64/kubeadm: "
+        f"expected {lab.row['1.20.2']['artifacts']['kubeadm']['amd64']['sha256']}"
+    ) in run.stdout
     assert lab.installed() == before
     assert "kubeadm" not in before and "kubelet.service" not in before
 

@@ -5,6 +5,7 @@ Boots its own lab (1 control plane, 1 worker) under a temporary CK_LAB_DIR with 
 fails the play before the node lock, so PCR 15 stays 32 zero bytes and there is no lock record; once the cause is
 gone the same nodes come up without a reset or a reboot. Marked `lab`.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,10 @@ LAB = ROOT / "tests" / "lab" / "lab"
 LOCK_RECORD = "/var/lib/confidential-kubernetes/nodelock.json"
 CP, WORKER = plan.plan_nodes(1, 1)
 # Holds port 6443 the way a stray API server would.
-PORT_HOLDER = ("nohup python3 -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", 6443)); s.listen(); "
-               "time.sleep(3600)' >/dev/null 2>&1 & echo $! > /run/port-holder.pid")
+PORT_HOLDER = (
+    'nohup python3 -c \'import socket, time; s = socket.socket(); s.bind(("0.0.0.0", 6443)); s.listen(); '
+    "time.sleep(3600)' >/dev/null 2>&1 & echo $! > /run/port-holder.pid"
+)
 
 pytestmark = pytest.mark.lab
 
@@ -34,7 +37,9 @@ class Lab:
         self.env = {**os.environ, "CK_LAB_DIR": str(lab_dir)}
 
     def lab(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return subprocess.run([str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     def ok(self, node: plan.NodeSpec, command: str) -> str:
         done = self.lab("ssh", node.name, command, timeout=300)
@@ -42,15 +47,24 @@ class Lab:
         return done.stdout
 
     def site(self, *extra: str, playbook: str = "confidential.kubernetes.site") -> subprocess.CompletedProcess:
-        return subprocess.run(["ansible-playbook", "-i", str(self.dir / "inventory.yml"), playbook, *extra],
-                              env=self.env, capture_output=True, text=True, timeout=1200, check=False)
+        return subprocess.run(
+            ["ansible-playbook", "-i", str(self.dir / "inventory.yml"), playbook, *extra],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
 
     def pcr15(self, node: plan.NodeSpec) -> str:
         out = self.ok(node, "TPM2TOOLS_TCTI=swtpm:path=/run/tpm/swtpm.sock tpm2_pcrread sha256:15")
         return tpm.parse_pcrread(out)[15]
 
     def unlocked(self, node: plan.NodeSpec) -> bool:
-        return self.pcr15(node) == "00" * 32 and self.ok(node, f"test -e {LOCK_RECORD} && echo locked || echo none").strip() == "none"
+        return (
+            self.pcr15(node) == "00" * 32
+            and self.ok(node, f"test -e {LOCK_RECORD} && echo locked || echo none").strip() == "none"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +98,9 @@ def test_occupied_api_server_port_fails_init_before_the_lock(lab):
         lab.ok(CP, "kill $(cat /run/port-holder.pid)")
     assert "kubeadm's init preflight failed" in output and "Port-6443" in output and "the node was not locked" in output
     assert lab.unlocked(CP)
-    assert not (lab.dir / "secrets" / "cluster-secrets.json").exists(), "no root secrets before the first node passed preflight"
+    assert not (lab.dir / "secrets" / "cluster-secrets.json").exists(), (
+        "no root secrets before the first node passed preflight"
+    )
 
 
 def test_wrong_kubernetes_version_fails_init_before_the_lock(lab):

@@ -4,6 +4,7 @@ Boots its own lab (1 control plane, 1 worker) under a temporary CK_LAB_DIR with 
 CK_LAB_INDEX, drives kubeadm over the lab's SSH, checks with the real kubectl, prints the
 figures (run with -s to see them) and tears the lab down. Marked `lab`.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -47,13 +48,22 @@ class Lab:
         self.token_id = ""
 
     def lab(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return subprocess.run([str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        return subprocess.run(
+            [str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
 
-    def ssh(self, node: plan.NodeSpec, command: str, stdin: str | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([str(LAB), "ssh", node.name, command], env=self.env, input=stdin, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+    def ssh(
+        self, node: plan.NodeSpec, command: str, stdin: str | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(LAB), "ssh", node.name, command],
+            env=self.env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def ok(self, node: plan.NodeSpec, command: str, stdin: str | None = None) -> str:
         done = self.ssh(node, command, stdin)
@@ -72,11 +82,16 @@ class Lab:
     def join_config(self, pin: str) -> str:
         token = self.ok(CP, "kubeadm token create").strip()
         self.token_id = token.split(".")[0]
-        return yaml.safe_dump({
-            "apiVersion": "kubeadm.k8s.io/v1beta2", "kind": "JoinConfiguration",
-            "discovery": {"bootstrapToken": {"apiServerEndpoint": f"{CP.address}:6443", "token": token,
-                                             "caCertHashes": [pin]}},
-            "nodeRegistration": {"name": WORKER.name, "criSocket": ENDPOINT}})
+        return yaml.safe_dump(
+            {
+                "apiVersion": "kubeadm.k8s.io/v1beta2",
+                "kind": "JoinConfiguration",
+                "discovery": {
+                    "bootstrapToken": {"apiServerEndpoint": f"{CP.address}:6443", "token": token, "caCertHashes": [pin]}
+                },
+                "nodeRegistration": {"name": WORKER.name, "criSocket": ENDPOINT},
+            }
+        )
 
     def join(self, pin: str, figure: str | None = None) -> subprocess.CompletedProcess:
         self.ok(WORKER, "umask 077 && cat > /root/join.yaml", self.join_config(pin))
@@ -87,8 +102,11 @@ class Lab:
         deadline = time.monotonic() + seconds
         while True:
             nodes = {n["metadata"]["name"]: n for n in self.kubectl_json("get", "nodes")["items"]}
-            ready = {name for name, node in nodes.items()
-                     if any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])}
+            ready = {
+                name
+                for name, node in nodes.items()
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+            }
             if names <= ready or time.monotonic() > deadline:
                 assert names <= ready, f"not Ready after {seconds:g} s: {sorted(names - ready)}"
                 return nodes
@@ -104,8 +122,12 @@ class Lab:
 
 def ca_pin(ca_pem: str) -> str:
     public = x509.load_pem_x509_certificate(ca_pem.encode()).public_key()
-    return "sha256:" + hashlib.sha256(public.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+    return (
+        "sha256:"
+        + hashlib.sha256(
+            public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        ).hexdigest()
+    )
 
 
 def node_certificate(ca_pem: str, ca_key_pem: str, node_name: str) -> tuple[str, int]:
@@ -114,15 +136,27 @@ def node_certificate(ca_pem: str, ca_key_pem: str, node_name: str) -> tuple[str,
     ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), None)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (x509.CertificateBuilder()
-                   .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-                                            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}")]))
-                   .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-                   .sign(ca_key, hashes.SHA256()))
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}"),
+                ]
+            )
+        )
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = certificate.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return pem.decode(), certificate.serial_number
 
 
@@ -142,20 +176,41 @@ def cluster(tmp_path_factory):
     try:
         started = lab.lab("up", "--control-planes", "1", "--workers", "1")
         assert started.returncode == 0, started.stderr
-        stack = subprocess.run(["ansible-playbook", "-i", started.stdout.strip(), str(NODE_STACK)], env=lab.env,
-                               capture_output=True, text=True, timeout=1200, check=False)
+        stack = subprocess.run(
+            ["ansible-playbook", "-i", started.stdout.strip(), str(NODE_STACK)],
+            env=lab.env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
         assert stack.returncode == 0, stack.stdout[-3000:] + stack.stderr
-        init = yaml.safe_dump_all([
-            {"apiVersion": "kubeadm.k8s.io/v1beta2", "kind": "InitConfiguration",
-             "localAPIEndpoint": {"advertiseAddress": CP.address, "bindPort": 6443},
-             "nodeRegistration": {"name": CP.name, "criSocket": ENDPOINT}},
-            {"apiVersion": "kubeadm.k8s.io/v1beta2", "kind": "ClusterConfiguration", "kubernetesVersion": "v1.20.2"},
-            {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "cgroupDriver": "systemd"},
-        ])
+        init = yaml.safe_dump_all(
+            [
+                {
+                    "apiVersion": "kubeadm.k8s.io/v1beta2",
+                    "kind": "InitConfiguration",
+                    "localAPIEndpoint": {"advertiseAddress": CP.address, "bindPort": 6443},
+                    "nodeRegistration": {"name": CP.name, "criSocket": ENDPOINT},
+                },
+                {
+                    "apiVersion": "kubeadm.k8s.io/v1beta2",
+                    "kind": "ClusterConfiguration",
+                    "kubernetesVersion": "v1.20.2",
+                },
+                {
+                    "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                    "kind": "KubeletConfiguration",
+                    "cgroupDriver": "systemd",
+                },
+            ]
+        )
         lab.ok(CP, "cat > /root/init.yaml", init)
         results["preflight"] = lab.ssh(CP, "kubeadm init phase preflight --config /root/init.yaml")
         ignored = ",".join(IGNORED_PREFLIGHT_ERRORS)
-        results["init"] = lab.timed("kubeadm init", CP, f"kubeadm init --config /root/init.yaml --ignore-preflight-errors={ignored}")
+        results["init"] = lab.timed(
+            "kubeadm init", CP, f"kubeadm init --config /root/init.yaml --ignore-preflight-errors={ignored}"
+        )
         assert results["init"].returncode == 0, results["init"].stdout + results["init"].stderr
         results["ca"] = lab.ok(CP, "cat /etc/kubernetes/pki/ca.crt")
         wrong_pin = "sha256:" + hashlib.sha256(b"not the cluster CA").hexdigest()
@@ -178,14 +233,23 @@ def test_preflight_fails_only_on_images_without_a_local_binary(cluster):
     assert preflight.returncode == 1
     assert {name for name, _text in errors} == set(IGNORED_PREFLIGHT_ERRORS)
     assert sorted(re.search(r"image \S+/([a-z-]+):", text).group(1) for _name, text in errors) == [
-        "coredns", "kube-proxy", "pause"]
+        "coredns",
+        "kube-proxy",
+        "pause",
+    ]
     assert "[WARNING" not in preflight.stdout + preflight.stderr
 
 
 def test_kubeadm_init_passes_every_phase(cluster):
     out = cluster.results["init"].stdout
-    for phase in ("[wait-control-plane]", "[upload-config]", "[mark-control-plane]", "[bootstrap-token]",
-                  "[kubelet-finalize]", "[addons] Applied essential addon: kube-proxy"):
+    for phase in (
+        "[wait-control-plane]",
+        "[upload-config]",
+        "[mark-control-plane]",
+        "[bootstrap-token]",
+        "[kubelet-finalize]",
+        "[addons] Applied essential addon: kube-proxy",
+    ):
         assert phase in out
     assert "Your Kubernetes control-plane has initialized successfully!" in out
 
@@ -217,15 +281,23 @@ def test_the_four_control_plane_processes_run_and_serve(cluster):
     assert len(set(pids.values())) == 4
     assert cluster.ok(CP, f"{ADMIN} kubectl get --raw /readyz").strip() == "ok"
     assert len(cluster.ok(CP, f"crictl -r {ENDPOINT} pods -q").split()) == 4
-    mirrors = {p["metadata"]["name"]: p for p in cluster.kubectl_json("-n", "kube-system", "get", "pods")["items"]
-               if "kubernetes.io/config.mirror" in p["metadata"].get("annotations", {})}
+    mirrors = {
+        p["metadata"]["name"]: p
+        for p in cluster.kubectl_json("-n", "kube-system", "get", "pods")["items"]
+        if "kubernetes.io/config.mirror" in p["metadata"].get("annotations", {})
+    }
     assert set(mirrors) == {f"{name}-{CP.name}" for name in CONTROL_PLANE}
     assert all(p["status"]["phase"] == "Running" and p["spec"]["nodeName"] == CP.name for p in mirrors.values())
-    assert {c["type"]: c["status"] for c in mirrors[f"kube-apiserver-{CP.name}"]["status"]["conditions"]}["Ready"] == "True"
+    assert {c["type"]: c["status"] for c in mirrors[f"kube-apiserver-{CP.name}"]["status"]["conditions"]}[
+        "Ready"
+    ] == "True"
     etcd_annotations = mirrors[f"etcd-{CP.name}"]["metadata"]["annotations"]
     assert etcd_annotations["kubeadm.kubernetes.io/etcd.advertise-client-urls"] == f"https://{CP.address}:2379"
-    healthz = cluster.ok(WORKER, "python3 -c \"import urllib.request; "
-                                 "print(urllib.request.urlopen('http://127.0.0.1:10248/healthz').read().decode())\"")
+    healthz = cluster.ok(
+        WORKER,
+        'python3 -c "import urllib.request; '
+        "print(urllib.request.urlopen('http://127.0.0.1:10248/healthz').read().decode())\"",
+    )
     assert healthz.strip() == "ok"
     cluster.figures["control plane RSS"] = f"{rss_kib(cluster, CP, list(pids.values())) // 1024} MiB"
     for node in (CP, WORKER):
@@ -262,7 +334,11 @@ def test_a_preplaced_client_certificate_is_used_without_a_csr(cluster):
     cluster.ok(CP, f"{ADMIN} kubectl delete node {WORKER.name}")
     before = set(cluster.csrs())
     pem, serial = node_certificate(cluster.results["ca"], cluster.ok(CP, "cat /etc/kubernetes/pki/ca.key"), WORKER.name)
-    cluster.ok(WORKER, "mkdir -p /var/lib/kubelet/pki && umask 077 && cat > /var/lib/kubelet/pki/kubelet-client-current.pem", pem)
+    cluster.ok(
+        WORKER,
+        "mkdir -p /var/lib/kubelet/pki && umask 077 && cat > /var/lib/kubelet/pki/kubelet-client-current.pem",
+        pem,
+    )
     joined = cluster.join(ca_pin(cluster.results["ca"]), "kubeadm join with a pre-placed certificate")
     assert joined.returncode == 0, joined.stdout + joined.stderr
     cluster.ready({WORKER.name})

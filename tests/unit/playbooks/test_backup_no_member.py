@@ -25,15 +25,31 @@ def test_no_healthy_member_is_named_and_nothing_is_written(tmp_path):
         sock.bind(("127.0.0.1", 0))
         dead = sock.getsockname()[1]
     hosts = {"cp-0": {"ansible_host": "192.0.2.10"}, "cp-1": {"ansible_host": "192.0.2.11"}}
-    inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                                  "confidential_node_python": sys.executable,
-                                  "backup_etcd_endpoint": f"http://127.0.0.1:{dead}"},
-                         "children": {"control_plane": {"hosts": hosts}, "workers": {"hosts": {}},
-                                      "cluster": {"children": {"control_plane": {}, "workers": {}}}}}}
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "confidential_node_python": sys.executable,
+                "backup_etcd_endpoint": f"http://127.0.0.1:{dead}",
+            },
+            "children": {
+                "control_plane": {"hosts": hosts},
+                "workers": {"hosts": {}},
+                "cluster": {"children": {"control_plane": {}, "workers": {}}},
+            },
+        }
+    }
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "inventory.yml"), "confidential.kubernetes.backup"],
-                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    run = subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "inventory.yml"), "confidential.kubernetes.backup"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode != 0, run.stdout
     message = run.stdout.split("No healthy etcd member to snapshot:", 1)[1].split("\n\n")[0]
     for host in hosts:

@@ -22,11 +22,17 @@ ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 
 def _inventory(tmp_path: Path, tctis: dict[str, str]) -> Path:
     hosts = {name: {"confidential_tpm_tcti": tcti} for name, tcti in tctis.items()}
-    inventory = {"all": {
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                 "confidential_node_python": sys.executable,
-                 "confidential_measurement_policy_file": str(tmp_path / "measurement-policy.yml")},
-        "children": {"control_plane": {"hosts": hosts}, "cluster": {"children": {"control_plane": {}}}}}}
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "confidential_node_python": sys.executable,
+                "confidential_measurement_policy_file": str(tmp_path / "measurement-policy.yml"),
+            },
+            "children": {"control_plane": {"hosts": hosts}, "cluster": {"children": {"control_plane": {}}}},
+        }
+    }
     path = tmp_path / "inventory.yml"
     path.write_text(yaml.safe_dump(inventory, sort_keys=False))
     return path
@@ -34,9 +40,22 @@ def _inventory(tmp_path: Path, tctis: dict[str, str]) -> Path:
 
 def _measurements(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(inventory), "confidential.kubernetes.measurements",
-                           "-e", "{\"measurements_pcrs\": [0, 4, 8]}", *extra],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    return subprocess.run(
+        [
+            ANSIBLE_PLAYBOOK,
+            "-i",
+            str(inventory),
+            "confidential.kubernetes.measurements",
+            "-e",
+            '{"measurements_pcrs": [0, 4, 8]}',
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 def _changed(run: subprocess.CompletedProcess) -> int:
@@ -57,8 +76,9 @@ def test_two_golden_nodes_are_merged_per_pcr_naming_the_pcr_that_differs(tmp_pat
     assert "or several with -e measurements_merge=true" in refused.stdout
     assert not (tmp_path / "measurement-policy.yml").exists()
 
-    merged = _measurements(inventory, "-e", "measurements_golden_node=golden-0,golden-1",
-                           "-e", "measurements_merge=true")
+    merged = _measurements(
+        inventory, "-e", "measurements_golden_node=golden-0,golden-1", "-e", "measurements_merge=true"
+    )
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert "The golden nodes differ in PCR(s) 8:" in merged.stdout
     assert f"PCR 8: golden-0 = {golden[8].hex()}; golden-1 = {other[8].hex()}" in merged.stdout
@@ -69,8 +89,9 @@ def test_two_golden_nodes_are_merged_per_pcr_naming_the_pcr_that_differs(tmp_pat
         "8": {"allowed": [golden[8].hex(), other[8].hex()], "warn_only": False},
     }
 
-    again = _measurements(inventory, "-e", "measurements_golden_node=golden-0,golden-1",
-                          "-e", "measurements_merge=true")
+    again = _measurements(
+        inventory, "-e", "measurements_golden_node=golden-0,golden-1", "-e", "measurements_merge=true"
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert _changed(again) == 0
 

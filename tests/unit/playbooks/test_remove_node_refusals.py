@@ -27,9 +27,22 @@ def site(local_site):
 
 def _remove_node(site: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(site / "inventory.yml"), "confidential.kubernetes.remove_node",
-                          "-e", "remove_node=worker-1", *extra], capture_output=True, text=True, env=env, timeout=300,
-                         check=False)
+    run = subprocess.run(
+        [
+            ANSIBLE_PLAYBOOK,
+            "-i",
+            str(site / "inventory.yml"),
+            "confidential.kubernetes.remove_node",
+            "-e",
+            "remove_node=worker-1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert "Choose a ready control plane for kubectl" not in run.stdout, run.stdout
     return run
 
@@ -39,5 +52,7 @@ def test_without_the_confirmation_it_names_both_that_would_do(site, extra):
     run = _remove_node(site, *extra)
     assert run.returncode != 0
     assert "Validating arguments against arg spec 'confirm'" in run.stdout
-    assert f"Confirm with -e confirm_reset=yes-reset-worker-1 or, for every node of this cluster, -e confirm_reset={CLUSTER_ID}" \
+    assert (
+        f"Confirm with -e confirm_reset=yes-reset-worker-1 or, for every node of this cluster, -e confirm_reset={CLUSTER_ID}"
         in " ".join(run.stdout.split())
+    )

@@ -30,12 +30,24 @@ def _stored(backups: Path, name: str, secrets: RootSecrets = SECRETS) -> Path:
     directory.mkdir(parents=True)
     plaintext = os.urandom(3000)
     sink = io.BytesIO()
-    snapshot.encrypt(snapshot.backup_key(secrets.master_key, secrets.master_salt), secrets.cluster_id(),
-                     io.BytesIO(plaintext), len(plaintext), sink, snapshot.MIN_CHUNK_SIZE)
+    snapshot.encrypt(
+        snapshot.backup_key(secrets.master_key, secrets.master_salt),
+        secrets.cluster_id(),
+        io.BytesIO(plaintext),
+        len(plaintext),
+        sink,
+        snapshot.MIN_CHUNK_SIZE,
+    )
     (directory / "etcd.cksnap").write_bytes(sink.getvalue())
     path = str(directory / "etcd.cksnap")
-    manifest = dict(cluster_id=secrets.cluster_id().hex(), time=name[5:], revision=9, member="cp-0",
-                    size=os.path.getsize(path), sha256=file_sha256(path))
+    manifest = dict(
+        cluster_id=secrets.cluster_id().hex(),
+        time=name[5:],
+        revision=9,
+        member="cp-0",
+        size=os.path.getsize(path),
+        sha256=file_sha256(path),
+    )
     _etcd_backups.store(str(backups), name, manifest, 9)
     return directory / "etcd.cksnap"
 
@@ -49,8 +61,14 @@ def site(local_site):
 
 def _restore(site: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(site / "inventory.yml"), "confidential.kubernetes.restore",
-                          *extra], capture_output=True, text=True, env=env, timeout=300, check=False)
+    run = subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", str(site / "inventory.yml"), "confidential.kubernetes.restore", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert "TASK [confidential.kubernetes.restore : Find the etcd static pod" not in run.stdout, run.stdout
     return run
 
@@ -62,10 +80,13 @@ def test_without_confirmation_it_names_the_snapshot_and_the_cluster_id(site):
     assert f"Confirm with -e confirm_restore={CLUSTER_ID}" in run.stdout
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda data: data[:100] + bytes([data[100] ^ 1]) + data[101:], "chunk 0 of 3 fails authentication"),
-    (lambda data: data[:-500], "truncated"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: data[:100] + bytes([data[100] ^ 1]) + data[101:], "chunk 0 of 3 fails authentication"),
+        (lambda data: data[:-500], "truncated"),
+    ],
+)
 def test_a_damaged_snapshot_is_refused_even_when_confirmed(site, damage, message):
     path = _stored(site / "backups", "etcd-20261126T100000Z")
     path.write_bytes(damage(path.read_bytes()))

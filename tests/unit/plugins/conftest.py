@@ -60,10 +60,26 @@ class EtcdMember:
 
     def start(self) -> "EtcdMember":
         self.process = subprocess.Popen(
-            ["etcd", "--name", self.name, "--data-dir", self.data_dir, "--listen-client-urls", self.client,
-             "--advertise-client-urls", self.client, "--listen-peer-urls", self.peer,
-             "--initial-advertise-peer-urls", self.peer, "--initial-cluster", f"{self.name}={self.peer}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "etcd",
+                "--name",
+                self.name,
+                "--data-dir",
+                self.data_dir,
+                "--listen-client-urls",
+                self.client,
+                "--advertise-client-urls",
+                self.client,
+                "--listen-peer-urls",
+                self.peer,
+                "--initial-advertise-peer-urls",
+                self.peer,
+                "--initial-cluster",
+                f"{self.name}={self.peer}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -78,8 +94,13 @@ class EtcdMember:
         return etcd.Etcdctl(endpoint=self.client, timeout=2)
 
     def ctl(self, *args: str) -> str:
-        return subprocess.run(["etcdctl", f"--endpoints={self.client}", *args], check=True, capture_output=True,
-                              text=True, env=dict(os.environ, ETCDCTL_API="3")).stdout
+        return subprocess.run(
+            ["etcdctl", f"--endpoints={self.client}", *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, ETCDCTL_API="3"),
+        ).stdout
 
     def stop(self) -> None:
         if self.process:

@@ -27,21 +27,52 @@ pytestmark = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="nee
 
 def _play(tmp_path: Path, **variables) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "tasks": [{"ansible.builtin.include_role": {"name": "confidential.kubernetes.backup", "tasks_from": "timer"}}],
-    }]))
-    extra = dict(ansible_python_interpreter=sys.executable, backup_timer_python=sys.executable,
-                 backup_timer_lib_dir=str(tmp_path / "lib"), backup_timer_dir=str(tmp_path / "state" / "etcd-backups"),
-                 backup_node_secrets_file=str(tmp_path / "cluster-secrets.json"),
-                 backup_etcd_endpoint="http://127.0.0.1:1", backup_timer_schedule="*-*-* 02:30:00",
-                 backup_timer_keep=3, __backup_timer_unit_dir=str(tmp_path / "units"), __backup_timer_systemd=False)
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "ansible.builtin.include_role": {
+                                "name": "confidential.kubernetes.backup",
+                                "tasks_from": "timer",
+                            }
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    extra = dict(
+        ansible_python_interpreter=sys.executable,
+        backup_timer_python=sys.executable,
+        backup_timer_lib_dir=str(tmp_path / "lib"),
+        backup_timer_dir=str(tmp_path / "state" / "etcd-backups"),
+        backup_node_secrets_file=str(tmp_path / "cluster-secrets.json"),
+        backup_etcd_endpoint="http://127.0.0.1:1",
+        backup_timer_schedule="*-*-* 02:30:00",
+        backup_timer_keep=3,
+        __backup_timer_unit_dir=str(tmp_path / "units"),
+        __backup_timer_systemd=False,
+    )
     extra.update(variables)
     (tmp_path / "units").mkdir(exist_ok=True)
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
-               TMPDIR=str(tmp_path))
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)],
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(tmp_path),
+    )
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
 
 
 def _changed(stdout: str) -> int:
@@ -63,13 +94,20 @@ def test_install_rerun_remove(tmp_path):
     assert "Unit=confidential-etcd-backup.service\n" in timer and "WantedBy=timers.target\n" in timer
     assert "Type=oneshot\n" in service and f"ReadWritePaths={tmp_path}/state/etcd-backups\n" in service
     assert (tmp_path / "state" / "etcd-backups").stat().st_mode & 0o777 == 0o700
-    verify = subprocess.run(["systemd-analyze", "verify", *(str(units / name) for name in UNITS)],
-                            capture_output=True, text=True, check=False)
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", *(str(units / name) for name in UNITS)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert "confidential-etcd-backup" not in verify.stderr, verify.stderr
 
     argv = _exec_start(service)
-    assert argv[:3] == [sys.executable, "-m",
-                        "ansible_collections.confidential.kubernetes.plugins.module_utils._backup.timer"]
+    assert argv[:3] == [
+        sys.executable,
+        "-m",
+        "ansible_collections.confidential.kubernetes.plugins.module_utils._backup.timer",
+    ]
     assert argv[argv.index("--keep") + 1] == "3" and argv[argv.index("--member") + 1] == "localhost"
     # The unit's command, with the unit's PYTHONPATH (the shipped code): it parses and names what is missing.
     env = dict(os.environ, PYTHONPATH=re.search(r"^Environment=PYTHONPATH=(.*)$", service, re.M).group(1))
@@ -87,10 +125,16 @@ def test_install_rerun_remove(tmp_path):
     assert again.returncode == 0 and _changed(again.stdout) == 0, again.stdout
 
 
-@pytest.mark.parametrize("variables, message", [
-    (dict(backup_timer_schedule="every tuesday"), 'backup_timer_schedule "every tuesday" is not a systemd OnCalendar='),
-    (dict(backup_timer_keep=0), "backup_timer_keep must be at least 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "variables, message",
+    [
+        (
+            dict(backup_timer_schedule="every tuesday"),
+            'backup_timer_schedule "every tuesday" is not a systemd OnCalendar=',
+        ),
+        (dict(backup_timer_keep=0), "backup_timer_keep must be at least 1, got 0"),
+    ],
+)
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, variables, message):
     refused = _play(tmp_path, backup_timer_enabled=True, **variables)
     assert refused.returncode != 0 and message in refused.stdout, refused.stdout

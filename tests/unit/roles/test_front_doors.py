@@ -11,10 +11,13 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
-TASK_FILES = sorted([*REPO.glob("roles/*/tasks/*.yml"), *REPO.glob("playbooks/*.yml"),
-                     *REPO.glob("extensions/molecule/*/*.yml")])
-SPECS = {path.parent.parent.name: yaml.safe_load(path.read_text())["argument_specs"]
-         for path in REPO.glob("roles/*/meta/argument_specs.yml")}
+TASK_FILES = sorted(
+    [*REPO.glob("roles/*/tasks/*.yml"), *REPO.glob("playbooks/*.yml"), *REPO.glob("extensions/molecule/*/*.yml")]
+)
+SPECS = {
+    path.parent.parent.name: yaml.safe_load(path.read_text())["argument_specs"]
+    for path in REPO.glob("roles/*/meta/argument_specs.yml")
+}
 INCLUDES = ("ansible.builtin.include_role", "ansible.builtin.import_role")
 # Keywords of a play's role entry, which are no role variables.
 ROLE_KEYWORDS = {"role", "name", "when", "tags", "vars", "become", "delegate_to"}
@@ -62,8 +65,11 @@ def _private_owner(name: str) -> str | None:
 
 @pytest.mark.parametrize("path", TASK_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_role_sets_another_role_s_private_variables(path):
-    names = [name for node in _nodes(yaml.safe_load(path.read_text()))
-             for name in [*(node.get("vars") or {}), *(node.get("ansible.builtin.set_fact") or {})]]
+    names = [
+        name
+        for node in _nodes(yaml.safe_load(path.read_text()))
+        for name in [*(node.get("vars") or {}), *(node.get("ansible.builtin.set_fact") or {})]
+    ]
     assert not [name for name in names if _private_owner(name) not in (None, _owner(path))]
 
 

@@ -51,25 +51,48 @@ def test_the_preflight_and_the_init_render_the_same_configuration_with_the_extra
     rendered = tmp_path / "rendered"
     rendered.mkdir()
     kubeadm, kubelet = tmp_path / "kubeadm", tmp_path / "kubelet"
-    kubeadm.write_text(f'#!/bin/sh\ncase "$1" in\n  version) echo v1.31.0 ;;\n'
-                       f'  config) cp "$4" "{rendered}/$(ls {rendered} | wc -l).yaml" ;;\nesac\n')
+    kubeadm.write_text(
+        f'#!/bin/sh\ncase "$1" in\n  version) echo v1.31.0 ;;\n'
+        f'  config) cp "$4" "{rendered}/$(ls {rendered} | wc -l).yaml" ;;\nesac\n'
+    )
     kubelet.write_text("#!/bin/sh\necho Kubernetes v1.31.0\n")
     kubeadm.chmod(0o755)
     kubelet.chmod(0o755)
     playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "control_plane", "gather_facts": False, "check_mode": True,
-        "vars_files": [str(REPO / "roles" / "init" / "defaults" / "main.yml")],
-        "tasks": _kubeadm_tasks(),
-    }]))
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "control_plane",
+                    "gather_facts": False,
+                    "check_mode": True,
+                    "vars_files": [str(REPO / "roles" / "init" / "defaults" / "main.yml")],
+                    "tasks": _kubeadm_tasks(),
+                }
+            ]
+        )
+    )
     (tmp_path / "hosts").write_text("[control_plane]\ncp-0 ansible_connection=local ansible_host=192.0.2.7\n")
-    extra = dict(ansible_python_interpreter=sys.executable, init_kubelet_binary_path=str(kubelet),
-                 __init_state={"admin_kubeconfig_exists": True},
-                 init_kubeadm_extra={"binary_path": str(kubeadm), "pod_subnet": "10.1.0.0/16", "cluster_name": "lab"})
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
-               TMPDIR=str(tmp_path))
-    run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "hosts"), "-e", json.dumps(extra), str(playbook)],
-                         capture_output=True, text=True, env=env, timeout=600, check=False)
+    extra = dict(
+        ansible_python_interpreter=sys.executable,
+        init_kubelet_binary_path=str(kubelet),
+        __init_state={"admin_kubeconfig_exists": True},
+        init_kubeadm_extra={"binary_path": str(kubeadm), "pod_subnet": "10.1.0.0/16", "cluster_name": "lab"},
+    )
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(tmp_path),
+    )
+    run = subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "hosts"), "-e", json.dumps(extra), str(playbook)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[WARNING]" not in run.stdout + run.stderr
     preflight, init = ((rendered / f"{index}.yaml").read_text() for index in range(2))

@@ -22,20 +22,26 @@ REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 CHECK = REPO / "roles" / "node" / "tasks" / "inventory.yml"
-PREFIXES = re.compile(f"({'|'.join(yaml.safe_load(CHECK.read_text())[0]['vars']['__node_prefix_names'])})_"
-                      "|remove_node$|confirm_reset$")
-SPECS = {path.parent.parent.name: yaml.safe_load(path.read_text())["argument_specs"]
-         for path in sorted(REPO.glob("roles/*/meta/argument_specs.yml"))}
+PREFIXES = re.compile(
+    f"({'|'.join(yaml.safe_load(CHECK.read_text())[0]['vars']['__node_prefix_names'])})_|remove_node$|confirm_reset$"
+)
+SPECS = {
+    path.parent.parent.name: yaml.safe_load(path.read_text())["argument_specs"]
+    for path in sorted(REPO.glob("roles/*/meta/argument_specs.yml"))
+}
 # A name in backquotes, a YAML key, or an extra variable on a command line.
 NAMED = r"`([a-z][a-z0-9_]*[a-z0-9])\b|^\s*-?\s*([a-z][a-z0-9_]*[a-z0-9]):|-e ([a-z][a-z0-9_]*)="
-KNOWN = {name for entry_points in SPECS.values() for spec in entry_points.values()
-         for name in spec.get("options") or {}}
+KNOWN = {
+    name for entry_points in SPECS.values() for spec in entry_points.values() for name in spec.get("options") or {}
+}
 INVENTORY_SPEC = SPECS["node"]["inventory"]["options"]
 # Names with the collection's prefixes that the docs use for something other than a variable an operator sets:
 # modules, playbooks and what the roles register for the operator to read.
-NOT_VARIABLES = ({path.stem for path in (REPO / "plugins" / "modules").glob("*.py")}
-                 | {path.stem for path in (REPO / "playbooks").glob("*.yml")}
-                 | {"upgrade_results", "upgrade_backup_path", "joinservice_api_host"})
+NOT_VARIABLES = (
+    {path.stem for path in (REPO / "plugins" / "modules").glob("*.py")}
+    | {path.stem for path in (REPO / "playbooks").glob("*.yml")}
+    | {"upgrade_results", "upgrade_backup_path", "joinservice_api_host"}
+)
 
 
 def _named_in_docs() -> dict[str, str]:
@@ -51,8 +57,14 @@ def _named_in_docs() -> dict[str, str]:
 
 def test_the_docs_name_the_inventory_variables():
     named = _named_in_docs()
-    for name in ("confidential_state_disk", "kubernetes_version", "measurements_golden_node", "confirm_reset",
-                 "kubernetes_mirror_url", "confidential_cni_values"):
+    for name in (
+        "confidential_state_disk",
+        "kubernetes_version",
+        "measurements_golden_node",
+        "confirm_reset",
+        "kubernetes_mirror_url",
+        "confidential_cni_values",
+    ):
         assert name in named
 
 
@@ -86,8 +98,9 @@ def _variables(group: dict):
         yield from _variables(child or {})
 
 
-@pytest.mark.parametrize(("where", "inventory"), _inventory_snippets(),
-                         ids=lambda value: value if isinstance(value, str) else "")
+@pytest.mark.parametrize(
+    ("where", "inventory"), _inventory_snippets(), ids=lambda value: value if isinstance(value, str) else ""
+)
 def test_every_inventory_snippet_passes_the_inventory_argument_spec(where, inventory):
     variables = dict(_variables(inventory["all"]))
     unknown = sorted(name for name in variables if PREFIXES.match(name) and name not in KNOWN)
@@ -98,15 +111,31 @@ def test_every_inventory_snippet_passes_the_inventory_argument_spec(where, inven
 
 
 def _run(tmp_path: Path, variables: dict, plays: list, *extra: str) -> subprocess.CompletedProcess:
-    inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                                  "confidential_measurement_policy_file": str(tmp_path / "policy.yml"), **variables},
-                         "children": {"control_plane": {"hosts": {"cp-0": {"ansible_host": "192.0.2.10"}}},
-                                      "cluster": {"children": {"control_plane": {}}}}}}
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "confidential_measurement_policy_file": str(tmp_path / "policy.yml"),
+                **variables,
+            },
+            "children": {
+                "control_plane": {"hosts": {"cp-0": {"ansible_host": "192.0.2.10"}}},
+                "cluster": {"children": {"control_plane": {}}},
+            },
+        }
+    }
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory, sort_keys=False))
     (tmp_path / "play.yml").write_text(yaml.safe_dump(plays))
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"), *extra],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 REACHED = {"hosts": "cluster", "gather_facts": False, "tasks": [{"ansible.builtin.debug": {"msg": "REACHED"}}]}
@@ -115,25 +144,46 @@ DISK = {"device": "/dev/vdb", "state": "mounted"}
 
 
 def test_an_inventory_of_known_variables_passes_and_is_checked_once(tmp_path):
-    run = _run(tmp_path, {"confidential_state_disk": DISK, "kubernetes_version": "1.36.4", "init_kubeadm_timeout": 60},
-               [GROUPS, GROUPS, REACHED], "-e", "measurements_merge=true")
+    run = _run(
+        tmp_path,
+        {"confidential_state_disk": DISK, "kubernetes_version": "1.36.4", "init_kubeadm_timeout": 60},
+        [GROUPS, GROUPS, REACHED],
+        "-e",
+        "measurements_merge=true",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "REACHED" in run.stdout
     checks = run.stdout.split("PLAY [Check the inventory's variables]")[1:]
     assert len(checks) == 2 and "skipping: no hosts matched" in checks[1]
 
 
-@pytest.mark.parametrize(("variables", "extra", "message"), [
-    ({"kubernetes_verison": "1.36.4"}, [], "cp-0: kubernetes_verison is not a variable of confidential.kubernetes"),
-    ({"confidential_state_dsk": DISK}, [], "cp-0: confidential_state_dsk is not a variable"),
-    ({}, ["-e", "measurements_golden_nod=cp-0"], "cp-0: measurements_golden_nod is not a variable"),
-    ({"confidential_state_disk": {"device": "/dev/vdb", "stat": "mounted"}}, [],
-     "confidential_state_disk.stat. Supported parameters include: device, mount_path, name"),
-    ({"confidential_state_disk": {"device": "/dev/vdb", "state": "mapped"}}, [],
-     "value of state must be one of: formatted, opened, mounted, got: mapped found in confidential_state_disk"),
-    ({"confidential_progress_interval": "often"}, [], "confidential_progress_interval"),
-], ids=["typo in a name", "typo in confidential_state_disk's name", "typo in an extra variable",
-        "typo in a state disk key", "wrong state disk choice", "wrong type"])
+@pytest.mark.parametrize(
+    ("variables", "extra", "message"),
+    [
+        ({"kubernetes_verison": "1.36.4"}, [], "cp-0: kubernetes_verison is not a variable of confidential.kubernetes"),
+        ({"confidential_state_dsk": DISK}, [], "cp-0: confidential_state_dsk is not a variable"),
+        ({}, ["-e", "measurements_golden_nod=cp-0"], "cp-0: measurements_golden_nod is not a variable"),
+        (
+            {"confidential_state_disk": {"device": "/dev/vdb", "stat": "mounted"}},
+            [],
+            "confidential_state_disk.stat. Supported parameters include: device, mount_path, name",
+        ),
+        (
+            {"confidential_state_disk": {"device": "/dev/vdb", "state": "mapped"}},
+            [],
+            "value of state must be one of: formatted, opened, mounted, got: mapped found in confidential_state_disk",
+        ),
+        ({"confidential_progress_interval": "often"}, [], "confidential_progress_interval"),
+    ],
+    ids=[
+        "typo in a name",
+        "typo in confidential_state_disk's name",
+        "typo in an extra variable",
+        "typo in a state disk key",
+        "wrong state disk choice",
+        "wrong type",
+    ],
+)
 def test_a_wrong_variable_fails_naming_it_before_anything_runs(tmp_path, variables, extra, message):
     run = _run(tmp_path, variables, [GROUPS, REACHED], *extra)
     assert run.returncode != 0
@@ -148,8 +198,11 @@ def test_a_variable_of_another_role_is_left_alone_when_listed(tmp_path):
     assert "REACHED" in run.stdout
 
 
-INIT = {"hosts": "control_plane[0]", "gather_facts": False,
-        "tasks": [{"ansible.builtin.include_role": {"name": "confidential.kubernetes.init"}}]}
+INIT = {
+    "hosts": "control_plane[0]",
+    "gather_facts": False,
+    "tasks": [{"ansible.builtin.include_role": {"name": "confidential.kubernetes.init"}}],
+}
 
 
 def test_the_first_control_plane_without_a_state_disk_is_refused_naming_the_opt_out(tmp_path):

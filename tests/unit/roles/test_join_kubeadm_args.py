@@ -24,7 +24,11 @@ ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 MODULE = "confidential.kubernetes.kubeadm_join"
 # Options only the tasks themselves set: the preflight's, and what the join takes from the ticket.
 TASK_OWN_OPTIONS = {
-    "Check versions and kubeadm's join preflight before the node lock": {"preflight", "kubernetes_version", "kubelet_binary_path"},
+    "Check versions and kubeadm's join preflight before the node lock": {
+        "preflight",
+        "kubernetes_version",
+        "kubelet_binary_path",
+    },
     "Join with kubeadm": {"api_server_endpoint", "ca_cert_hashes", "node_name", "ignore_preflight_errors"},
 }
 PIN = "sha256:" + "ab" * 32
@@ -47,7 +51,11 @@ def test_the_options_join_kubeadm_extra_may_set_are_the_modules():
     defaults = yaml.safe_load((REPO / "roles" / "join" / "defaults" / "main.yml").read_text())
     options = set(yaml.safe_load(kubeadm_join.DOCUMENTATION)["options"]) | set(KUBEADM_OPTIONS) | set(PREFLIGHT_OPTIONS)
     # The preflight's options are the role's to set (join_kubernetes_version, join_kubelet_binary_path).
-    assert set(defaults["__join_kubeadm_options"]) == options - {"preflight", "kubernetes_version", "kubelet_binary_path"}
+    assert set(defaults["__join_kubeadm_options"]) == options - {
+        "preflight",
+        "kubernetes_version",
+        "kubelet_binary_path",
+    }
 
 
 def _run(tmp_path: Path, **extra) -> tuple[subprocess.CompletedProcess, Path]:
@@ -55,37 +63,70 @@ def _run(tmp_path: Path, **extra) -> tuple[subprocess.CompletedProcess, Path]:
     rendered.mkdir()
     kubeadm, kubelet = tmp_path / "kubeadm", tmp_path / "kubelet"
     # Keeps every configuration it is given, in order, and what it was asked.
-    kubeadm.write_text(f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls"\ncase "$1" in\n  version) echo v1.31.0 ;;\n'
-                       f'  *) while [ "$#" -gt 0 ]; do [ "$1" = --config ] && cp "$2" "{rendered}/$(ls {rendered} | wc -l).yaml";'
-                       f' shift; done ;;\nesac\n')
+    kubeadm.write_text(
+        f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls"\ncase "$1" in\n  version) echo v1.31.0 ;;\n'
+        f'  *) while [ "$#" -gt 0 ]; do [ "$1" = --config ] && cp "$2" "{rendered}/$(ls {rendered} | wc -l).yaml";'
+        f" shift; done ;;\nesac\n"
+    )
     kubelet.write_text("#!/bin/sh\necho Kubernetes v1.31.0\n")
     kubeadm.chmod(0o755)
     kubelet.chmod(0o755)
     (tmp_path / "token").write_text("abcdef.0123456789abcdef\n")
     playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "control_plane", "gather_facts": False,
-        "vars_files": [str(REPO / "roles" / "join" / "defaults" / "main.yml")],
-        "tasks": _kubeadm_tasks(),
-    }]))
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "control_plane",
+                    "gather_facts": False,
+                    "vars_files": [str(REPO / "roles" / "join" / "defaults" / "main.yml")],
+                    "tasks": _kubeadm_tasks(),
+                }
+            ]
+        )
+    )
     (tmp_path / "hosts").write_text("[control_plane]\ncp-1 ansible_connection=local ansible_host=192.0.2.8\n")
-    variables = dict(ansible_python_interpreter=sys.executable, join_kubelet_binary_path=str(kubelet),
-                     join_kubernetes_version="v1.31.0", kubernetes_api_vip="192.0.2.100",
-                     __join_standing={"node_state": "rebooted"},
-                     __join_ticket={"joined": True, "api_server_endpoint": "192.0.2.100:6443", "ca_cert_hashes": [PIN],
-                                    "node_name": "granted-cp-1"},
-                     join_kubeadm_extra={"binary_path": str(kubeadm), "token_file": str(tmp_path / "token"),
-                                         "cri_socket": "unix:///run/containerd/containerd.sock", "bind_port": 8443})
+    variables = dict(
+        ansible_python_interpreter=sys.executable,
+        join_kubelet_binary_path=str(kubelet),
+        join_kubernetes_version="v1.31.0",
+        kubernetes_api_vip="192.0.2.100",
+        __join_standing={"node_state": "rebooted"},
+        __join_ticket={
+            "joined": True,
+            "api_server_endpoint": "192.0.2.100:6443",
+            "ca_cert_hashes": [PIN],
+            "node_name": "granted-cp-1",
+        },
+        join_kubeadm_extra={
+            "binary_path": str(kubeadm),
+            "token_file": str(tmp_path / "token"),
+            "cri_socket": "unix:///run/containerd/containerd.sock",
+            "bind_port": 8443,
+        },
+    )
     variables.update(extra)
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
-               TMPDIR=str(tmp_path))
-    run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "hosts"), "-e", json.dumps(variables), str(playbook)],
-                         capture_output=True, text=True, env=env, timeout=600, check=False)
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(tmp_path),
+    )
+    run = subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "hosts"), "-e", json.dumps(variables), str(playbook)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     return run, rendered
 
 
-@pytest.mark.skipif(os.path.exists("/etc/kubernetes/kubelet.conf") or os.path.exists("/etc/kubernetes/admin.conf"),
-                    reason="this host is a node of a cluster")
+@pytest.mark.skipif(
+    os.path.exists("/etc/kubernetes/kubelet.conf") or os.path.exists("/etc/kubernetes/admin.conf"),
+    reason="this host is a node of a cluster",
+)
 def test_the_preflight_and_the_join_get_the_same_options_with_the_extras_winning(tmp_path):
     run, rendered = _run(tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -101,8 +142,8 @@ def test_the_preflight_and_the_join_get_the_same_options_with_the_extras_winning
     assert joined["discovery"]["bootstrapToken"]["caCertHashes"] == [PIN]
     calls = (tmp_path / "calls").read_text().splitlines()
     # With kube-vip its manifest is in place when kubeadm join looks, not yet when the preflight does.
-    preflight_call, = (call for call in calls if call.startswith("join phase preflight"))
-    join_call, = (call for call in calls if call.startswith("join --config"))
+    (preflight_call,) = (call for call in calls if call.startswith("join phase preflight"))
+    (join_call,) = (call for call in calls if call.startswith("join --config"))
     assert "--ignore-preflight-errors" not in preflight_call
     assert join_call.endswith(" --ignore-preflight-errors=DirAvailable--etc-kubernetes-manifests")
     assert not (tmp_path / "token").exists()
@@ -110,9 +151,16 @@ def test_the_preflight_and_the_join_get_the_same_options_with_the_extras_winning
 
 @pytest.mark.skipif(os.path.exists("/etc/kubernetes/kubelet.conf"), reason="this host is a node of a cluster")
 def test_a_worker_advertises_nothing_and_the_extras_win_over_the_ticket(tmp_path):
-    run, rendered = _run(tmp_path, join_control_plane=False,
-                         join_kubeadm_extra={"binary_path": str(tmp_path / "kubeadm"), "token_file": str(tmp_path / "token"),
-                                             "node_name": "worker-9", "api_server_endpoint": "192.0.2.1:6443"})
+    run, rendered = _run(
+        tmp_path,
+        join_control_plane=False,
+        join_kubeadm_extra={
+            "binary_path": str(tmp_path / "kubeadm"),
+            "token_file": str(tmp_path / "token"),
+            "node_name": "worker-9",
+            "api_server_endpoint": "192.0.2.1:6443",
+        },
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     preflight, dummy, joined = (yaml.safe_load((rendered / f"{index}.yaml").read_text()) for index in range(3))
     assert "controlPlane" not in preflight and "controlPlane" not in joined

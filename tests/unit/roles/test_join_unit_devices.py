@@ -10,7 +10,9 @@ REPO = Path(__file__).resolve().parents[3]
 UNIT = REPO / "roles" / "join" / "templates" / "confidential-join.service.j2"
 # systemd.exec(5): ProtectClock= implies DeviceAllow=char-rtc r and PrivateDevices= a private /dev; any DeviceAllow=
 # with DevicePolicy=auto closes every device not listed; DevicePolicy=closed or strict closes them outright.
-CLOSING_OPTIONS = re.compile(r"^(ProtectClock|PrivateDevices|DeviceAllow|DevicePolicy)=\s*(?!no\b|false\b|auto\b)", re.M)
+CLOSING_OPTIONS = re.compile(
+    r"^(ProtectClock|PrivateDevices|DeviceAllow|DevicePolicy)=\s*(?!no\b|false\b|auto\b)", re.M
+)
 
 
 def test_join_unit_keeps_devices_open():

@@ -16,13 +16,36 @@ ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 
 
 def render(tmp_path: Path, **extra) -> subprocess.CompletedProcess:
-    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"name": "Render", "ansible.builtin.include_role": {"name": "confidential.kubernetes.join", "tasks_from": "kube_vip"}}]}]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Render",
+                    "ansible.builtin.include_role": {"name": "confidential.kubernetes.join", "tasks_from": "kube_vip"},
+                }
+            ],
+        }
+    ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1", TMPDIR=str(tmp_path))
-    extra = dict(ansible_python_interpreter=sys.executable, join_kube_vip_manifest_dir=str(tmp_path / "manifests"), **extra)
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(tmp_path / "play.yml")],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(tmp_path),
+    )
+    extra = dict(
+        ansible_python_interpreter=sys.executable, join_kube_vip_manifest_dir=str(tmp_path / "manifests"), **extra
+    )
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(tmp_path / "play.yml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_off_by_default(tmp_path):
@@ -32,8 +55,14 @@ def test_off_by_default(tmp_path):
 
 
 def test_with_a_vip_the_manifest_is_a_pinned_static_pod_for_it(tmp_path):
-    run = render(tmp_path, kubernetes_api_vip="192.0.2.100", kubernetes_api_endpoint="192.0.2.100:8443",
-                 kube_vip_interface="eth1", kubernetes_version="v1.31.4", join_kube_vip_before_init=True)
+    run = render(
+        tmp_path,
+        kubernetes_api_vip="192.0.2.100",
+        kubernetes_api_endpoint="192.0.2.100:8443",
+        kube_vip_interface="eth1",
+        kubernetes_version="v1.31.4",
+        join_kube_vip_before_init=True,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = tmp_path / "manifests" / "kube-vip.yaml"
     assert oct(manifest.stat().st_mode & 0o777) == "0o600"
@@ -49,14 +78,29 @@ def test_with_a_vip_the_manifest_is_a_pinned_static_pod_for_it(tmp_path):
     assert pod["spec"]["volumes"][0]["hostPath"]["path"] == "/etc/kubernetes/super-admin.conf"
     assert set(container["securityContext"]["capabilities"]["add"]) == {"NET_ADMIN", "NET_RAW"}
 
-    again = render(tmp_path, kubernetes_api_vip="192.0.2.100", kubernetes_api_endpoint="192.0.2.100:8443",
-                   kube_vip_interface="eth1", kubernetes_version="v1.31.4", join_kube_vip_before_init=True)
+    again = render(
+        tmp_path,
+        kubernetes_api_vip="192.0.2.100",
+        kubernetes_api_endpoint="192.0.2.100:8443",
+        kube_vip_interface="eth1",
+        kubernetes_version="v1.31.4",
+        join_kube_vip_before_init=True,
+    )
     assert "changed=0" in again.stdout
     # After kubeadm init the init role renders it again for admin.conf, and a re-run keeps that.
     for dummy in range(2):
-        after = render(tmp_path, kubernetes_api_vip="192.0.2.100", kubernetes_api_endpoint="192.0.2.100:8443",
-                       kube_vip_interface="eth1", kubernetes_version="v1.31.4", join_kube_vip_before_init=False)
-        assert yaml.safe_load(manifest.read_text())["spec"]["volumes"][0]["hostPath"]["path"] == "/etc/kubernetes/admin.conf"
+        after = render(
+            tmp_path,
+            kubernetes_api_vip="192.0.2.100",
+            kubernetes_api_endpoint="192.0.2.100:8443",
+            kube_vip_interface="eth1",
+            kubernetes_version="v1.31.4",
+            join_kube_vip_before_init=False,
+        )
+        assert (
+            yaml.safe_load(manifest.read_text())["spec"]["volumes"][0]["hostPath"]["path"]
+            == "/etc/kubernetes/admin.conf"
+        )
     assert "changed=0" in after.stdout
 
 

@@ -19,18 +19,38 @@ SHIPPED = "ansible_collections/confidential/kubernetes/plugins/module_utils/_nod
 
 def _play(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "tasks": [
-            {"ansible.builtin.include_role": {"name": "confidential.kubernetes.node", "tasks_from": "lib"}},
-            {"name": "Report node_lib_copy", "ansible.builtin.debug": {"msg": "node_lib_copy changed={{ node_lib_copy is changed }}"}},
-        ],
-    }]))
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {"ansible.builtin.include_role": {"name": "confidential.kubernetes.node", "tasks_from": "lib"}},
+                        {
+                            "name": "Report node_lib_copy",
+                            "ansible.builtin.debug": {"msg": "node_lib_copy changed={{ node_lib_copy is changed }}"},
+                        },
+                    ],
+                }
+            ]
+        )
+    )
     extra = dict(ansible_python_interpreter=sys.executable, node_lib_dir=str(tmp_path / "node" / "lib"))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
-               TMPDIR=str(tmp_path))
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), *options, str(playbook)],
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(tmp_path),
+    )
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), *options, str(playbook)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
 
 
 def _changed(stdout: str) -> int:
@@ -42,7 +62,9 @@ def _lib_copy_changed(stdout: str) -> bool:
 
 
 def _shipping_skipped(stdout: str) -> bool:
-    return bool(re.search(r"TASK \[confidential.kubernetes.node : Copy the collection's code\][^\n]*\nskipping: ", stdout))
+    return bool(
+        re.search(r"TASK \[confidential.kubernetes.node : Copy the collection's code\][^\n]*\nskipping: ", stdout)
+    )
 
 
 def test_ship_then_rerun_in_one_call_then_repair_a_damaged_tree(tmp_path):

@@ -45,7 +45,9 @@ def _offline_tree(root: Path) -> dict:
         "kubectl": b"#!/bin/sh\necho kubectl\n",
         "runc": b"#!/bin/sh\necho runc\n",
         "crictl": _tgz({"crictl": b"crictl"}),
-        "containerd": _tgz({"bin/containerd": b"containerd", "bin/ctr": b"ctr", "bin/containerd-shim-runc-v2": b"shim"}),
+        "containerd": _tgz(
+            {"bin/containerd": b"containerd", "bin/ctr": b"ctr", "bin/containerd-shim-runc-v2": b"shim"}
+        ),
         "cni_plugins": _tgz({"./bridge": b"bridge", "./loopback": b"loopback", "./host-local": b"host-local"}),
         "helm": _tgz({f"linux-{ARCH}/helm": b"helm", f"linux-{ARCH}/LICENSE": b"license"}),
     }
@@ -55,26 +57,54 @@ def _offline_tree(root: Path) -> dict:
         target = root / url.split("/", 3)[3]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
-        row["artifacts"][name] = {"version": row["artifacts"][name]["version"], ARCH: {"url": url, "sha256": hashlib.sha256(content).hexdigest()}}
+        row["artifacts"][name] = {
+            "version": row["artifacts"][name]["version"],
+            ARCH: {"url": url, "sha256": hashlib.sha256(content).hexdigest()},
+        }
     return row
 
 
 def _play(tmp_path: Path, row: dict, destdir: Path, cache: str = "cache", *options: str) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "tasks": [{"ansible.builtin.include_role": {"name": "confidential.kubernetes.node", "tasks_from": "kubernetes"}}],
-    }]))
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "ansible.builtin.include_role": {
+                                "name": "confidential.kubernetes.node",
+                                "tasks_from": "kubernetes",
+                            }
+                        }
+                    ],
+                }
+            ]
+        )
+    )
     extra = dict(
         ansible_python_interpreter=sys.executable,
-        kubernetes_version="9.9.9", kubernetes_versions_extra={"9.9.9": row},
-        kubernetes_artifacts_dir=str(tmp_path / "offline"), kubernetes_artifacts_cache=str(tmp_path / cache),
-        node_stack_destdir=str(destdir), node_stack_swap_off=False, node_stack_kernel_modules=False,
-        node_stack_sysctl=False, node_stack_services=False,
+        kubernetes_version="9.9.9",
+        kubernetes_versions_extra={"9.9.9": row},
+        kubernetes_artifacts_dir=str(tmp_path / "offline"),
+        kubernetes_artifacts_cache=str(tmp_path / cache),
+        node_stack_destdir=str(destdir),
+        node_stack_swap_off=False,
+        node_stack_kernel_modules=False,
+        node_stack_sysctl=False,
+        node_stack_services=False,
     )
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), *options, str(playbook)],
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), *options, str(playbook)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
 
 
 def _recap(stdout: str) -> dict:
@@ -84,8 +114,11 @@ def _recap(stdout: str) -> dict:
 
 def _install_skipped(stdout: str) -> bool:
     """The re-run decided from the probe alone: the install was not even included."""
-    included = re.search(r"TASK \[confidential.kubernetes.node : Install the stack's binaries, configuration and units\]"
-                         r"[^\n]*\n(skipping: [^\n]*\n)+\n", stdout)
+    included = re.search(
+        r"TASK \[confidential.kubernetes.node : Install the stack's binaries, configuration and units\]"
+        r"[^\n]*\n(skipping: [^\n]*\n)+\n",
+        stdout,
+    )
     return bool(included) and "TASK [confidential.kubernetes.node : Install the binaries]" not in stdout
 
 
@@ -102,18 +135,36 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     assert _recap(first.stdout)["changed"] > 0
     bin_dir = destdir / "usr/local/bin"
-    assert (bin_dir / "kubeadm").read_bytes() == b"#!/bin/sh\necho kubeadm\n" and os.access(bin_dir / "kubeadm", os.X_OK)
-    expected = {"kubeadm", "kubelet", "kubectl", "runc", "crictl", "containerd", "ctr", "containerd-shim-runc-v2", "helm"}
+    assert (bin_dir / "kubeadm").read_bytes() == b"#!/bin/sh\necho kubeadm\n" and os.access(
+        bin_dir / "kubeadm", os.X_OK
+    )
+    expected = {
+        "kubeadm",
+        "kubelet",
+        "kubectl",
+        "runc",
+        "crictl",
+        "containerd",
+        "ctr",
+        "containerd-shim-runc-v2",
+        "helm",
+    }
     assert {p.name for p in bin_dir.iterdir()} >= expected
     assert not (bin_dir / "LICENSE").exists() and not (bin_dir / f"linux-{ARCH}").exists()
     assert (bin_dir / "helm").read_bytes() == b"helm" and not (bin_dir / "helm").is_symlink()
     assert (bin_dir / "crictl").read_bytes() == b"crictl" and (tmp_path / "double").read_bytes() == b"a double"
     assert {p.name for p in (destdir / "opt/cni/bin").iterdir()} == {"bridge", "loopback", "host-local"}
     config = (destdir / "etc/containerd/config.toml").read_text()
-    assert "SystemdCgroup = true" in config and f"sandbox = '{row['images']['pause']}'" in config and "version = 3" in config
+    assert (
+        "SystemdCgroup = true" in config
+        and f"sandbox = '{row['images']['pause']}'" in config
+        and "version = 3" in config
+    )
     assert "runtime-endpoint: unix:///run/containerd/containerd.sock" in (destdir / "etc/crictl.yaml").read_text()
     dropin = (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text()
-    assert "ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS" in dropin
+    assert (
+        "ExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS" in dropin
+    )
     assert "ExecStart=/usr/local/bin/containerd" in (destdir / "etc/systemd/system/containerd.service").read_text()
 
     # The stamp fingerprints every file it lists, so that the probe reads none of them on a re-run.
@@ -164,7 +215,9 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert moved.returncode == 0 and _recap(moved.stdout)["changed"] > 0, moved.stdout
     after = {p.name for p in staging.glob("installed-*.sha256")}
     assert len(after) == 1 and after != before
-    assert "/usr/local/bin/kubelet-other" in (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text()
+    assert (
+        "/usr/local/bin/kubelet-other" in (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text()
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
@@ -192,7 +245,10 @@ def _versioned_rows(root: Path) -> dict:
         target = root / url.split("/", 3)[3]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
-        row["artifacts"]["kubeadm"] = {"version": version, ARCH: {"url": url, "sha256": hashlib.sha256(content).hexdigest()}}
+        row["artifacts"]["kubeadm"] = {
+            "version": version,
+            ARCH: {"url": url, "sha256": hashlib.sha256(content).hexdigest()},
+        }
         rows[version] = row
     return rows
 
@@ -215,15 +271,22 @@ def test_another_version_is_refused_on_a_node_in_a_cluster_and_nothing_is_swappe
     message = " ".join(refused.stdout.split())
     assert "runs Kubernetes v9.9.9, but kubernetes_version asks for 9.9.10" in message, refused.stdout
     assert "not yet available" in message and "nothing was changed" in message
-    assert kubeadm.read_bytes() == b"#!/bin/sh\necho v9.9.9\n" and {p.name for p in staging.glob("installed-*.sha256")} == stamps
+    assert (
+        kubeadm.read_bytes() == b"#!/bin/sh\necho v9.9.9\n"
+        and {p.name for p in staging.glob("installed-*.sha256")} == stamps
+    )
 
     # The running version again: converged, nothing asked of kubeadm; a damaged file of it is repaired.
     again = _play(tmp_path, rows["9.9.9"], destdir)
     assert _recap(again.stdout)["changed"] == 0, again.stdout
-    assert re.search(r"TASK \[confidential.kubernetes.node : Learn the Kubernetes version[^\n]*\nskipping", again.stdout), again.stdout
+    assert re.search(
+        r"TASK \[confidential.kubernetes.node : Learn the Kubernetes version[^\n]*\nskipping", again.stdout
+    ), again.stdout
     (destdir / "usr/local/bin/kubectl").write_bytes(b"damaged")
     repaired = _play(tmp_path, rows["9.9.9"], destdir)
-    assert repaired.returncode == 0 and (destdir / "usr/local/bin/kubectl").read_bytes() == b"#!/bin/sh\necho kubectl\n", repaired.stdout
+    assert (
+        repaired.returncode == 0 and (destdir / "usr/local/bin/kubectl").read_bytes() == b"#!/bin/sh\necho kubectl\n"
+    ), repaired.stdout
 
     # Out of the cluster (no kubelet.conf), a node takes another version's stack.
     (destdir / "etc/kubernetes/kubelet.conf").unlink()

@@ -19,21 +19,49 @@ HAS_DEVICE_MAPPER = os.path.exists("/sys/class/misc/device-mapper")
 def check(tmp_path: Path, **extra) -> subprocess.CompletedProcess:
     disk = tmp_path / "state-disk.img"
     disk.write_bytes(b"")
-    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"name": "Check", "ansible.builtin.include_role": {"name": "confidential.kubernetes.join", "tasks_from": "state_disk"}},
-        {"name": "Past the check", "ansible.builtin.debug": {"msg": "not stopped"}}]}]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Check",
+                    "ansible.builtin.include_role": {
+                        "name": "confidential.kubernetes.join",
+                        "tasks_from": "state_disk",
+                    },
+                },
+                {"name": "Past the check", "ansible.builtin.debug": {"msg": "not stopped"}},
+            ],
+        }
+    ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1", TMPDIR=str(tmp_path))
-    variables = dict(ansible_python_interpreter=sys.executable, confidential_state_disk={"device": str(disk), "state": "formatted"})
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(tmp_path),
+    )
+    variables = dict(
+        ansible_python_interpreter=sys.executable, confidential_state_disk={"device": str(disk), "state": "formatted"}
+    )
     variables.update(extra)
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(variables), str(tmp_path / "play.yml")],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(variables), str(tmp_path / "play.yml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_a_formatted_only_disk_is_refused_naming_the_variable(tmp_path):
     run = check(tmp_path)
     assert run.returncode != 0
-    assert "is only formatted, not mounted" in run.stdout and "confidential_state_disk_allow_unmapped: true" in run.stdout
+    assert (
+        "is only formatted, not mounted" in run.stdout and "confidential_state_disk_allow_unmapped: true" in run.stdout
+    )
     assert "the node was not locked" in run.stdout and "not stopped" not in run.stdout
 
 
@@ -52,6 +80,9 @@ def test_mounted_needs_device_mapper_or_the_allowance(tmp_path):
 
 
 def test_a_missing_device_is_refused_first(tmp_path):
-    run = check(tmp_path, confidential_state_disk={"device": str(tmp_path / "nothing.img"), "state": "mounted"},
-                confidential_state_disk_allow_unmapped=True)
+    run = check(
+        tmp_path,
+        confidential_state_disk={"device": str(tmp_path / "nothing.img"), "state": "mounted"},
+        confidential_state_disk_allow_unmapped=True,
+    )
     assert run.returncode != 0 and "nothing.img does not exist" in run.stdout

@@ -10,10 +10,14 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
-TASK_FILES = sorted([*REPO.glob("roles/*/tasks/*.yml"), *REPO.glob("playbooks/*.yml"),
-                     *REPO.glob("extensions/molecule/*/*.yml")])
-LONG_STEPS = {"confidential.kubernetes.kubeadm_init", "confidential.kubernetes.kubeadm_join",
-              "confidential.kubernetes.helm_release"}
+TASK_FILES = sorted(
+    [*REPO.glob("roles/*/tasks/*.yml"), *REPO.glob("playbooks/*.yml"), *REPO.glob("extensions/molecule/*/*.yml")]
+)
+LONG_STEPS = {
+    "confidential.kubernetes.kubeadm_init",
+    "confidential.kubernetes.kubeadm_join",
+    "confidential.kubernetes.helm_release",
+}
 
 
 def _tasks(node):
@@ -34,14 +38,21 @@ def _module(task: dict) -> str | None:
 
 @pytest.mark.parametrize("path", TASK_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_task_takes_its_arguments_from_a_template(path):
-    templated = [task.get("name") for task in _tasks(yaml.safe_load(path.read_text()))
-                 if (module := _module(task)) and isinstance(task[module], str) and "{{" in task[module]]
+    templated = [
+        task.get("name")
+        for task in _tasks(yaml.safe_load(path.read_text()))
+        if (module := _module(task)) and isinstance(task[module], str) and "{{" in task[module]
+    ]
     assert not templated
 
 
 def test_long_steps_run_async_with_a_poll_of_a_few_seconds():
-    steps = [task for path in REPO.glob("roles/*/tasks/*.yml")
-             for task in _tasks(yaml.safe_load(path.read_text())) if _module(task) in LONG_STEPS]
+    steps = [
+        task
+        for path in REPO.glob("roles/*/tasks/*.yml")
+        for task in _tasks(yaml.safe_load(path.read_text()))
+        if _module(task) in LONG_STEPS
+    ]
     applied = [task for task in steps if not task.get("check_mode")]
     assert {_module(task) for task in applied} == LONG_STEPS
     for task in applied:

@@ -20,8 +20,18 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 CHART_SOURCE = REPO / "tests" / "doubles" / "cilium-chart"
-IMAGES = {name: f"registry.example/{name}:v9.9.9" for name in
-          ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "coredns", "pause")}
+IMAGES = {
+    name: f"registry.example/{name}:v9.9.9"
+    for name in (
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-proxy",
+        "etcd",
+        "coredns",
+        "pause",
+    )
+}
 URL_PATH = "charts/cilium-1.18.0-standin.tgz"
 
 
@@ -30,34 +40,76 @@ def chart(tmp_path_factory, kube_control_plane) -> Path:
     """The stand-in chart packaged by the real helm, laid out as an artefact tree (source_dir)."""
     tree = tmp_path_factory.mktemp("tree")
     helm = kube_control_plane.bin / "helm-3.17.2"
-    subprocess.run([str(helm), "package", str(CHART_SOURCE), "--destination", str(tree / "charts")],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [str(helm), "package", str(CHART_SOURCE), "--destination", str(tree / "charts")],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return tree / URL_PATH
 
 
 def _row(sha256: str) -> dict:
     binaries = dict.fromkeys(("kubeadm", "kubelet", "kubectl", "crictl", "containerd", "runc", "cni_plugins", "helm"))
-    return {"artifacts": {**binaries, "cilium": {"version": "1.18.0-standin", "url": f"http://mirror.invalid/{URL_PATH}",
-                                                 "sha256": sha256}}, "images": IMAGES}
+    return {
+        "artifacts": {
+            **binaries,
+            "cilium": {"version": "1.18.0-standin", "url": f"http://mirror.invalid/{URL_PATH}", "sha256": sha256},
+        },
+        "images": IMAGES,
+    }
 
 
-def _play(tmp_path: Path, control_plane, tree: Path, sha256: str, entry: str = "cni", check: bool = False,
-          **variables) -> subprocess.CompletedProcess:
+def _play(
+    tmp_path: Path, control_plane, tree: Path, sha256: str, entry: str = "cni", check: bool = False, **variables
+) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"ansible.builtin.include_role": {"name": "confidential.kubernetes.upgrade", "tasks_from": entry}}]}]))
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "ansible.builtin.include_role": {
+                                "name": "confidential.kubernetes.upgrade",
+                                "tasks_from": entry,
+                            }
+                        }
+                    ],
+                }
+            ]
+        )
+    )
     extra = dict(
-        ansible_python_interpreter=sys.executable, inventory_dir=str(tmp_path),
-        kubernetes_version="9.9.9", kubernetes_versions_extra={"9.9.9": _row(sha256)},
-        kubernetes_artifacts_dir=str(tree), kubernetes_artifacts_cache=str(tmp_path / "cache"),
-        kubernetes_api_endpoint="192.0.2.10:7443", upgrade_kubeconfig=str(control_plane.admin_kubeconfig),
+        ansible_python_interpreter=sys.executable,
+        inventory_dir=str(tmp_path),
+        kubernetes_version="9.9.9",
+        kubernetes_versions_extra={"9.9.9": _row(sha256)},
+        kubernetes_artifacts_dir=str(tree),
+        kubernetes_artifacts_cache=str(tmp_path / "cache"),
+        kubernetes_api_endpoint="192.0.2.10:7443",
+        upgrade_kubeconfig=str(control_plane.admin_kubeconfig),
         upgrade_controller_kubeconfig=str(control_plane.admin_kubeconfig),
-        upgrade_helm_binary=str(control_plane.bin / "helm-3.17.2"), **variables)
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
-               TMPDIR=str(tmp_path))
-    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)]
-                          + (["--check"] if check else []),
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+        upgrade_helm_binary=str(control_plane.bin / "helm-3.17.2"),
+        **variables,
+    )
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(tmp_path),
+    )
+    return subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)]
+        + (["--check"] if check else []),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
 
 
 def _recap(run: subprocess.CompletedProcess) -> dict:
@@ -75,40 +127,79 @@ def _get(control_plane, namespace: str, *what: str) -> subprocess.CompletedProce
     return control_plane.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
 
 
-def test_installs_the_pinned_chart_with_the_values_and_overrides_and_a_rerun_changes_nothing(tmp_path, kube_control_plane, chart):
+def test_installs_the_pinned_chart_with_the_values_and_overrides_and_a_rerun_changes_nothing(
+    tmp_path, kube_control_plane, chart
+):
     namespace = _namespace(kube_control_plane, "cni-install")
     sha256 = hashlib.sha256(chart.read_bytes()).hexdigest()
     overrides = {"ipam": {"mode": "cluster-pool"}}
-    first = _play(tmp_path, kube_control_plane, chart.parents[1], sha256, upgrade_cni_namespace=namespace,
-                  confidential_cni_values=overrides)
+    first = _play(
+        tmp_path,
+        kube_control_plane,
+        chart.parents[1],
+        sha256,
+        upgrade_cni_namespace=namespace,
+        confidential_cni_values=overrides,
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     assert _recap(first)["changed"] > 0
     config = json.loads(_get(kube_control_plane, namespace, "configmap", "cilium-config").stdout)["data"]
     # The collection's values (the API endpoint kubernetes_api_endpoint, WireGuard) with the inventory's override
     # merged over them (ipam).
-    assert config == {"k8s-service-host": "192.0.2.10", "k8s-service-port": "7443", "ipam": "cluster-pool",
-                      "enable-wireguard": "true"}
+    assert config == {
+        "k8s-service-host": "192.0.2.10",
+        "k8s-service-port": "7443",
+        "ipam": "cluster-pool",
+        "enable-wireguard": "true",
+    }
     for kind in ("daemonset", "serviceaccount"):
         assert _get(kube_control_plane, namespace, kind, "cilium").returncode == 0
-    again = _play(tmp_path, kube_control_plane, chart.parents[1], sha256, upgrade_cni_namespace=namespace,
-                  confidential_cni_values=overrides)
+    again = _play(
+        tmp_path,
+        kube_control_plane,
+        chart.parents[1],
+        sha256,
+        upgrade_cni_namespace=namespace,
+        confidential_cni_values=overrides,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert _recap(again)["changed"] == 0, again.stdout
-    checked = _play(tmp_path, kube_control_plane, chart.parents[1], sha256, check=True, upgrade_cni_namespace=namespace,
-                    confidential_cni_values={"ipam": {"mode": "kubernetes"}})
+    checked = _play(
+        tmp_path,
+        kube_control_plane,
+        chart.parents[1],
+        sha256,
+        check=True,
+        upgrade_cni_namespace=namespace,
+        confidential_cni_values={"ipam": {"mode": "kubernetes"}},
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "kube-system" not in checked.stdout and f"{namespace}/cilium: 1.18.0-standin -> 1.18.0-standin (upgrade" in checked.stdout
-    assert json.loads(_get(kube_control_plane, namespace, "configmap", "cilium-config").stdout)["data"]["ipam"] == "cluster-pool"
+    assert (
+        "kube-system" not in checked.stdout
+        and f"{namespace}/cilium: 1.18.0-standin -> 1.18.0-standin (upgrade" in checked.stdout
+    )
+    assert (
+        json.loads(_get(kube_control_plane, namespace, "configmap", "cilium-config").stdout)["data"]["ipam"]
+        == "cluster-pool"
+    )
 
 
 @pytest.mark.parametrize("entry", ["cni", "cni_chart"])
-def test_a_chart_whose_sha256_is_not_the_rows_is_refused_and_nothing_is_installed(tmp_path, kube_control_plane, chart, entry):
+def test_a_chart_whose_sha256_is_not_the_rows_is_refused_and_nothing_is_installed(
+    tmp_path, kube_control_plane, chart, entry
+):
     namespace = _namespace(kube_control_plane, f"cni-tampered-{entry.replace('_', '-')}")
     tree = tmp_path / "tree"
     (tree / "charts").mkdir(parents=True)
     (tree / URL_PATH).write_bytes(chart.read_bytes() + b"\0")
-    run = _play(tmp_path, kube_control_plane, tree, hashlib.sha256(chart.read_bytes()).hexdigest(), entry,
-                upgrade_cni_namespace=namespace)
+    run = _play(
+        tmp_path,
+        kube_control_plane,
+        tree,
+        hashlib.sha256(chart.read_bytes()).hexdigest(),
+        entry,
+        upgrade_cni_namespace=namespace,
+    )
     assert run.returncode != 0
     assert "sha256 mismatch for cilium 1.18.0-standin (chart)" in run.stdout and URL_PATH in run.stdout
     assert _get(kube_control_plane, namespace, "configmap", "cilium-config").returncode != 0
@@ -117,8 +208,14 @@ def test_a_chart_whose_sha256_is_not_the_rows_is_refused_and_nothing_is_installe
 
 def test_confidential_cni_none_installs_nothing(tmp_path, kube_control_plane, chart):
     namespace = _namespace(kube_control_plane, "cni-none")
-    run = _play(tmp_path, kube_control_plane, chart.parents[1], "0" * 64, upgrade_cni_namespace=namespace,
-                confidential_cni="none")
+    run = _play(
+        tmp_path,
+        kube_control_plane,
+        chart.parents[1],
+        "0" * 64,
+        upgrade_cni_namespace=namespace,
+        confidential_cni="none",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert _recap(run)["changed"] == 0
     assert _get(kube_control_plane, namespace, "configmap", "cilium-config").returncode != 0
@@ -139,8 +236,9 @@ def test_site_checks_the_chart_before_anything_changes_and_installs_the_cni_befo
         return next(index for index, play in enumerate(plays) if predicate(play))
 
     def includes(entry: str):
-        return lambda play: any(task.get("ansible.builtin.include_role", {}).get("tasks_from") == entry
-                                for task in play.get("tasks", []))
+        return lambda play: any(
+            task.get("ansible.builtin.include_role", {}).get("tasks_from") == entry for task in play.get("tasks", [])
+        )
 
     def imports(name: str):
         return lambda play: play.get("ansible.builtin.import_playbook") == name

@@ -1,4 +1,5 @@
 """The kubelet stand-in's tests: import path of tests/doubles, and its state and log directories per test."""
+
 from __future__ import annotations
 
 import os

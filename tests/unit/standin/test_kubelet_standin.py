@@ -3,6 +3,7 @@
 The API side (TLS bootstrap against a real controller-manager, Node, Lease, kubeadm) is proven on
 lab nodes by tests/unit/lab/test_real_control_plane.py.
 """
+
 from __future__ import annotations
 
 import base64
@@ -29,14 +30,17 @@ from kubelet_standin import ENDPOINT, StandinError, api, kubelet, node, pods
 DOUBLES = Path(__file__).resolve().parents[2] / "doubles"
 LAB_CACHE = Path(os.environ.get("CK_LAB_CACHE") or "/var/cache/confidential-kubernetes-lab")
 BIN = Path(os.environ.get("CK_KUBERNETES_BIN") or LAB_CACHE / "kubernetes/v1.20.2/bin")
-needs_binaries = pytest.mark.skipif(not all((BIN / name).exists() for name in ("kubeadm", "etcd", "kube-apiserver")),
-                                    reason=f"no Kubernetes v1.20.2 binaries in {BIN} (set CK_KUBERNETES_BIN)")
+needs_binaries = pytest.mark.skipif(
+    not all((BIN / name).exists() for name in ("kubeadm", "etcd", "kube-apiserver")),
+    reason=f"no Kubernetes v1.20.2 binaries in {BIN} (set CK_KUBERNETES_BIN)",
+)
 
 
 def tool(name: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "K8S_DOUBLES_PYTHON": sys.executable, "KUBELET_STANDIN_BIN_DIR": str(BIN)}
-    return subprocess.run([str(DOUBLES / "bin" / name), *args], env=env, capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [str(DOUBLES / "bin" / name), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 @pytest.fixture
@@ -53,19 +57,39 @@ def state(monkeypatch):
 
 # ---- command line -------------------------------------------------------------------------
 
+
 def test_the_real_kubelets_flag_forms_are_parsed():
-    flags = kubelet.parse_flags(["--config=/c.yaml", "--node-ip", "10.0.0.2", "--rotate-certificates", "-v", "2",
-                                 "--cgroups-per-qos=false", "--register-with-taints=a=b:NoSchedule"])
-    assert flags == {"config": "/c.yaml", "node-ip": "10.0.0.2", "rotate-certificates": "true", "v": "2",
-                     "cgroups-per-qos": "false", "register-with-taints": "a=b:NoSchedule"}
+    flags = kubelet.parse_flags(
+        [
+            "--config=/c.yaml",
+            "--node-ip",
+            "10.0.0.2",
+            "--rotate-certificates",
+            "-v",
+            "2",
+            "--cgroups-per-qos=false",
+            "--register-with-taints=a=b:NoSchedule",
+        ]
+    )
+    assert flags == {
+        "config": "/c.yaml",
+        "node-ip": "10.0.0.2",
+        "rotate-certificates": "true",
+        "v": "2",
+        "cgroups-per-qos": "false",
+        "register-with-taints": "a=b:NoSchedule",
+    }
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--no-such-flag"], "unknown flag: --no-such-flag"),
-    (["-x"], "unknown shorthand flag: 'x' in -x"),
-    (["--cert-dir"], "flag needs an argument: --cert-dir"),
-    (["run"], "unknown command: run"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--no-such-flag"], "unknown flag: --no-such-flag"),
+        (["-x"], "unknown shorthand flag: 'x' in -x"),
+        (["--cert-dir"], "flag needs an argument: --cert-dir"),
+        (["run"], "unknown command: run"),
+    ],
+)
 def test_unknown_flags_and_arguments_are_refused_with_exit_255(argv, message):
     done = tool("kubelet", *argv)
     assert done.returncode == 255
@@ -91,7 +115,10 @@ def test_a_missing_kubelet_configuration_is_fatal(tmp_path):
     assert f"failed to load Kubelet config file {tmp_path}/config.yaml" in done.stderr
 
 
-@pytest.mark.parametrize("runtime_flags", [[], ["--container-runtime=remote", "--container-runtime-endpoint=/run/containerd/containerd.sock"]])
+@pytest.mark.parametrize(
+    "runtime_flags",
+    [[], ["--container-runtime=remote", "--container-runtime-endpoint=/run/containerd/containerd.sock"]],
+)
 def test_a_runtime_other_than_the_standin_is_fatal(tmp_path, runtime_flags):
     config = tmp_path / "config.yaml"
     config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
@@ -103,7 +130,9 @@ def test_a_runtime_other_than_the_standin_is_fatal(tmp_path, runtime_flags):
 def test_labels_and_taints_of_the_command_line():
     assert node.parse_labels("a=b,example.com/role=") == {"a": "b", "example.com/role": ""}
     assert node.parse_taints("a=b:NoSchedule,c:NoExecute") == [
-        {"key": "a", "value": "b", "effect": "NoSchedule"}, {"key": "c", "effect": "NoExecute"}]
+        {"key": "a", "value": "b", "effect": "NoSchedule"},
+        {"key": "c", "effect": "NoExecute"},
+    ]
     for bad in ("novalue", "=b"):
         with pytest.raises(StandinError, match="--node-labels"):
             node.parse_labels(bad)
@@ -114,18 +143,22 @@ def test_labels_and_taints_of_the_command_line():
 
 # ---- crictl and images ------------------------------------------------------------------
 
+
 @needs_binaries
-@pytest.mark.parametrize("image, present", [
-    ("k8s.gcr.io/kube-apiserver:v1.20.2", True),
-    ("registry.example:5000/k8s/kube-scheduler:v1.20.2", True),
-    ("k8s.gcr.io/kube-apiserver:v1.20.3", False),
-    ("k8s.gcr.io/etcd:3.4.13-0", True),
-    ("k8s.gcr.io/etcd:3.5.0-0", False),
-    ("k8s.gcr.io/pause:3.2", False),
-    ("k8s.gcr.io/kube-proxy:v1.20.2", False),
-    ("k8s.gcr.io/kube-apiserver", False),
-    ("k8s.gcr.io/kube-apiserver@sha256:" + "0" * 64, False),
-])
+@pytest.mark.parametrize(
+    "image, present",
+    [
+        ("k8s.gcr.io/kube-apiserver:v1.20.2", True),
+        ("registry.example:5000/k8s/kube-scheduler:v1.20.2", True),
+        ("k8s.gcr.io/kube-apiserver:v1.20.3", False),
+        ("k8s.gcr.io/etcd:3.4.13-0", True),
+        ("k8s.gcr.io/etcd:3.5.0-0", False),
+        ("k8s.gcr.io/pause:3.2", False),
+        ("k8s.gcr.io/kube-proxy:v1.20.2", False),
+        ("k8s.gcr.io/kube-apiserver", False),
+        ("k8s.gcr.io/kube-apiserver@sha256:" + "0" * 64, False),
+    ],
+)
 def test_an_image_is_present_only_as_a_local_binary_of_its_version(image, present):
     inspected = tool("crictl", "-r", ENDPOINT, "inspecti", image)
     pulled = tool("crictl", "-r", ENDPOINT, "pull", image)
@@ -153,6 +186,7 @@ def test_crictl_info_reports_the_runtime_ready_and_no_pod_network():
 
 # ---- static pods ------------------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -161,13 +195,30 @@ def free_port() -> int:
 
 def etcd_manifest(data_dir: Path, marker: str, image: str = "k8s.gcr.io/etcd:3.4.13-0") -> str:
     client, peer = free_port(), free_port()
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "etcd", "namespace": "kube-system"},
-                           "spec": {"terminationGracePeriodSeconds": 5, "containers": [{
-                               "name": "etcd", "image": image,
-                               "command": ["etcd", f"--data-dir={data_dir}", f"--listen-client-urls=http://127.0.0.1:{client}",
-                                           f"--advertise-client-urls=http://127.0.0.1:{client}",
-                                           f"--listen-peer-urls=http://127.0.0.1:{peer}"],
-                               "env": [{"name": "MARKER", "value": marker}]}]}})
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "etcd", "namespace": "kube-system"},
+            "spec": {
+                "terminationGracePeriodSeconds": 5,
+                "containers": [
+                    {
+                        "name": "etcd",
+                        "image": image,
+                        "command": [
+                            "etcd",
+                            f"--data-dir={data_dir}",
+                            f"--listen-client-urls=http://127.0.0.1:{client}",
+                            f"--advertise-client-urls=http://127.0.0.1:{client}",
+                            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                        ],
+                        "env": [{"name": "MARKER", "value": marker}],
+                    }
+                ],
+            },
+        }
+    )
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -187,9 +238,12 @@ def etcd_pid(standin: pods.StaticPods | None = None, old: int | None = None) -> 
             standin.sync()
         container = pods.read_states().get("kube-system_etcd", {"containers": [{}]})["containers"][0]
         try:
-            if pods.running(container) and container["pid"] != old and \
-                    os.readlink(f"/proc/{container['pid']}/exe") == str((BIN / "etcd").resolve()) and \
-                    "PATH" in environ(container["pid"]):
+            if (
+                pods.running(container)
+                and container["pid"] != old
+                and os.readlink(f"/proc/{container['pid']}/exe") == str((BIN / "etcd").resolve())
+                and "PATH" in environ(container["pid"])
+            ):
                 return container["pid"]
         except OSError:
             pass
@@ -258,31 +312,57 @@ def test_a_manifest_whose_image_has_no_local_binary_of_its_version_is_not_run(st
 
 # ---- credentials ------------------------------------------------------------------------
 
+
 def certificate(name: str, days: float) -> tuple[bytes, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(1).not_valid_before(now - datetime.timedelta(days=2))
-            .not_valid_after(now + datetime.timedelta(days=days)).sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=2))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .sign(key, hashes.SHA256())
+    )
     return cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def kubeconfig(path: Path, user: dict) -> Path:
     ca, _ca_key = certificate("ca", 10)
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": "https://10.0.0.1:6443",
-                                               "certificate-authority-data": base64.b64encode(ca).decode()}}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}], "users": [{"name": "u", "user": user}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [
+                    {
+                        "name": "k",
+                        "cluster": {
+                            "server": "https://10.0.0.1:6443",
+                            "certificate-authority-data": base64.b64encode(ca).decode(),
+                        },
+                    }
+                ],
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                "users": [{"name": "u", "user": user}],
+            }
+        )
+    )
     return path
 
 
 def test_a_valid_kubeconfig_is_used_and_seeds_the_certificate_store(tmp_path):
     cert, key = certificate("system:node:a", 10)
-    conf = kubeconfig(tmp_path / "kubelet.conf", {"client-certificate-data": base64.b64encode(cert).decode(),
-                                                  "client-key-data": base64.b64encode(key).decode()})
+    conf = kubeconfig(
+        tmp_path / "kubelet.conf",
+        {"client-certificate-data": base64.b64encode(cert).decode(), "client-key-data": base64.b64encode(key).decode()},
+    )
     before = conf.read_text()
     assert api.client_config(conf, None, tmp_path / "pki", True, lambda message: None) is None
     assert conf.read_text() == before
@@ -302,7 +382,8 @@ def test_a_preplaced_client_certificate_gets_a_kubelet_conf_without_bootstrap(tm
     assert written.ca_pem == api.load_kubeconfig(boot).ca_pem
     assert yaml.safe_load(conf.read_text())["users"][0]["user"] == {
         "client-certificate": str(tmp_path / "pki/kubelet-client-current.pem"),
-        "client-key": str(tmp_path / "pki/kubelet-client-current.pem")}
+        "client-key": str(tmp_path / "pki/kubelet-client-current.pem"),
+    }
 
 
 def test_an_expired_certificate_means_a_bootstrap_with_the_token(tmp_path):
@@ -317,5 +398,6 @@ def test_no_credentials_and_no_bootstrap_kubeconfig_is_fatal(tmp_path):
     with pytest.raises(api.ApiError, match="no valid client certificate and no --bootstrap-kubeconfig"):
         api.client_config(tmp_path / "kubelet.conf", None, tmp_path / "pki", True, lambda message: None)
     with pytest.raises(api.ApiError, match="unable to load kubeconfig"):
-        api.client_config(tmp_path / "kubelet.conf", tmp_path / "missing.conf", tmp_path / "pki", True,
-                          lambda message: None)
+        api.client_config(
+            tmp_path / "kubelet.conf", tmp_path / "missing.conf", tmp_path / "pki", True, lambda message: None
+        )

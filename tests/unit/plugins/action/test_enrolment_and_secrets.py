@@ -10,7 +10,11 @@ from types import SimpleNamespace
 
 from ansible.parsing.dataloader import DataLoader
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import Enrolment, merge_enrolment, parse_enrolment
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
+    Enrolment,
+    merge_enrolment,
+    parse_enrolment,
+)
 
 DISK = "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13"
 
@@ -23,17 +27,25 @@ def _action(module_class, args: dict, check_mode: bool = False, action: str = "c
 
 def _enrol(path, nodes, check_mode=False):
     from ansible_collections.confidential.kubernetes.plugins.action.node_enrolment import ActionModule
+
     return _action(ActionModule, {"enrolment_file": str(path), "nodes": nodes}, check_mode).run(task_vars={})
 
 
 def test_enrolment_merges_replaces_by_ek_or_name_and_writes_0600(tmp_path):
     path = tmp_path / "secrets" / "node-enrolment.json"
-    first = _enrol(path, [{"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK.upper()},
-                          {"ek": "b" * 64, "node_name": "worker-1"}])
+    first = _enrol(
+        path,
+        [
+            {"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK.upper()},
+            {"ek": "b" * 64, "node_name": "worker-1"},
+        ],
+    )
     assert first["changed"] and os.stat(path).st_mode & 0o777 == 0o600
     assert first["nodes"]["cp-0"] == {"ek": "a" * 64, "control_plane": True, "disk_uuid": DISK}
     # A re-run with the same nodes changes nothing for a node with its disk; worker-1 (no disk yet) gets a new enrolment ID.
-    assert not _enrol(path, [{"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK}])["changed"]
+    assert not _enrol(path, [{"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK}])[
+        "changed"
+    ]
     before = parse_enrolment(path.read_bytes(), "x").by_ek["b" * 64].enrolment_id
     assert _enrol(path, [{"ek": "b" * 64, "node_name": "worker-1"}])["changed"]
     assert parse_enrolment(path.read_bytes(), "x").by_ek["b" * 64].enrolment_id not in ("", before)
@@ -60,11 +72,14 @@ def test_concurrent_enrolments_lose_no_node(tmp_path):
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(e.node_name for e in parse_enrolment(open(path, "rb").read(), path).by_ek.values()) == sorted(n.node_name for n in nodes)
+    assert sorted(e.node_name for e in parse_enrolment(open(path, "rb").read(), path).by_ek.values()) == sorted(
+        n.node_name for n in nodes
+    )
 
 
 def test_tpm_evidence_censors_a_credential_activation_only(monkeypatch):
     from ansible_collections.confidential.kubernetes.plugins.action.tpm_evidence import ActionModule
+
     answers = iter([{"changed": False, "activated_secret": "c2VjcmV0"}, {"changed": False, "evidence": {"version": 1}}])
     action = _action(ActionModule, {}, action="confidential.kubernetes.tpm_evidence")
     monkeypatch.setattr(action, "_execute_module", lambda **kwargs: next(answers))
@@ -77,13 +92,27 @@ def test_tpm_evidence_censors_a_credential_activation_only(monkeypatch):
 def test_seal_init_secrets_uses_the_default_ledger(tmp_path, monkeypatch):
     from ansible_collections.confidential.kubernetes.plugins.action import seal_init_secrets
     from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller
+
     monkeypatch.setenv("HOME", str(tmp_path))
     nonce = controller.nonce_store(None).issue()
     policy = tmp_path / "policy.json"
-    policy.write_text(json.dumps({"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only", "pcrs": {"4": {"allowed": ["00" * 32]}}}))
-    args = {"evidence": "{}", "nonce": nonce.hex(), "policy": str(policy), "secrets_file": str(tmp_path / "cluster-secrets.json")}
-    first = _action(seal_init_secrets.ActionModule, args, action="confidential.kubernetes.seal_init_secrets").run(task_vars={})
-    again = _action(seal_init_secrets.ActionModule, args, action="confidential.kubernetes.seal_init_secrets").run(task_vars={})
+    policy.write_text(
+        json.dumps(
+            {"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only", "pcrs": {"4": {"allowed": ["00" * 32]}}}
+        )
+    )
+    args = {
+        "evidence": "{}",
+        "nonce": nonce.hex(),
+        "policy": str(policy),
+        "secrets_file": str(tmp_path / "cluster-secrets.json"),
+    }
+    first = _action(seal_init_secrets.ActionModule, args, action="confidential.kubernetes.seal_init_secrets").run(
+        task_vars={}
+    )
+    again = _action(seal_init_secrets.ActionModule, args, action="confidential.kubernetes.seal_init_secrets").run(
+        task_vars={}
+    )
     # The first use consumed the nonce (its evidence is malformed); the second is a replay, whatever it carries.
     assert (first["reason"], again["reason"]) == ("malformed", "nonce-reused")
     assert not (tmp_path / "cluster-secrets.json").exists()
@@ -91,9 +120,15 @@ def test_seal_init_secrets_uses_the_default_ledger(tmp_path, monkeypatch):
 
 def test_unenrolled_nodes_are_removed_and_the_others_stay(tmp_path):
     path = tmp_path / "node-enrolment.json"
-    _enrol(path, [{"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK},
-                  {"ek": "b" * 64, "node_name": "worker-1"}])
+    _enrol(
+        path,
+        [
+            {"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK},
+            {"ek": "b" * 64, "node_name": "worker-1"},
+        ],
+    )
     from ansible_collections.confidential.kubernetes.plugins.action.node_enrolment import ActionModule
+
     removed = _action(ActionModule, {"enrolment_file": str(path), "absent": ["worker-1"]}).run(task_vars={})
     assert removed["changed"] and sorted(removed["nodes"]) == ["cp-0"]
     assert not _action(ActionModule, {"enrolment_file": str(path), "absent": ["worker-1"]}).run(task_vars={})["changed"]
@@ -102,21 +137,56 @@ def test_unenrolled_nodes_are_removed_and_the_others_stay(tmp_path):
 def test_a_disk_bound_to_another_ek_is_refused_naming_both_and_nothing_changes(tmp_path):
     """Issue 25: the enrolment used to outrank the disk bindings; a new host enrolled with a bound disk got its key."""
     path = tmp_path / "node-enrolment.json"
-    _enrol(path, [{"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK},
-                  {"ek": "b" * 64, "node_name": "worker-1"}])
+    _enrol(
+        path,
+        [
+            {"ek": "a" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK},
+            {"ek": "b" * 64, "node_name": "worker-1"},
+        ],
+    )
     content = path.read_bytes()
     other = "5a0c7e21-3b9d-4f16-9c2e-7d81a4f0b362"
-    mirror = json.dumps({"version": 1, "bindings": [{"disk_uuid": other, "ek": "b" * 64, "node_name": "worker-1",
-                                                     "enrolment_id": "", "bound_at": "2026-01-01T00:00:00Z"}]})
+    mirror = json.dumps(
+        {
+            "version": 1,
+            "bindings": [
+                {
+                    "disk_uuid": other,
+                    "ek": "b" * 64,
+                    "node_name": "worker-1",
+                    "enrolment_id": "",
+                    "bound_at": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    )
     from ansible_collections.confidential.kubernetes.plugins.action.node_enrolment import ActionModule
+
     # worker-1's disk is bound in the cluster's API (the services' mirrors), cp-0's in the enrolment file; a new host
     # (another EK) asks for each, once under a new name, once taking the holder's name.
-    for node in ({"ek": "c" * 64, "node_name": "worker-9", "disk_uuid": other}, {"ek": "c" * 64, "node_name": "worker-1", "disk_uuid": other},
-                 {"ek": "c" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK}):
-        failed = _action(ActionModule, {"enrolment_file": str(path), "nodes": [node], "disk_bindings": [mirror]}).run(task_vars={})
+    for node in (
+        {"ek": "c" * 64, "node_name": "worker-9", "disk_uuid": other},
+        {"ek": "c" * 64, "node_name": "worker-1", "disk_uuid": other},
+        {"ek": "c" * 64, "node_name": "cp-0", "control_plane": True, "disk_uuid": DISK},
+    ):
+        failed = _action(ActionModule, {"enrolment_file": str(path), "nodes": [node], "disk_bindings": [mirror]}).run(
+            task_vars={}
+        )
         holder = "worker-1 (EK bbbb" if node["disk_uuid"] == other else "cp-0 (EK aaaa"
-        assert failed.get("failed") and holder in failed["msg"] and f"node {node['node_name']} (EK cccc" in failed["msg"], failed
+        assert (
+            failed.get("failed") and holder in failed["msg"] and f"node {node['node_name']} (EK cccc" in failed["msg"]
+        ), failed
         assert "nothing was changed" in failed["msg"] and path.read_bytes() == content
     # The holder itself, enrolled again with its bound disk, is fine.
-    assert not _action(ActionModule, {"enrolment_file": str(path), "disk_bindings": [mirror],
-                                      "nodes": [{"ek": "b" * 64, "node_name": "worker-1", "disk_uuid": other}]}).run(task_vars={}).get("failed")
+    assert (
+        not _action(
+            ActionModule,
+            {
+                "enrolment_file": str(path),
+                "disk_bindings": [mirror],
+                "nodes": [{"ek": "b" * 64, "node_name": "worker-1", "disk_uuid": other}],
+            },
+        )
+        .run(task_vars={})
+        .get("failed")
+    )

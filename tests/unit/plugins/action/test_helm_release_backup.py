@@ -37,35 +37,95 @@ def play(tmp_path: Path, task: dict, *flags: str) -> tuple[subprocess.CompletedP
     """One helm_release task on localhost; returns the run and the task's registered result."""
     result_file = tmp_path / "result.json"
     playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [
-        dict(task, register="outcome", ignore_errors=True),
-        {"ansible.builtin.copy": {"content": "{{ outcome | to_json }}", "dest": str(result_file)}, "check_mode": False},
-    ]}]))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1",
-               TMPDIR=str(tmp_path))
-    run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e",
-                          json.dumps(dict(ansible_python_interpreter=sys.executable)), str(playbook), *flags],
-                         capture_output=True, text=True, env=env, timeout=600, check=False)
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        dict(task, register="outcome", ignore_errors=True),
+                        {
+                            "ansible.builtin.copy": {"content": "{{ outcome | to_json }}", "dest": str(result_file)},
+                            "check_mode": False,
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(tmp_path),
+    )
+    run = subprocess.run(
+        [
+            ANSIBLE_PLAYBOOK,
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            json.dumps(dict(ansible_python_interpreter=sys.executable)),
+            str(playbook),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     return run, json.loads(result_file.read_text())
 
 
 def helm_list(cluster, helm_binary, namespace) -> list[str]:
     every_status = ["--all"] if "helm-3" in helm_binary else []
-    listed = subprocess.run([helm_binary, "list", *every_status, "-n", namespace, "--kubeconfig", str(cluster.admin_kubeconfig),
-                             "-o", "json"], capture_output=True, check=True, timeout=60)
+    listed = subprocess.run(
+        [
+            helm_binary,
+            "list",
+            *every_status,
+            "-n",
+            namespace,
+            "--kubeconfig",
+            str(cluster.admin_kubeconfig),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
     return [release["name"] for release in json.loads(listed.stdout or b"[]")]
 
 
 def test_absent_backs_up_then_uninstalls(kube_control_plane, helm_binary, namespace, tmp_path):
     cluster = kube_control_plane
-    common = dict(release_name="web", release_namespace=namespace, kubeconfig=str(cluster.admin_kubeconfig),
-                  binary_path=helm_binary, wait_timeout="30s")
-    absent = dict(common, state="absent", backup_dir=str(tmp_path / "upgrades"),
-                  backup_kubeconfig=str(cluster.admin_kubeconfig))
+    common = dict(
+        release_name="web",
+        release_namespace=namespace,
+        kubeconfig=str(cluster.admin_kubeconfig),
+        binary_path=helm_binary,
+        wait_timeout="30s",
+    )
+    absent = dict(
+        common, state="absent", backup_dir=str(tmp_path / "upgrades"), backup_kubeconfig=str(cluster.admin_kubeconfig)
+    )
     # Installed through the action too, asynchronously as the upgrade role runs it.
-    dummy, installed = play(tmp_path, {"confidential.kubernetes.helm_release": dict(
-        common, chart_ref=str(make_chart(tmp_path, version="1.0.0")), create_namespace=True), "async": 300, "poll": 1})
+    dummy, installed = play(
+        tmp_path,
+        {
+            "confidential.kubernetes.helm_release": dict(
+                common, chart_ref=str(make_chart(tmp_path, version="1.0.0")), create_namespace=True
+            ),
+            "async": 300,
+            "poll": 1,
+        },
+    )
     assert installed["changed"] and installed["status"]["status"] == "deployed", installed
     gadget = GADGET.replace("NAMESPACE", namespace).encode()
     cluster.kubectl("apply", "-f", "-", stdin=gadget)
@@ -76,7 +136,9 @@ def test_absent_backs_up_then_uninstalls(kube_control_plane, helm_binary, namesp
 
         unreachable = dict(absent, backup_kubeconfig=str(tmp_path / "missing.conf"))
         dummy, refused = play(tmp_path, {"confidential.kubernetes.helm_release": unreachable})
-        assert refused["failed"] and refused["msg"].startswith("backup failed, release web was not uninstalled: cannot load")
+        assert refused["failed"] and refused["msg"].startswith(
+            "backup failed, release web was not uninstalled: cannot load"
+        )
         assert helm_list(cluster, helm_binary, namespace) == ["web"], "no backup, no uninstall"
 
         dummy, removed = play(tmp_path, {"confidential.kubernetes.helm_release": absent})
@@ -84,8 +146,10 @@ def test_absent_backs_up_then_uninstalls(kube_control_plane, helm_binary, namesp
         assert helm_list(cluster, helm_binary, namespace) == []
         backup = Path(removed["backup_path"])
         assert backup.parent == tmp_path / "upgrades" and backup.name.startswith("upgrade-")
-        assert yaml.safe_load((backup / "backups/crds/gadgets.lab.example.com.yaml").read_text())["kind"] == \
-            "CustomResourceDefinition"
+        assert (
+            yaml.safe_load((backup / "backups/crds/gadgets.lab.example.com.yaml").read_text())["kind"]
+            == "CustomResourceDefinition"
+        )
         saved = yaml.safe_load((backup / f"backups/lab.example.com/v1/{namespace}/Gadget/blue.yaml").read_text())
         assert (saved["metadata"]["name"], saved["spec"]) == ("blue", {"size": 3})
     finally:

@@ -28,7 +28,10 @@ def _lab_row(root: Path, base: str, tamper: str | None = None) -> dict:
     for name in _versions.ARTIFACTS:
         content = f"{name} for the lab".encode()
         (root / "lab" / name).write_bytes(content + (b" tampered" if name == tamper else b""))
-        row["artifacts"][name] = {"version": "1.20.2", "amd64": {"url": f"{base}/lab/{name}", "sha256": hashlib.sha256(content).hexdigest()}}
+        row["artifacts"][name] = {
+            "version": "1.20.2",
+            "amd64": {"url": f"{base}/lab/{name}", "sha256": hashlib.sha256(content).hexdigest()},
+        }
     return row
 
 
@@ -37,15 +40,43 @@ def _play(tmp_path: Path, check_mode: bool = False, **args) -> dict:
     out = tmp_path / "out.json"
     out.unlink(missing_ok=True)
     playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "tasks": [{"confidential.kubernetes.kubernetes_artifacts": args, "register": "out", "ignore_errors": True,
-                   "check_mode": check_mode},
-                  {"ansible.builtin.copy": {"content": "{{ out | to_json }}", "dest": str(out)}}],
-    }]))
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "confidential.kubernetes.kubernetes_artifacts": args,
+                            "register": "out",
+                            "ignore_errors": True,
+                            "check_mode": check_mode,
+                        },
+                        {"ansible.builtin.copy": {"content": "{{ out | to_json }}", "dest": str(out)}},
+                    ],
+                }
+            ]
+        )
+    )
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
-    run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
-                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    run = subprocess.run(
+        [
+            ANSIBLE_PLAYBOOK,
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(playbook),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     return dict(json.loads(out.read_text()), stdout=run.stdout)
 
@@ -95,7 +126,11 @@ def test_the_chart_alone_is_fetched_when_named_and_an_unknown_name_is_refused(se
     base, root, requests = server
     row = _lab_row(root, base)
     (root / "lab" / "cilium.tgz").write_bytes(b"a chart")
-    row["artifacts"]["cilium"] = {"version": "1.18.0", "url": f"{base}/lab/cilium.tgz", "sha256": hashlib.sha256(b"a chart").hexdigest()}
+    row["artifacts"]["cilium"] = {
+        "version": "1.18.0",
+        "url": f"{base}/lab/cilium.tgz",
+        "sha256": hashlib.sha256(b"a chart").hexdigest(),
+    }
     common = dict(kubernetes_version="1.20.2", versions_extra={"1.20.2": row}, cache_dir=str(tmp_path / "cache"))
     before = _play(tmp_path, check_mode=True, artifacts=["cilium"], **common)
     assert before["changed"] is True and before["fetched"] == ["cilium 1.18.0 (chart)"] and before["artifacts"] == {}
@@ -116,8 +151,10 @@ def test_an_end_of_life_row_is_refused_before_anything_is_fetched_unless_allowed
     common = dict(kubernetes_version=oldest.version, cache_dir=str(tmp_path / "cache"), artifacts=["cilium"])
     refused = _play(tmp_path, today=oldest.end_of_life.isoformat(), **common)
     assert refused["failed"] is True
-    assert refused["msg"] == (f"Kubernetes {oldest.minor} is end of life since {oldest.end_of_life.isoformat()}; "
-                              "upgrade, or set kubernetes_allow_end_of_life: true")
+    assert refused["msg"] == (
+        f"Kubernetes {oldest.minor} is end of life since {oldest.end_of_life.isoformat()}; "
+        "upgrade, or set kubernetes_allow_end_of_life: true"
+    )
     assert not (tmp_path / "cache").exists()
     # Allowed (or the day before): it goes on to the row's chart, which check mode reports as to be fetched.
     allowed = _play(tmp_path, check_mode=True, today=oldest.end_of_life.isoformat(), allow_end_of_life=True, **common)
@@ -140,8 +177,13 @@ def test_a_new_row_in_a_copy_of_the_table_is_accepted(server, tmp_path):
     document["kubernetes_versions"]["1.37.0"] = row
     table = tmp_path / "kubernetes_versions.yml"
     table.write_text(yaml.safe_dump(document))
-    result = _play(tmp_path, kubernetes_version="1.37.0", versions_file=str(table), mirror_url=base,
-                   cache_dir=str(tmp_path / "cache"))
+    result = _play(
+        tmp_path,
+        kubernetes_version="1.37.0",
+        versions_file=str(table),
+        mirror_url=base,
+        cache_dir=str(tmp_path / "cache"),
+    )
     assert not result.get("failed"), result["msg"]
     assert result["version"] == "1.37.0" and len(result["fetched"]) == len(_versions.ARTIFACTS)
     shipped_only = _play(tmp_path, kubernetes_version="1.37.0", cache_dir=str(tmp_path / "cache"))

@@ -9,7 +9,13 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils import _files
 from ansible_collections.confidential.kubernetes.plugins.module_utils._files import (
-    FileTooLargeError, create_file_exclusively, read_bounded, read_bounded_from, write_file_atomically, write_private_file)
+    FileTooLargeError,
+    create_file_exclusively,
+    read_bounded,
+    read_bounded_from,
+    write_file_atomically,
+    write_private_file,
+)
 
 
 def _mode(path) -> int:
@@ -18,6 +24,7 @@ def _mode(path) -> int:
 
 def _full_disk(monkeypatch, calls: list):
     """os.fsync fails as a full disk does; ``calls`` records what was synced (file or directory)."""
+
     def failing_fsync(fd):
         calls.append(stat.S_ISDIR(os.fstat(fd).st_mode))
         raise OSError(28, "No space left on device")

@@ -15,14 +15,21 @@ REPO = Path(__file__).resolve().parents[4]
 
 def _docstrings(tree: ast.AST) -> set[int]:
     nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
-    return {id(node.body[0].value) for node in nodes
-            if node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return {
+        id(node.body[0].value)
+        for node in nodes
+        if node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
 
 
 def test_the_next_step_names_the_playbooks_and_the_confirmation_variable():
     assert NEEDS_RESET.startswith("the node needs a reset: ")
-    for text in ("confidential.kubernetes.reset -l <node>", "confidential.kubernetes.remove_node",
-                 "-e confirm_reset=yes-reset-<node>", "reboot"):
+    for text in (
+        "confidential.kubernetes.reset -l <node>",
+        "confidential.kubernetes.remove_node",
+        "-e confirm_reset=yes-reset-<node>",
+        "reboot",
+    ):
         assert text in NEEDS_RESET
 
 
@@ -34,7 +41,11 @@ def test_no_message_spells_its_own_reset():
         tree = ast.parse(path.read_text(), str(path))
         docstrings = _docstrings(tree)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                    and "needs a reset" in node.value):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and "needs a reset" in node.value
+            ):
                 own.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
     assert not own, "messages that spell their own reset instead of using NEEDS_RESET:\n" + "\n".join(own)

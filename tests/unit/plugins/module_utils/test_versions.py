@@ -24,8 +24,14 @@ NEWEST = VERSIONS[-1]
 # upstream supported when it branched (Cilium's rule; its page was not reachable when this was written).
 CILIUM_TESTED = {"1.18": ("1.30", "1.33"), "1.19": ("1.32", "1.35"), "1.20": ("1.33", "1.36")}
 # kubernetes.io/releases: the end of life of each minor.
-END_OF_LIFE = {"1.31": "2025-11-11", "1.32": "2026-02-28", "1.33": "2026-06-28", "1.34": "2026-10-27",
-               "1.35": "2027-02-28", "1.36": "2027-06-28"}
+END_OF_LIFE = {
+    "1.31": "2025-11-11",
+    "1.32": "2026-02-28",
+    "1.33": "2026-06-28",
+    "1.34": "2026-10-27",
+    "1.35": "2027-02-28",
+    "1.36": "2027-06-28",
+}
 
 
 def _minor(version: str) -> tuple[int, int]:
@@ -71,7 +77,9 @@ def test_every_row_is_current_and_safe(version):
     assert _versions.runc_problems(version, row.artifact_version("runc")) == []
     assert _minor(row.artifact_version("containerd")) >= (2, 3), "containerd 2.3 is the one supported branch"
     first, last = CILIUM_TESTED[".".join(row.artifact_version("cilium").split(".")[:2])]
-    assert _minor(first) <= _minor(version) <= _minor(last), f"Cilium {row.artifact_version('cilium')}: not on {version}"
+    assert _minor(first) <= _minor(version) <= _minor(last), (
+        f"Cilium {row.artifact_version('cilium')}: not on {version}"
+    )
     assert set(row.kubespray) == {"kubernetes", "runtime"}
 
 
@@ -89,11 +97,23 @@ def test_no_checksum_is_shared_by_two_different_files():
                 assert seen.setdefault(item["sha256"], item["url"]) == item["url"], f"{version} {name} {arch}"
 
 
-@pytest.mark.parametrize("runc, refused", [
-    ("1.1.15", True), ("1.2.6", True), ("1.2.7", True), ("1.2.8", False), ("1.2.9", False),
-    ("1.3.0", True), ("1.3.2", True), ("1.3.3", False), ("1.4.0", False), ("1.4.3", False), ("1.10.0", False),
-    ("latest", True),
-])
+@pytest.mark.parametrize(
+    "runc, refused",
+    [
+        ("1.1.15", True),
+        ("1.2.6", True),
+        ("1.2.7", True),
+        ("1.2.8", False),
+        ("1.2.9", False),
+        ("1.3.0", True),
+        ("1.3.2", True),
+        ("1.3.3", False),
+        ("1.4.0", False),
+        ("1.4.3", False),
+        ("1.10.0", False),
+        ("latest", True),
+    ],
+)
 def test_a_row_naming_a_runc_below_the_fixed_versions_fails(runc, refused):
     row = copy.deepcopy(TABLE[NEWEST])
     row["artifacts"]["runc"]["version"] = runc
@@ -105,30 +125,40 @@ def test_a_row_naming_a_runc_below_the_fixed_versions_fails(runc, refused):
             _versions.select_row({NEWEST: row}, NEWEST, frozenset([NEWEST]))
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda row: row["artifacts"].pop("runc"), "artefact runc is missing"),
-    (lambda row: row["artifacts"]["helm"].pop("arm64"), None),
-    (lambda row: row["artifacts"]["kubelet"]["amd64"].update(sha256="ABC"), "kubelet amd64 sha256 is not 64"),
-    (lambda row: row["artifacts"]["kubeadm"]["amd64"].update(sha256="0" * 63 + "G"), "kubeadm amd64 sha256"),
-    (lambda row: row["artifacts"]["crictl"]["arm64"].update(url="http://example.com/crictl.tgz"), "crictl arm64 url"),
-    (lambda row: row["artifacts"]["containerd"]["amd64"].update(url="ftp://x/y"), "containerd amd64 url"),
-    (lambda row: row["images"].update(etcd="registry.k8s.io/etcd"), "image etcd"),
-    (lambda row: row["images"].pop("pause"), "image pause"),
-    (lambda row: row["artifacts"]["kubectl"].update(s390x={"url": "https://a/b", "sha256": "0" * 64}),
-     "unknown architecture 's390x'"),
-    (lambda row: row["artifacts"].pop("cilium"), "artefact cilium is missing"),
-    (lambda row: row["artifacts"]["cilium"].update(sha256="0" * 63), "cilium sha256 is not 64"),
-    (lambda row: row["artifacts"]["cilium"].update(url="http://helm.cilium.io/cilium.tgz"), "cilium url"),
-    (lambda row: row["artifacts"]["cilium"].pop("version"), "artefact cilium has no version"),
-    (lambda row: row["artifacts"]["cilium"].update(amd64={"url": "https://a/b", "sha256": "0" * 64}),
-     "artefact cilium is the same on every architecture; unknown keys ['amd64']"),
-    (lambda row: row.pop("end_of_life"), "end_of_life is not a date"),
-    (lambda row: row.update(end_of_life="soon"), "end_of_life is not a date"),
-    (lambda row: row["kubespray"].update(kubernetes="7576585"), "kubespray is not"),
-    (lambda row: row.pop("kubespray"), "kubespray is not"),
-    (lambda row: row.update(host_packages=["iptables", "rm -rf /"]), "host_packages is not a list"),
-    (lambda row: row.update(packages=[]), "unknown keys ['packages']"),
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda row: row["artifacts"].pop("runc"), "artefact runc is missing"),
+        (lambda row: row["artifacts"]["helm"].pop("arm64"), None),
+        (lambda row: row["artifacts"]["kubelet"]["amd64"].update(sha256="ABC"), "kubelet amd64 sha256 is not 64"),
+        (lambda row: row["artifacts"]["kubeadm"]["amd64"].update(sha256="0" * 63 + "G"), "kubeadm amd64 sha256"),
+        (
+            lambda row: row["artifacts"]["crictl"]["arm64"].update(url="http://example.com/crictl.tgz"),
+            "crictl arm64 url",
+        ),
+        (lambda row: row["artifacts"]["containerd"]["amd64"].update(url="ftp://x/y"), "containerd amd64 url"),
+        (lambda row: row["images"].update(etcd="registry.k8s.io/etcd"), "image etcd"),
+        (lambda row: row["images"].pop("pause"), "image pause"),
+        (
+            lambda row: row["artifacts"]["kubectl"].update(s390x={"url": "https://a/b", "sha256": "0" * 64}),
+            "unknown architecture 's390x'",
+        ),
+        (lambda row: row["artifacts"].pop("cilium"), "artefact cilium is missing"),
+        (lambda row: row["artifacts"]["cilium"].update(sha256="0" * 63), "cilium sha256 is not 64"),
+        (lambda row: row["artifacts"]["cilium"].update(url="http://helm.cilium.io/cilium.tgz"), "cilium url"),
+        (lambda row: row["artifacts"]["cilium"].pop("version"), "artefact cilium has no version"),
+        (
+            lambda row: row["artifacts"]["cilium"].update(amd64={"url": "https://a/b", "sha256": "0" * 64}),
+            "artefact cilium is the same on every architecture; unknown keys ['amd64']",
+        ),
+        (lambda row: row.pop("end_of_life"), "end_of_life is not a date"),
+        (lambda row: row.update(end_of_life="soon"), "end_of_life is not a date"),
+        (lambda row: row["kubespray"].update(kubernetes="7576585"), "kubespray is not"),
+        (lambda row: row.pop("kubespray"), "kubespray is not"),
+        (lambda row: row.update(host_packages=["iptables", "rm -rf /"]), "host_packages is not a list"),
+        (lambda row: row.update(packages=[]), "unknown keys ['packages']"),
+    ],
+)
 def test_a_malformed_row_is_named(mutate, expected):
     row = copy.deepcopy(TABLE[NEWEST])
     mutate(row)
@@ -151,8 +181,10 @@ def test_an_end_of_life_row_is_refused_unless_allowed():
     oldest = _versions.select_row(TABLE, VERSIONS[0], frozenset(TABLE))
     with pytest.raises(_versions.VersionTableError) as error:
         _versions.refuse_end_of_life(oldest, TODAY, allow=False)
-    assert str(error.value) == (f"Kubernetes {oldest.minor} is end of life since {END_OF_LIFE[oldest.minor]}; upgrade, "
-                                "or set kubernetes_allow_end_of_life: true")
+    assert str(error.value) == (
+        f"Kubernetes {oldest.minor} is end of life since {END_OF_LIFE[oldest.minor]}; upgrade, "
+        "or set kubernetes_allow_end_of_life: true"
+    )
     _versions.refuse_end_of_life(oldest, TODAY, allow=True)
     _versions.refuse_end_of_life(oldest, oldest.end_of_life - datetime.timedelta(days=1), allow=False)
     with pytest.raises(_versions.VersionTableError, match="end of life since"):
@@ -179,7 +211,14 @@ def test_only_an_extra_row_may_say_explicitly_that_it_provides_no_artefact():
     lab["artifacts"]["crictl"] = None
     assert _versions.row_problems("1.20.2", lab, shipped=False) == []
     assert [a.name for a in _versions.row_artifacts(_versions.parse_row("1.20.2", lab, False), ["amd64"])] == [
-        "kubeadm", "kubelet", "kubectl", "containerd", "runc", "cni_plugins", "helm"]
+        "kubeadm",
+        "kubelet",
+        "kubectl",
+        "containerd",
+        "runc",
+        "cni_plugins",
+        "helm",
+    ]
     assert f"{NEWEST}: artefact crictl is missing" in _versions.row_problems(NEWEST, lab, shipped=True)
     del lab["artifacts"]["crictl"]
     assert "1.20.2: artefact crictl is missing" in _versions.row_problems("1.20.2", lab, shipped=False)
@@ -190,8 +229,11 @@ def test_a_chart_is_one_file_for_every_architecture_and_only_fetched_when_named(
     chart = row.artifacts["cilium"]
     assert "cilium" not in [a.name for a in _versions.row_artifacts(row, ["amd64", "arm64"])]
     charts = _versions.row_artifacts(row, ["amd64", "arm64"], ("cilium",))
-    assert charts == [_versions.Artifact("cilium", chart["version"], None,
-                                         f"https://helm.cilium.io/cilium-{chart['version']}.tgz", chart["sha256"])]
+    assert charts == [
+        _versions.Artifact(
+            "cilium", chart["version"], None, f"https://helm.cilium.io/cilium-{chart['version']}.tgz", chart["sha256"]
+        )
+    ]
     assert charts[0].label == f"cilium {chart['version']} (chart)"
     assert charts[0].filename == f"cilium-{chart['version']}.tgz"
     lab = dict(TABLE[NEWEST], artifacts=dict(TABLE[NEWEST]["artifacts"], cilium=None))
@@ -207,14 +249,23 @@ def test_node_architectures():
 
 
 def _gen_docs(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "gen-docs-versions.py"), "--root", str(root), *args],
-                          capture_output=True, text=True, check=False, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen-docs-versions.py"), "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
 
 
 def _docs_copy(tmp_path: Path) -> Path:
     root = tmp_path / "tree"
-    for relative in ("README.md", "docs/roles/node.md", "docs/playbooks/cni.md",
-                     "plugins/module_utils/_versions/kubernetes_versions.yml"):
+    for relative in (
+        "README.md",
+        "docs/roles/node.md",
+        "docs/playbooks/cni.md",
+        "plugins/module_utils/_versions/kubernetes_versions.yml",
+    ):
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / relative, root / relative)
     return root
@@ -246,8 +297,10 @@ def test_a_new_row_needs_only_the_table(tmp_path):
     for name in ("kubeadm", "kubelet", "kubectl"):
         row["artifacts"][name]["version"] = new
         for arch in _versions.ARCHITECTURES:
-            row["artifacts"][name][arch] = {"url": f"https://dl.k8s.io/release/v{new}/bin/linux/{arch}/{name}",
-                                            "sha256": f"{len(name)}{arch[0]}".ljust(64, "7")}
+            row["artifacts"][name][arch] = {
+                "url": f"https://dl.k8s.io/release/v{new}/bin/linux/{arch}/{name}",
+                "sha256": f"{len(name)}{arch[0]}".ljust(64, "7"),
+            }
     row["end_of_life"] = datetime.date(2027, 10, 28)
     document["kubernetes_versions"][new] = row
     table_file.write_text(yaml.safe_dump(document))

@@ -22,10 +22,17 @@ KEY = ec.generate_private_key(ec.SECP256R1())
 def _pem(days: float) -> bytes:
     now = datetime.datetime.now(datetime.timezone.utc)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test")])
-    return (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(KEY.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=400))
-            .not_valid_after(now + datetime.timedelta(days=days)).sign(KEY, hashes.SHA256())
-            .public_bytes(serialization.Encoding.PEM))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(KEY.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=400))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .sign(KEY, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )
 
 
 def test_reports_expiring_and_expired_files_and_fails_on_a_bad_one(tmp_path):
@@ -34,13 +41,19 @@ def test_reports_expiring_and_expired_files_and_fails_on_a_bad_one(tmp_path):
         (kubernetes / name).parent.mkdir(parents=True, exist_ok=True)
         (kubernetes / name).write_bytes(_pem(3 if name == "pki/etcd/server.crt" else 300))
     for name in expiry.RENEWABLE_KUBECONFIGS:
-        (kubernetes / name).write_text(f"users:\n- user:\n    client-certificate-data: {base64.b64encode(_pem(200)).decode()}\n")
+        (kubernetes / name).write_text(
+            f"users:\n- user:\n    client-certificate-data: {base64.b64encode(_pem(200)).decode()}\n"
+        )
     kubelet = tmp_path / "kubelet.pem"
     kubelet.write_bytes(_pem(100))
     joinservice = tmp_path / "joinservice.crt"
     joinservice.write_bytes(_pem(-1))
-    args = {"control_plane": True, "kubernetes_dir": str(kubernetes), "kubelet_client_certificate": str(kubelet),
-            "certificates": [str(joinservice)]}
+    args = {
+        "control_plane": True,
+        "kubernetes_dir": str(kubernetes),
+        "kubelet_client_certificate": str(kubelet),
+        "certificates": [str(joinservice)],
+    }
     result = run_main(certificate_expiry.main, args)
     assert not result["failed"] and not result["changed"]
     assert result["expiring"] == [str(kubernetes / "pki/etcd/server.crt")] and result["expired"] == [str(joinservice)]

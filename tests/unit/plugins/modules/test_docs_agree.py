@@ -57,9 +57,18 @@ def argument_specs(name: str) -> dict[str, dict]:
     action = _action_module(name)
     if action is not None:
         task = mock.MagicMock(args={}, async_val=0, check_mode=False)
-        plugin = action.ActionModule(task=task, connection=mock.MagicMock(), play_context=mock.MagicMock(),
-                                     loader=mock.MagicMock(), templar=mock.MagicMock(), shared_loader_obj=None)
-        with mock.patch.object(ActionBase, "validate_argument_spec", _raise_spec), pytest.raises(_Validated) as validated:
+        plugin = action.ActionModule(
+            task=task,
+            connection=mock.MagicMock(),
+            play_context=mock.MagicMock(),
+            loader=mock.MagicMock(),
+            templar=mock.MagicMock(),
+            shared_loader_obj=None,
+        )
+        with (
+            mock.patch.object(ActionBase, "validate_argument_spec", _raise_spec),
+            pytest.raises(_Validated) as validated,
+        ):
             plugin.run(task_vars={})
         specs["action"] = validated.value.args[0]
     assert specs, f"{name}: neither main() nor an action plugin validates its arguments"
@@ -72,9 +81,15 @@ def resolved_docs() -> dict[str, dict]:
     # Where the tests import the collection from (conftest), so that ansible-doc reads this very tree.
     collections = Path(list(importlib.import_module(PACKAGE).__path__)[0]).parents[3]
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1")
-    run = subprocess.run([str(Path(sys.executable).with_name("ansible-doc")), "--json", "-t", "module"]
-                         + [f"{COLLECTION}.{name}" for name in MODULES],
-                         capture_output=True, text=True, env=env, timeout=120, check=False)
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-doc")), "--json", "-t", "module"]
+        + [f"{COLLECTION}.{name}" for name in MODULES],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     return {name.rsplit(".", 1)[1]: entry["doc"] for name, entry in json.loads(run.stdout).items()}
 
@@ -102,14 +117,19 @@ def disagreements(spec: dict, docs: dict, where: str, complete: bool = True) -> 
     gives; its module also takes what the action adds)."""
     found = []
     if complete:
-        found += [f"{where}{option} is documented but not in the argument spec" for option in sorted(set(docs) - set(spec))]
+        found += [
+            f"{where}{option} is documented but not in the argument spec" for option in sorted(set(docs) - set(spec))
+        ]
     for option in sorted(spec):
         if option not in docs:
             found.append(f"{where}{option} is in the argument spec but not documented")
             continue
         wanted, documented = _fields(spec[option]), _fields(docs[option])
-        found += [f"{where}{option}: {field} is {documented[field]!r} in the docs, {wanted[field]!r} in the argument spec"
-                  for field in FIELDS if wanted[field] != documented[field]]
+        found += [
+            f"{where}{option}: {field} is {documented[field]!r} in the docs, {wanted[field]!r} in the argument spec"
+            for field in FIELDS
+            if wanted[field] != documented[field]
+        ]
         suboptions, documented_suboptions = spec[option].get("options") or {}, docs[option].get("suboptions") or {}
         if suboptions or documented_suboptions:
             found += disagreements(suboptions, documented_suboptions, f"{where}{option}.", complete)
@@ -166,8 +186,12 @@ def test_option_specs_are_shared():
 def test_an_option_spec_shared_by_modules_is_documented_once_in_a_fragment(option, resolved_docs):
     path = tuple(option.split("."))
     modules = SHARED[option]
-    found = [f"{name} documents {option} itself; its spec is shared with {[m for m in modules if m != name]}, so its "
-             "docs belong in a doc fragment" for name in modules if _doc_at(_own_docs(name).get("options"), path) is not None]
+    found = [
+        f"{name} documents {option} itself; its spec is shared with {[m for m in modules if m != name]}, so its "
+        "docs belong in a doc fragment"
+        for name in modules
+        if _doc_at(_own_docs(name).get("options"), path) is not None
+    ]
     texts = {name: _doc_at(resolved_docs[name].get("options"), path) for name in modules}
     if len({json.dumps(doc, sort_keys=True) for doc in texts.values()}) > 1:
         found.append(f"{option}, one spec, is documented differently in {modules}")
@@ -187,5 +211,7 @@ def _fragment_sections() -> list[str]:
 
 @pytest.mark.parametrize("section", _fragment_sections())
 def test_every_fragment_section_is_used(section):
-    used = {fragment.lower() for name in MODULES for fragment in _own_docs(name).get("extends_documentation_fragment", [])}
+    used = {
+        fragment.lower() for name in MODULES for fragment in _own_docs(name).get("extends_documentation_fragment", [])
+    }
     assert section.lower() in used, f"doc fragment {section} is used by no module"

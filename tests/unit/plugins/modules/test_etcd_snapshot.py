@@ -34,9 +34,16 @@ def member(tmp_path_factory, etcd_members):
 
 
 def _snapshot(member, tmp_path, **extra) -> dict:
-    return run_main(etcd_snapshot.main, dict(endpoint=member.client, secrets_file=_secrets_file(tmp_path / "s.json"),
-                                             work_dir=str(tmp_path / "work"), dest=str(tmp_path / "snap.cksnap"),
-                                             **extra))
+    return run_main(
+        etcd_snapshot.main,
+        dict(
+            endpoint=member.client,
+            secrets_file=_secrets_file(tmp_path / "s.json"),
+            work_dir=str(tmp_path / "work"),
+            dest=str(tmp_path / "snap.cksnap"),
+            **extra,
+        ),
+    )
 
 
 def test_snapshot_check_mode_only_checks_health(member, tmp_path):
@@ -50,9 +57,17 @@ def test_snapshot_then_restore(member, tmp_path, free_port):
     assert not saved["failed"] and saved["cluster_id"] == SECRETS.cluster_id().hex()
     assert saved["size"] == os.path.getsize(tmp_path / "snap.cksnap") and saved["revision"] >= 2
     peer = f"http://127.0.0.1:{free_port()}"
-    args = dict(src=str(tmp_path / "snap.cksnap"), secrets_file=str(tmp_path / "s.json"), work_dir=str(tmp_path / "w"),
-                member_name="cp-0", peer_urls=peer, initial_cluster=f"cp-0={peer}", initial_cluster_token="t",
-                data_dir=str(tmp_path / "restored"), expected_revision=saved["revision"])
+    args = dict(
+        src=str(tmp_path / "snap.cksnap"),
+        secrets_file=str(tmp_path / "s.json"),
+        work_dir=str(tmp_path / "w"),
+        member_name="cp-0",
+        peer_urls=peer,
+        initial_cluster=f"cp-0={peer}",
+        initial_cluster_token="t",
+        data_dir=str(tmp_path / "restored"),
+        expected_revision=saved["revision"],
+    )
     checked = run_main(etcd_restore.main, dict(args, _ansible_check_mode=True))
     assert not checked["failed"] and not checked["changed"] and not (tmp_path / "restored").exists()
     restored = run_main(etcd_restore.main, args)
@@ -65,8 +80,9 @@ def test_snapshot_then_restore(member, tmp_path, free_port):
 def test_restore_names_another_clusters_snapshot(member, tmp_path):
     _snapshot(member, tmp_path)
     other = _secrets_file(tmp_path / "other.json", RootSecrets(bytes(32), bytes(32), bytes(32)))
-    result = run_main(etcd_restore.main, dict(src=str(tmp_path / "snap.cksnap"), secrets_file=other,
-                                              _ansible_check_mode=True))
+    result = run_main(
+        etcd_restore.main, dict(src=str(tmp_path / "snap.cksnap"), secrets_file=other, _ansible_check_mode=True)
+    )
     assert result["failed"] and result["refused"] == "WrongClusterError" and "not of this cluster" in result["msg"]
 
 
@@ -74,6 +90,8 @@ def test_unhealthy_member_and_readable_secrets_are_refused(member, tmp_path, fre
     dead = run_main(etcd_snapshot.main, dict(endpoint=f"http://127.0.0.1:{free_port()}", state="healthy"))
     assert dead["failed"] and "health check failed" in dead["msg"]
     loose = _secrets_file(tmp_path / "loose.json", mode=0o644)
-    result = run_main(etcd_snapshot.main, dict(endpoint=member.client, secrets_file=loose,
-                                               work_dir=str(tmp_path / "work"), dest=str(tmp_path / "snap")))
+    result = run_main(
+        etcd_snapshot.main,
+        dict(endpoint=member.client, secrets_file=loose, work_dir=str(tmp_path / "work"), dest=str(tmp_path / "snap")),
+    )
     assert result["failed"] and "loose.json" in result["msg"] and not (tmp_path / "snap").exists()

@@ -20,8 +20,19 @@ from ansible_collections.confidential.kubernetes.plugins.modules import helm_pla
 from helm_charts import make_chart
 from module_runner import module_outcome, run_main  # noqa: F401  # pylint: disable=unused-import
 
-COMPARED = ("msg", "policy", "action", "reason", "changed", "chart_name", "chart_version", "previous_chart_version",
-            "previous_revision", "revision", "status")
+COMPARED = (
+    "msg",
+    "policy",
+    "action",
+    "reason",
+    "changed",
+    "chart_name",
+    "chart_version",
+    "previous_chart_version",
+    "previous_revision",
+    "revision",
+    "status",
+)
 # The fields of a release the node needs besides what the controller resolved (as the action plugin sends them).
 NODE_KEYS = ("release_name", "release_namespace", "chart_ref", "chart_repo_url", "skip_version_policy")
 
@@ -39,8 +50,19 @@ def _controller_file(path: str) -> str | None:
 
 
 def _release(namespace: str, chart_ref, **options) -> dict:
-    return dict(dict(release_name="web", release_namespace=namespace, chart_ref=str(chart_ref), chart_version=None,
-                     chart_repo_url=None, release_values={}, values_files=[], skip_version_policy=None), **options)
+    return dict(
+        dict(
+            release_name="web",
+            release_namespace=namespace,
+            chart_ref=str(chart_ref),
+            chart_version=None,
+            chart_repo_url=None,
+            release_values={},
+            values_files=[],
+            skip_version_policy=None,
+        ),
+        **options,
+    )
 
 
 def _unpacked(archive: Path) -> Path:
@@ -53,9 +75,11 @@ def _unpacked(archive: Path) -> Path:
 
 def _with_subchart_first(directory: Path) -> Path:
     """A chart archive that lists a subchart's Chart.yaml (another name and version) before the chart's own."""
-    files = {"gadgets/charts/sub/Chart.yaml": "apiVersion: v2\nname: sub\nversion: 9.9.9\n",
-             "gadgets/Chart.yaml": "apiVersion: v2\nname: gadgets\nversion: 1.0.0\n",
-             "gadgets/values.yaml": "greeting: hello\n"}
+    files = {
+        "gadgets/charts/sub/Chart.yaml": "apiVersion: v2\nname: sub\nversion: 9.9.9\n",
+        "gadgets/Chart.yaml": "apiVersion: v2\nname: gadgets\nversion: 1.0.0\n",
+        "gadgets/values.yaml": "greeting: hello\n",
+    }
     archive = directory / "gadgets-with-sub.tgz"
     with tarfile.open(archive, "w:gz") as tar:
         for name, text in files.items():
@@ -77,24 +101,54 @@ def _values_files(directory: Path, *texts: str) -> list[str]:
 # Each case: what is deployed (chart, values; None: nothing), the release as declared, what both must decide.
 CASES = {
     "same archive and values": lambda d: (
-        (make_chart(d), {"greeting": "hi"}), dict(release_values={"greeting": "hi"}), make_chart(d), "none"),
+        (make_chart(d), {"greeting": "hi"}),
+        dict(release_values={"greeting": "hi"}),
+        make_chart(d),
+        "none",
+    ),
     "a chart directory given with a trailing slash": lambda d: (
-        (_unpacked(make_chart(d)), {}), {}, str(_unpacked(make_chart(d))) + "/", "none"),
+        (_unpacked(make_chart(d)), {}),
+        {},
+        str(_unpacked(make_chart(d))) + "/",
+        "none",
+    ),
     "values files merged as helm merges them, release_values on top": lambda d: (
         (make_chart(d), {"greeting": "from-file", "image": {"tag": "v2", "pull": "Always"}, "replicas": 3}),
-        dict(values_files=_values_files(d, "greeting: from-file\nimage: {tag: v1, pull: Always}\nkeep: yes\n",
-                                        "image: {tag: v2}\nkeep: null\n"), release_values={"replicas": 3}),
-        make_chart(d), "none"),
+        dict(
+            values_files=_values_files(
+                d, "greeting: from-file\nimage: {tag: v1, pull: Always}\nkeep: yes\n", "image: {tag: v2}\nkeep: null\n"
+            ),
+            release_values={"replicas": 3},
+        ),
+        make_chart(d),
+        "none",
+    ),
     "a values file that changed": lambda d: (
-        (make_chart(d), {"greeting": "old"}), dict(values_files=_values_files(d, "greeting: new\n")), make_chart(d),
-        "upgrade"),
+        (make_chart(d), {"greeting": "old"}),
+        dict(values_files=_values_files(d, "greeting: new\n")),
+        make_chart(d),
+        "upgrade",
+    ),
     "a new chart version": lambda d: ((make_chart(d), {}), {}, make_chart(d, version="1.1.0"), "upgrade"),
-    "a pinned version with a v prefix": lambda d: ((make_chart(d), {}), dict(chart_version="v1.0.0"), make_chart(d), "none"),
+    "a pinned version with a v prefix": lambda d: (
+        (make_chart(d), {}),
+        dict(chart_version="v1.0.0"),
+        make_chart(d),
+        "none",
+    ),
     "a subchart's Chart.yaml first in the archive": lambda d: (
-        (_with_subchart_first(d), {}), {}, _with_subchart_first(d), "none"),
+        (_with_subchart_first(d), {}),
+        {},
+        _with_subchart_first(d),
+        "none",
+    ),
     "not installed": lambda d: (None, {}, make_chart(d), "install"),
     "a repository chart pinned to the deployed version": lambda d: (
-        (make_chart(d), {}), dict(chart_version="1.0.0", chart_repo_url="http://127.0.0.1:9/charts"), "gadgets", "none"),
+        (make_chart(d), {}),
+        dict(chart_version="1.0.0", chart_repo_url="http://127.0.0.1:9/charts"),
+        "gadgets",
+        "none",
+    ),
     "a downgrade": lambda d: ((make_chart(d, version="1.1.0"), {}), {}, make_chart(d), "refused"),
     "another chart": lambda d: ((make_chart(d, name="widgets"), {}), {}, make_chart(d), "refused"),
 }
@@ -107,19 +161,33 @@ def cluster(kube_control_plane, helm_binary):
 
 def _plan(cluster: dict, releases: list[dict]) -> dict:
     """helm_plan as its action plugin runs it: the controller's reading of each release in resolved."""
-    return run_main(helm_plan.main, dict(cluster, releases=[{key: r[key] for key in NODE_KEYS} for r in releases],
-                                         resolved=[resolve_inputs(r, _controller_file) for r in releases]))
+    return run_main(
+        helm_plan.main,
+        dict(
+            cluster,
+            releases=[{key: r[key] for key in NODE_KEYS} for r in releases],
+            resolved=[resolve_inputs(r, _controller_file) for r in releases],
+        ),
+    )
 
 
 def _staged(release: dict, staging: Path) -> dict:
     """The release as the upgrade role hands it to helm_release: its chart and values files copied to the node."""
     staging.mkdir()
-    staged = dict(release, skip_version_policy=bool(release["skip_version_policy"]),
-                  values_files=[str(shutil.copy(path, staging / f"{index}.yaml")) for index, path in enumerate(release["values_files"])])
+    staged = dict(
+        release,
+        skip_version_policy=bool(release["skip_version_policy"]),
+        values_files=[
+            str(shutil.copy(path, staging / f"{index}.yaml")) for index, path in enumerate(release["values_files"])
+        ],
+    )
     if not release["chart_repo_url"]:
         source = Path(release["chart_ref"].rstrip("/"))
-        staged["chart_ref"] = str(shutil.copytree(source, staging / source.name) if source.is_dir()
-                                  else shutil.copy(source, staging / source.name))
+        staged["chart_ref"] = str(
+            shutil.copytree(source, staging / source.name)
+            if source.is_dir()
+            else shutil.copy(source, staging / source.name)
+        )
     return staged
 
 
@@ -129,12 +197,23 @@ def test_the_plan_is_what_helm_release_decides_with_the_staged_chart(cluster, he
     deployed, options, chart_ref, expected = CASES[case](tmp_path)
     if deployed:
         chart, values = deployed
-        installed = run_main(helm_release.main, dict(cluster, release_name="web", release_namespace=namespace,
-                                                     chart_ref=str(chart), values=values, create_namespace=True))
+        installed = run_main(
+            helm_release.main,
+            dict(
+                cluster,
+                release_name="web",
+                release_namespace=namespace,
+                chart_ref=str(chart),
+                values=values,
+                create_namespace=True,
+            ),
+        )
         assert installed["revision"] == 1, installed
     release = _release(namespace, chart_ref, **options)
     planned = _plan(cluster, [release])
-    applied = run_main(helm_release.main, dict(_staged(release, tmp_path / "staging"), **cluster, _ansible_check_mode=True))
+    applied = run_main(
+        helm_release.main, dict(_staged(release, tmp_path / "staging"), **cluster, _ansible_check_mode=True)
+    )
     assert _decision(planned["plans"][0]) == _decision(applied)
     assert planned["failed"] == applied["failed"] and planned.get("msg") == applied.get("msg")
     assert planned["plans"][0].get("action", "refused") == expected, planned
@@ -144,11 +223,16 @@ def test_every_refusal_is_named_and_the_other_plans_are_kept(cluster, helm_binar
     namespace = f"plan-refusals-{helm_binary.rsplit('-', 1)[1].replace('.', '-')}"
     newer, older = make_chart(tmp_path, version="1.1.0"), make_chart(tmp_path, version="1.0.0")
     for name in ("web", "api", "forced"):
-        run_main(helm_release.main, dict(cluster, release_name=name, release_namespace=namespace, chart_ref=str(newer),
-                                         create_namespace=True))
-    releases = [_release(namespace, newer, release_name="fresh"), _release(namespace, older),
-                _release(namespace, older, release_name="api"),
-                _release(namespace, older, release_name="forced", skip_version_policy=True)]
+        run_main(
+            helm_release.main,
+            dict(cluster, release_name=name, release_namespace=namespace, chart_ref=str(newer), create_namespace=True),
+        )
+    releases = [
+        _release(namespace, newer, release_name="fresh"),
+        _release(namespace, older),
+        _release(namespace, older, release_name="api"),
+        _release(namespace, older, release_name="forced", skip_version_policy=True),
+    ]
     planned = _plan(dict(cluster, skip_version_policy=False), releases)
     assert planned["failed"] and not planned["changed"]
     assert planned["msg"].count("refusing to downgrade from 1.1.0 to 1.0.0") == 2

@@ -53,12 +53,29 @@ class Controller:
         return run_module(module_args)
 
     def run(self, check_mode: bool = False) -> dict:
-        args = {"secrets_file": str(self.secrets_file), "admin_kubeconfig": str(self.admin_kubeconfig), "tcti": self.node.tcti,
-                "lock_record": self.node.lock_record, "node_secrets_file": self.node.secrets_file}
-        task = SimpleNamespace(args=args, async_val=0, check_mode=check_mode, diff=False, action="confidential.kubernetes.init_state",
-                               no_log=False)
-        action = ActionModule(task, SimpleNamespace(_shell=SimpleNamespace(tmpdir=None), has_native_async=False), None, DataLoader(),
-                              None, None)
+        args = {
+            "secrets_file": str(self.secrets_file),
+            "admin_kubeconfig": str(self.admin_kubeconfig),
+            "tcti": self.node.tcti,
+            "lock_record": self.node.lock_record,
+            "node_secrets_file": self.node.secrets_file,
+        }
+        task = SimpleNamespace(
+            args=args,
+            async_val=0,
+            check_mode=check_mode,
+            diff=False,
+            action="confidential.kubernetes.init_state",
+            no_log=False,
+        )
+        action = ActionModule(
+            task,
+            SimpleNamespace(_shell=SimpleNamespace(tmpdir=None), has_native_async=False),
+            None,
+            DataLoader(),
+            None,
+            None,
+        )
         action._execute_module = self._execute_module
         return action.run(task_vars={})
 
@@ -78,7 +95,12 @@ def test_an_initialised_node_is_recognised_and_its_admin_kubeconfig_stored_once(
     assert controller.admin_kubeconfig.read_bytes() == ADMIN_KUBECONFIG
     assert os.stat(controller.admin_kubeconfig).st_mode & 0o777 == 0o600
     again = controller.run()
-    assert again["initialised"] and not again["changed"] and not again["admin_kubeconfig_stored"] and controller.fetched == 1
+    assert (
+        again["initialised"]
+        and not again["changed"]
+        and not again["admin_kubeconfig_stored"]
+        and controller.fetched == 1
+    )
 
 
 def test_a_changed_or_exposed_copy_on_the_controller_is_fetched_again(controller):

@@ -57,8 +57,14 @@ class FakeSystemd(Systemd):
         if verb != "show":
             self.calls.append(argv[1:])
         if verb == "show":
-            return 0, (f"ActiveState={'active' if self.active else 'inactive'}\nUnitFileState={'enabled' if self.enabled else 'disabled'}\n"
-                       f"NeedDaemonReload={'yes' if self.need_reload else 'no'}\n"), ""
+            return (
+                0,
+                (
+                    f"ActiveState={'active' if self.active else 'inactive'}\nUnitFileState={'enabled' if self.enabled else 'disabled'}\n"
+                    f"NeedDaemonReload={'yes' if self.need_reload else 'no'}\n"
+                ),
+                "",
+            )
         if verb == "daemon-reload":
             self.need_reload = False
         elif verb == "enable":
@@ -111,9 +117,14 @@ class ControlPlane:
 
     def service_files(self) -> dict:
         path = self.config_dir
-        return dict(tls_cert=str(path / "joinservice.crt"), tls_key=str(path / "joinservice.key"),
-                    secrets_file=str(path / "cluster-secrets.json"), policy_file=str(path / "measurement-policy.yml"),
-                    enrolment_file=str(path / "node-enrolment.json"), ek_ca_file=str(path / "ek-ca.pem"))
+        return dict(
+            tls_cert=str(path / "joinservice.crt"),
+            tls_key=str(path / "joinservice.key"),
+            secrets_file=str(path / "cluster-secrets.json"),
+            policy_file=str(path / "measurement-policy.yml"),
+            enrolment_file=str(path / "node-enrolment.json"),
+            ek_ca_file=str(path / "ek-ca.pem"),
+        )
 
     def run(self, check_mode: bool = False, diff: bool = False, **changes) -> dict:
         args = dict(self.args, **changes, _ansible_check_mode=check_mode, _ansible_diff=diff)
@@ -145,11 +156,19 @@ def test_a_first_run_sets_everything_up_and_a_re_run_changes_nothing(node):
     assert first["changed"] and first["tls_certificate_changed"] and first["installed"]
     assert _changed(first) == {"policy", "enrolment", "ek_ca", "config", "unit"}
     assert first["service_actions"] == ["daemon-reload", "enable", "start"]
-    assert node.systemd.calls == [["daemon-reload"], ["enable", "confidential-joinservice.service"],
-                                  ["start", "confidential-joinservice.service"]]
-    assert {name: node.mode(name) for name in ("measurement-policy.yml", "node-enrolment.json", "joinservice.yml", "joinservice.key")} == \
-        dict.fromkeys(("measurement-policy.yml", "node-enrolment.json", "joinservice.yml", "joinservice.key"), 0o600)
-    assert node.mode("ek-ca.pem") == 0o644 and os.stat(node.unit_dir / "confidential-joinservice.service").st_mode & 0o777 == 0o644
+    assert node.systemd.calls == [
+        ["daemon-reload"],
+        ["enable", "confidential-joinservice.service"],
+        ["start", "confidential-joinservice.service"],
+    ]
+    assert {
+        name: node.mode(name)
+        for name in ("measurement-policy.yml", "node-enrolment.json", "joinservice.yml", "joinservice.key")
+    } == dict.fromkeys(("measurement-policy.yml", "node-enrolment.json", "joinservice.yml", "joinservice.key"), 0o600)
+    assert (
+        node.mode("ek-ca.pem") == 0o644
+        and os.stat(node.unit_dir / "confidential-joinservice.service").st_mode & 0o777 == 0o644
+    )
     assert node.file("measurement-policy.yml").read_text() == node.args["measurement_policy"]
     assert node.loaded().status == "SERVING"
     service = node.systemd.service
@@ -161,8 +180,11 @@ def test_a_first_run_sets_everything_up_and_a_re_run_changes_nothing(node):
 def test_a_new_policy_is_pushed_with_a_backup_and_loaded_without_a_restart(node):
     node.run()
     service, previous = node.systemd.service, node.file("measurement-policy.yml").read_text()
-    policy = json.loads(json.dumps({"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only",
-                                    "pcrs": {"4": {"allowed": ["ab" * 32]}}}))
+    policy = json.loads(
+        json.dumps(
+            {"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only", "pcrs": {"4": {"allowed": ["ab" * 32]}}}
+        )
+    )
     result = node.run(measurement_policy=json.dumps(policy) + "\n")
     assert not result["failed"], result.get("msg")
     assert result["changed"] and _changed(result) == {"policy"} and result["service_actions"] == []
@@ -178,17 +200,25 @@ def test_a_new_enrolment_is_pushed_with_a_backup_and_loaded_without_a_restart(no
     node.lab.enrol(other_swtpm.tcti, "worker-2")
     result = node.run(enrolment=dump_enrolment(list(node.lab.enrolments.values())).decode())
     assert not result["failed"], result.get("msg")
-    assert _changed(result) == {"enrolment"} and result["files"]["enrolment"]["backup_file"] and result["service_actions"] == []
+    assert (
+        _changed(result) == {"enrolment"}
+        and result["files"]["enrolment"]["backup_file"]
+        and result["service_actions"] == []
+    )
     assert node.systemd.service is service
     assert node.loaded().enrolment_digest == file_sha256(str(node.file("node-enrolment.json")))
 
 
-@pytest.mark.parametrize("change", [
-    lambda node: {"config": "listen: 127.0.0.1\nnonce_ttl: 61\n"},
-    lambda node: {"ek_ca": node.args["ek_ca"] + node.lab.ca_pem.decode()},
-    lambda node: {"restart": True},
-    lambda node: {"tls_names": ["127.0.0.1", "cp-0", "cp-0.example.net"]},
-], ids=["configuration", "EK CA", "code (restart)", "certificate names"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda node: {"config": "listen: 127.0.0.1\nnonce_ttl: 61\n"},
+        lambda node: {"ek_ca": node.args["ek_ca"] + node.lab.ca_pem.decode()},
+        lambda node: {"restart": True},
+        lambda node: {"tls_names": ["127.0.0.1", "cp-0", "cp-0.example.net"]},
+    ],
+    ids=["configuration", "EK CA", "code (restart)", "certificate names"],
+)
 def test_what_the_service_reads_only_at_start_restarts_it(node, change):
     node.run()
     service = node.systemd.service
@@ -202,13 +232,24 @@ def test_the_certificate_is_renewed_below_its_threshold_alone_and_the_service_re
     """The renew playbook's call: only the certificate's names and a threshold, no files; above 365 days it renews."""
     node.run()
     service, before = node.systemd.service, x509.load_pem_x509_certificate(node.file("joinservice.crt").read_bytes())
-    renewal = {"tls_names": node.args["tls_names"], "pki_dir": node.args["pki_dir"], "config_dir": node.args["config_dir"],
-               "unit_dir": node.args["unit_dir"], "port": node.port, "health_timeout": 10, "only_if_installed": True}
+    renewal = {
+        "tls_names": node.args["tls_names"],
+        "pki_dir": node.args["pki_dir"],
+        "config_dir": node.args["config_dir"],
+        "unit_dir": node.args["unit_dir"],
+        "port": node.port,
+        "health_timeout": 10,
+        "only_if_installed": True,
+    }
     kept = run_main(join_service.main, dict(renewal, tls_renew_before_days=364))
     assert not kept["failed"] and not kept["changed"] and node.systemd.service is service
     renewed = run_main(join_service.main, dict(renewal, tls_renew_before_days=366))
     assert not renewed["failed"], renewed.get("msg")
-    assert renewed["tls_certificate_changed"] and renewed["service_actions"] == ["restart"] and node.systemd.service is not service
+    assert (
+        renewed["tls_certificate_changed"]
+        and renewed["service_actions"] == ["restart"]
+        and node.systemd.service is not service
+    )
     after = x509.load_pem_x509_certificate(node.file("joinservice.crt").read_bytes())
     assert after.serial_number != before.serial_number and after.not_valid_after_utc >= before.not_valid_after_utc
     assert node.loaded().status == "SERVING"
@@ -233,7 +274,11 @@ def test_a_policy_the_service_refuses_fails_with_its_words_and_the_previous_file
     node.run()
     previous = node.file("measurement-policy.yml").read_text()
     result = node.run(measurement_policy=BAD_POLICY)
-    assert result["failed"] and "refused the policy file" in result["msg"] and "'zz' is not a 32-byte hex digest" in result["msg"]
+    assert (
+        result["failed"]
+        and "refused the policy file" in result["msg"]
+        and "'zz' is not a 32-byte hex digest" in result["msg"]
+    )
     assert "was put back from" in result["msg"]
     assert node.file("measurement-policy.yml").read_text() == previous and node.mode("measurement-policy.yml") == 0o600
     assert node.loaded().policy_digest == file_sha256(str(node.file("measurement-policy.yml")))
@@ -246,7 +291,10 @@ def test_a_bad_policy_pushed_with_a_restart_is_put_back_and_the_service_restarte
     previous = node.file("measurement-policy.yml").read_text()
     result = node.run(measurement_policy=BAD_POLICY, restart=True, health_timeout=3)
     assert result["failed"] and "did not start with the files pushed with its restart" in result["msg"], result["msg"]
-    assert "serves again with the last good ones" in result["msg"] and str(node.file("measurement-policy.yml")) in result["msg"]
+    assert (
+        "serves again with the last good ones" in result["msg"]
+        and str(node.file("measurement-policy.yml")) in result["msg"]
+    )
     assert node.file("measurement-policy.yml").read_text() == previous
     assert node.loaded().policy_digest == file_sha256(str(node.file("measurement-policy.yml")))
 
@@ -260,7 +308,11 @@ def test_without_the_cluster_secrets_nothing_is_changed(node):
 
 def test_check_mode_predicts_and_changes_nothing(node):
     result = node.run(check_mode=True)
-    assert result["changed"] and result["tls_certificate_changed"] and _changed(result) == {"policy", "enrolment", "ek_ca", "config", "unit"}
+    assert (
+        result["changed"]
+        and result["tls_certificate_changed"]
+        and _changed(result) == {"policy", "enrolment", "ek_ca", "config", "unit"}
+    )
     assert result["service_actions"] == ["daemon-reload", "enable", "start"]
     assert os.listdir(node.config_dir) == ["cluster-secrets.json"] and node.systemd.calls == []
     node.run()
@@ -270,12 +322,25 @@ def test_check_mode_predicts_and_changes_nothing(node):
 def test_diff_mode_shows_the_files_that_change(node):
     node.run()
     result = node.run(diff=True, config="listen: 127.0.0.1\nnonce_ttl: 61\n")
-    assert result["diff"] == [{"before_header": str(node.file("joinservice.yml")), "after_header": str(node.file("joinservice.yml")),
-                               "before": "listen: 127.0.0.1\n", "after": "listen: 127.0.0.1\nnonce_ttl: 61\n"}]
+    assert result["diff"] == [
+        {
+            "before_header": str(node.file("joinservice.yml")),
+            "after_header": str(node.file("joinservice.yml")),
+            "before": "listen: 127.0.0.1\n",
+            "after": "listen: 127.0.0.1\nnonce_ttl: 61\n",
+        }
+    ]
 
 
 def test_only_if_installed_leaves_a_control_plane_without_the_unit_alone(node):
-    enrolment_only = {"measurement_policy": None, "ek_ca": None, "config": None, "unit": None, "tls_names": [], "only_if_installed": True}
+    enrolment_only = {
+        "measurement_policy": None,
+        "ek_ca": None,
+        "config": None,
+        "unit": None,
+        "tls_names": [],
+        "only_if_installed": True,
+    }
     result = node.run(**enrolment_only)
     assert not result["changed"] and not result["installed"] and os.listdir(node.config_dir) == ["cluster-secrets.json"]
     node.run()

@@ -22,8 +22,11 @@ def _doc_block(source: str, name: str) -> str:
 
 def _released_modules() -> dict[str, str]:
     changelog = yaml.safe_load((REPO / "changelogs" / "changelog.yaml").read_text())
-    return {module["name"]: version for version, release in changelog["releases"].items()
-            for module in release.get("modules", [])}
+    return {
+        module["name"]: version
+        for version, release in changelog["releases"].items()
+        for module in release.get("modules", [])
+    }
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda p: p.stem)
@@ -42,7 +45,9 @@ def test_galaxy_version_is_ahead_of_every_release():
 @pytest.mark.parametrize("plugin", MODULES + FRAGMENTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_docs_name_nothing_outside_the_collection(plugin):
     source = plugin.read_text()
-    blocks = [_doc_block(source, name) for name in ("DOCUMENTATION", "EXAMPLES", "RETURN") if f'{name} = r"""' in source]
+    blocks = [
+        _doc_block(source, name) for name in ("DOCUMENTATION", "EXAMPLES", "RETURN") if f'{name} = r"""' in source
+    ]
     assert blocks
     found = [m.group(0) for block in blocks for m in UNSHIPPED.finditer(block)]
     assert not found, f"{plugin.name} documents {found}"

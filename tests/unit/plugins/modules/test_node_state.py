@@ -56,8 +56,11 @@ class Node:
         self.root = root
         self.proc = root / "proc"
         self.commands: list[list[str]] = []
-        self.systemctl = (0, "Id=containerd.service\nActiveState=active\nUnitFileState=enabled\n\n"
-                             "Id=kubelet.service\nActiveState=inactive\nUnitFileState=enabled\n")
+        self.systemctl = (
+            0,
+            "Id=containerd.service\nActiveState=active\nUnitFileState=enabled\n\n"
+            "Id=kubelet.service\nActiveState=inactive\nUnitFileState=enabled\n",
+        )
         (self.proc / "sys/net/bridge").mkdir(parents=True)
         (self.proc / "sys/net/ipv4").mkdir(parents=True)
         self.set_swap(["/swapfile"])
@@ -80,8 +83,9 @@ class Node:
         return [line.split()[0] for line in (self.proc / "modules").read_text().splitlines()]
 
     def unload(self, name: str) -> None:
-        (self.proc / "modules").write_text("".join(f"{line}\n" for line in (self.proc / "modules").read_text().splitlines()
-                                                   if line.split()[0] != name))
+        (self.proc / "modules").write_text(
+            "".join(f"{line}\n" for line in (self.proc / "modules").read_text().splitlines() if line.split()[0] != name)
+        )
 
     def run(self, argv: list[str]) -> tuple[int, str, str]:
         self.commands.append(argv)
@@ -97,10 +101,15 @@ class Node:
         return NodeState._run_command(None, argv)
 
     def args(self, **extra) -> dict:
-        return {"swap_off": True, "fstab": str(self.root / "etc/fstab"),
-                "kernel_modules": ["overlay", "br_netfilter"],
-                "modules_load_file": str(self.root / "etc/modules-load.d/kubernetes.conf"),
-                "sysctls": SYSCTLS, "sysctl_file": str(self.root / "etc/sysctl.d/99-kubernetes.conf"), **extra}
+        return {
+            "swap_off": True,
+            "fstab": str(self.root / "etc/fstab"),
+            "kernel_modules": ["overlay", "br_netfilter"],
+            "modules_load_file": str(self.root / "etc/modules-load.d/kubernetes.conf"),
+            "sysctls": SYSCTLS,
+            "sysctl_file": str(self.root / "etc/sysctl.d/99-kubernetes.conf"),
+            **extra,
+        }
 
 
 @pytest.fixture
@@ -160,14 +169,17 @@ def test_prepare_then_nothing_to_do(node):
     assert again["changed"] is False and again["changes"] == [] and node.commands == []
 
 
-@pytest.mark.parametrize("drift,expected", [
-    ("swap turned back on", ["swapoff --all (active: /dev/vda2)"]),
-    ("fstab swap line back", ["comment out 1 swap line(s) in {root}/etc/fstab"]),
-    ("module unloaded", ["modprobe br_netfilter"]),
-    ("sysctl reset", ["sysctl net.ipv4.ip_forward = 1 (was 0)"]),
-    ("sysctl file edited", ["write {root}/etc/sysctl.d/99-kubernetes.conf"]),
-    ("modules file mode", ["write {root}/etc/modules-load.d/kubernetes.conf"]),
-])
+@pytest.mark.parametrize(
+    "drift,expected",
+    [
+        ("swap turned back on", ["swapoff --all (active: /dev/vda2)"]),
+        ("fstab swap line back", ["comment out 1 swap line(s) in {root}/etc/fstab"]),
+        ("module unloaded", ["modprobe br_netfilter"]),
+        ("sysctl reset", ["sysctl net.ipv4.ip_forward = 1 (was 0)"]),
+        ("sysctl file edited", ["write {root}/etc/sysctl.d/99-kubernetes.conf"]),
+        ("modules file mode", ["write {root}/etc/modules-load.d/kubernetes.conf"]),
+    ],
+)
 def test_each_drift_is_found_and_fixed_alone(node, drift, expected):
     run_module(node.args())
     if drift == "swap turned back on":
@@ -205,9 +217,14 @@ def test_sysctl_values_compare_with_whitespace_collapsed(node):
 def test_nothing_asked_changes_nothing_and_still_reports(node):
     result = run_module({"services": ["containerd", "kubelet"], "tools": ["sh", "no-such-tool-anywhere"]})
     assert result["changed"] is False and result["changes"] == [] and result["architecture"] == os.uname().machine
-    assert result["services"] == {"containerd": {"active": True, "enabled": True}, "kubelet": {"active": False, "enabled": True}}
+    assert result["services"] == {
+        "containerd": {"active": True, "enabled": True},
+        "kubelet": {"active": False, "enabled": True},
+    }
     assert result["tools"]["sh"].endswith("/sh") and result["tools"]["no-such-tool-anywhere"] is None
-    assert node.commands == [["systemctl", "show", "--property=Id,ActiveState,UnitFileState", "--", "containerd", "kubelet"]]
+    assert node.commands == [
+        ["systemctl", "show", "--property=Id,ActiveState,UnitFileState", "--", "containerd", "kubelet"]
+    ]
     assert (node.root / "etc/fstab").read_text() == FSTAB and node.sysctl("net.ipv4.ip_forward") == "0"
 
 
@@ -258,8 +275,10 @@ def _installed(tmp_path: Path) -> tuple[dict, list[str]]:
     for name, (content, mode) in files.items():
         (tmp_path / name).write_bytes(content)
         (tmp_path / name).chmod(mode)
-    return {"stamp_dest": str(tmp_path / "staging/installed-abc.sha256"), "stamp_files": [str(tmp_path / n) for n in files]}, \
-        [str(tmp_path / n) for n in files]
+    return {
+        "stamp_dest": str(tmp_path / "staging/installed-abc.sha256"),
+        "stamp_files": [str(tmp_path / n) for n in files],
+    }, [str(tmp_path / n) for n in files]
 
 
 def test_a_written_stamp_verifies_reading_no_file_until_one_changes(node, tmp_path, settled_soon, count_file_hashes):
@@ -271,8 +290,10 @@ def test_a_written_stamp_verifies_reading_no_file_until_one_changes(node, tmp_pa
     lines = stamp.read_text().splitlines()
     for path in paths:
         status = os.stat(path)
-        assert f"#stat {status.st_mode & 0o7777:04o} {status.st_ino} {status.st_size} {status.st_mtime_ns} " \
-               f"{status.st_ctime_ns} {path}" in lines
+        assert (
+            f"#stat {status.st_mode & 0o7777:04o} {status.st_ino} {status.st_size} {status.st_mtime_ns} "
+            f"{status.st_ctime_ns} {path}" in lines
+        )
         assert f"{hashlib.sha256(Path(path).read_bytes()).hexdigest()}  {path}" in lines
     if shutil.which("sha256sum"):
         assert subprocess.run(["sha256sum", "--check", "--strict", "--quiet", str(stamp)], check=False).returncode == 0
@@ -307,14 +328,23 @@ def _replace_keeping_size_and_mtime(path: str, content: bytes) -> None:
     os.replace(path + ".new", path)
 
 
-@pytest.mark.parametrize("change", [
-    lambda path: _keep_size_and_mtime(path, b"KUBEADM binary"),
-    lambda path: _replace_keeping_size_and_mtime(path, b"KUBEADM binary"),
-    lambda path: os.truncate(path, 3),
-    os.unlink,
-    lambda path: (os.unlink(path), os.mkfifo(path)),
-], ids=["content changed keeping size and mtime", "replaced keeping size and mtime", "truncated", "removed",
-        "a FIFO in its place"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda path: _keep_size_and_mtime(path, b"KUBEADM binary"),
+        lambda path: _replace_keeping_size_and_mtime(path, b"KUBEADM binary"),
+        lambda path: os.truncate(path, 3),
+        os.unlink,
+        lambda path: (os.unlink(path), os.mkfifo(path)),
+    ],
+    ids=[
+        "content changed keeping size and mtime",
+        "replaced keeping size and mtime",
+        "truncated",
+        "removed",
+        "a FIFO in its place",
+    ],
+)
 def test_a_changed_file_is_found_although_the_stamp_fingerprinted_it(node, tmp_path, settled_soon, change):
     args, paths = _installed(tmp_path)
     run_module(args)
@@ -323,7 +353,9 @@ def test_a_changed_file_is_found_although_the_stamp_fingerprinted_it(node, tmp_p
     assert run_module({"stamps": pattern})["stamps"] == {args["stamp_dest"]: False}
 
 
-def test_a_file_too_new_to_trust_is_stamped_without_a_fingerprint_and_hashed(node, tmp_path, monkeypatch, count_file_hashes):
+def test_a_file_too_new_to_trust_is_stamped_without_a_fingerprint_and_hashed(
+    node, tmp_path, monkeypatch, count_file_hashes
+):
     args, paths = _installed(tmp_path)
     # The stamp waits at most SETTLED_NS for the files to settle; an hour from now they have not.
     monkeypatch.setattr(_files, "SETTLED_NS", 3600 * 10**9)
@@ -356,12 +388,15 @@ def test_stamping_in_check_mode_writes_nothing(node, tmp_path, settled_soon):
     assert missing["changed"] is True and not Path(args["stamp_dest"]).exists()
 
 
-@pytest.mark.parametrize("case,expected", [
-    ("missing file", "cannot stamp {root}/kubelet: No such file or directory"),
-    ("newline", "cannot stamp '{root}/a\\nb': sha256sum's format holds no newline or backslash in a file name"),
-    ("no files", "a stamp of no files never verifies; name the installed files"),
-    ("files alone", "parameters are required together: stamp_dest, stamp_files"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("missing file", "cannot stamp {root}/kubelet: No such file or directory"),
+        ("newline", "cannot stamp '{root}/a\\nb': sha256sum's format holds no newline or backslash in a file name"),
+        ("no files", "a stamp of no files never verifies; name the installed files"),
+        ("files alone", "parameters are required together: stamp_dest, stamp_files"),
+    ],
+)
 def test_a_stamp_that_cannot_be_written_fails_naming_why(node, tmp_path, case, expected):
     args, paths = _installed(tmp_path)
     if case == "missing file":
@@ -372,7 +407,7 @@ def test_a_stamp_that_cannot_be_written_fails_naming_why(node, tmp_path, case, e
         "no files": {**args, "stamp_files": []},
         "files alone": {"stamp_files": paths},
     }[case]
-    for check_mode in ((True, False) if case != "missing file" else (False,)):
+    for check_mode in (True, False) if case != "missing file" else (False,):
         failed = run_module({**args, "_ansible_check_mode": check_mode}, AnsibleFailJson)
         assert failed["msg"] == expected.format(root=tmp_path)
     assert not (tmp_path / "staging").exists()
@@ -425,39 +460,57 @@ def test_venv_is_complete_when_its_python_imports_everything(node, tmp_path):
     assert missing["venv"]["complete"] is False and missing["venv"]["error"].endswith("/absent/bin/python: not found")
 
 
-@pytest.mark.parametrize("case,expected", [
-    ("module name", "kernel module name 'br netfilter' is not a module name"),
-    ("sysctl key", "sysctl key 'net.ipv4.ip_forward=1' is not a sysctl name"),
-    ("sysctl value", "sysctl net.ipv4.ip_forward has no value"),
-    ("archive digest", "archive_sha256 must be 64 lower-case hexadecimal digits, not 'ABC'"),
-    ("archive alone", "parameters are required together: archive, archive_dest, archive_sha256"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("module name", "kernel module name 'br netfilter' is not a module name"),
+        ("sysctl key", "sysctl key 'net.ipv4.ip_forward=1' is not a sysctl name"),
+        ("sysctl value", "sysctl net.ipv4.ip_forward has no value"),
+        ("archive digest", "archive_sha256 must be 64 lower-case hexadecimal digits, not 'ABC'"),
+        ("archive alone", "parameters are required together: archive, archive_dest, archive_sha256"),
+    ],
+)
 def test_bad_input_is_a_clear_error_and_changes_nothing(node, tmp_path, case, expected):
     args = {
         "module name": node.args(kernel_modules=["br netfilter"]),
         "sysctl key": node.args(sysctls={"net.ipv4.ip_forward=1": 1}),
         "sysctl value": node.args(sysctls={"net.ipv4.ip_forward": " "}),
-        "archive digest": {**node.args(), "archive": str(tmp_path / "a.tar"), "archive_dest": str(tmp_path), "archive_sha256": "ABC"},
+        "archive digest": {
+            **node.args(),
+            "archive": str(tmp_path / "a.tar"),
+            "archive_dest": str(tmp_path),
+            "archive_sha256": "ABC",
+        },
         "archive alone": {**node.args(), "archive": str(tmp_path / "a.tar")},
     }[case]
     failed = run_module(args, AnsibleFailJson)
     assert expected in failed["msg"]
-    assert node.commands == [] and (node.root / "etc/fstab").read_text() == FSTAB and node.sysctl("net.ipv4.ip_forward") == "0"
+    assert (
+        node.commands == []
+        and (node.root / "etc/fstab").read_text() == FSTAB
+        and node.sysctl("net.ipv4.ip_forward") == "0"
+    )
     assert not (node.root / "etc/modules-load.d").exists() and not (node.root / "etc/sysctl.d").exists()
 
 
 def test_a_host_without_proc_modules_fails_naming_the_switch(node):
     (node.proc / "modules").unlink()
     failed = run_module(node.args(swap_off=False), AnsibleFailJson)
-    assert failed["msg"] == (f"this host has no {node.proc}/modules (a container?), so the kernel modules cannot be "
-                             "checked; switch that step off for it")
+    assert failed["msg"] == (
+        f"this host has no {node.proc}/modules (a container?), so the kernel modules cannot be "
+        "checked; switch that step off for it"
+    )
 
 
 def test_a_sysctl_the_host_lacks_fails_naming_it(node):
-    failed = run_module(node.args(swap_off=False, kernel_modules=[], sysctls={"net.netfilter.nf_conntrack_max": 131072}),
-                        AnsibleFailJson)
-    assert failed["msg"] == ("sysctl net.netfilter.nf_conntrack_max: this host has no such key "
-                             "(is the kernel module that provides it loaded?)")
+    failed = run_module(
+        node.args(swap_off=False, kernel_modules=[], sysctls={"net.netfilter.nf_conntrack_max": 131072}),
+        AnsibleFailJson,
+    )
+    assert failed["msg"] == (
+        "sysctl net.netfilter.nf_conntrack_max: this host has no such key "
+        "(is the kernel module that provides it loaded?)"
+    )
 
 
 def test_a_failing_modprobe_still_reports_what_changed_before_it(node, monkeypatch):
@@ -471,11 +524,17 @@ def test_a_failing_modprobe_still_reports_what_changed_before_it(node, monkeypat
 
     monkeypatch.setattr(node, "run", modprobe_fails)
     failed = run_module(node.args(), AnsibleFailJson)
-    assert failed["msg"] == ("modprobe br_netfilter failed (exit 1): "
-                             "modprobe: FATAL: Module br_netfilter not found in directory /lib/modules/6.1.0")
+    assert failed["msg"] == (
+        "modprobe br_netfilter failed (exit 1): "
+        "modprobe: FATAL: Module br_netfilter not found in directory /lib/modules/6.1.0"
+    )
     assert failed["changed"] is True
-    assert failed["changes"] == ["swapoff --all (active: /swapfile)", f"comment out 1 swap line(s) in {node.root}/etc/fstab",
-                                 f"write {node.root}/etc/modules-load.d/kubernetes.conf", "modprobe br_netfilter"]
+    assert failed["changes"] == [
+        "swapoff --all (active: /swapfile)",
+        f"comment out 1 swap line(s) in {node.root}/etc/fstab",
+        f"write {node.root}/etc/modules-load.d/kubernetes.conf",
+        "modprobe br_netfilter",
+    ]
     assert node.sysctl("net.ipv4.ip_forward") == "0"
 
 
@@ -483,7 +542,9 @@ def test_packages_are_read_from_the_real_dpkg_and_nothing_is_installed(node):
     """This machine's dpkg: coreutils is installed, a made-up package is not; the probe only reads."""
     if shutil.which("dpkg-query") is None:
         pytest.skip("no dpkg on this machine")
-    result = run_module({"packages": ["coreutils", "confidential-kubernetes-no-such-package"], "_ansible_check_mode": True})
+    result = run_module(
+        {"packages": ["coreutils", "confidential-kubernetes-no-such-package"], "_ansible_check_mode": True}
+    )
     assert result["packages"] == {"coreutils": True, "confidential-kubernetes-no-such-package": False}
     assert result["changed"] is False
     assert node.commands[0][:2] == ["dpkg-query", "--show"] and len(node.commands) == 1

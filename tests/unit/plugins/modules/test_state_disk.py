@@ -19,8 +19,10 @@ from ansible_collections.confidential.kubernetes.plugins.modules import state_di
 MASTER_KEY = bytes(range(0x40, 0x60))
 MASTER_SALT = bytes(range(0x60, 0x80))
 
-pytestmark = pytest.mark.skipif(not shutil.which("cryptsetup", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"),
-                                reason="cryptsetup (cryptsetup-bin) is not installed")
+pytestmark = pytest.mark.skipif(
+    not shutil.which("cryptsetup", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"),
+    reason="cryptsetup (cryptsetup-bin) is not installed",
+)
 
 
 class AnsibleExitJson(Exception):
@@ -34,6 +36,7 @@ class AnsibleFailJson(Exception):
 @pytest.fixture(autouse=True)
 def module_exits(monkeypatch):
     """exit_json/fail_json raise instead of printing and exiting; the module's no_log values ride along."""
+
     def exit_json(module, **kwargs):
         raise AnsibleExitJson({**kwargs, "__no_log_values": set(module.no_log_values)})
 
@@ -60,8 +63,12 @@ def args(tmp_path) -> dict:
     device = tmp_path / "state-disk.img"
     with open(device, "wb") as handle:
         handle.truncate(32 * 1024 * 1024)
-    return {"device": str(device), "initial_key_path": str(tmp_path / "run" / "state-disk-initial.key"),
-            "pbkdf_memory": 32768, "pbkdf_iterations": 4}
+    return {
+        "device": str(device),
+        "initial_key_path": str(tmp_path / "run" / "state-disk-initial.key"),
+        "pbkdf_memory": 32768,
+        "pbkdf_iterations": 4,
+    }
 
 
 def test_format_then_rekey_then_nothing_to_do(args, tmp_path):
@@ -77,8 +84,15 @@ def test_format_then_rekey_then_nothing_to_do(args, tmp_path):
     assert rekeyed["changed"] is True and rekeyed["keyed"] is True and rekeyed["keyslots"] == 1
     assert rekeyed["uuid"] == formatted["uuid"] and rekeyed["mapped"] is False
     assert disk_key in rekeyed["__no_log_values"], "disk_key must be marked no_log"
-    assert subprocess.run(["cryptsetup", "open", "--test-passphrase", "--key-file=-", args["device"]], input=key,
-                          check=False, capture_output=True).returncode == 0
+    assert (
+        subprocess.run(
+            ["cryptsetup", "open", "--test-passphrase", "--key-file=-", args["device"]],
+            input=key,
+            check=False,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
     key_file = tmp_path / "disk.key"
     key_file.write_bytes(key)
@@ -110,17 +124,20 @@ def test_opened_without_device_mapper_fails_plainly_after_keying(args):
     assert failed["changed"] is True and failed["keyed"] is True and failed["mapping_available"] is False
 
 
-@pytest.mark.parametrize("case,expected", [
-    ("missing device", "device {tmp}/absent.img does not exist"),
-    ("directory device", "device {tmp} is a directory"),
-    ("missing key file", "cannot read disk_key_file {tmp}/absent.key"),
-    ("world-readable key file", "disk_key_file {tmp}/disk.key has mode 0644"),
-    ("key file of 31 bytes", "disk_key_file {tmp}/disk.key holds 31 bytes"),
-    ("disk_key of 16 bytes", "disk_key decodes to 16 bytes"),
-    ("both keys", "parameters are mutually exclusive: disk_key|disk_key_file"),
-    ("uuid_only with a key", "parameters are mutually exclusive: uuid_only|disk_key"),
-    ("no key", "state=formatted needs the disk key"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("missing device", "device {tmp}/absent.img does not exist"),
+        ("directory device", "device {tmp} is a directory"),
+        ("missing key file", "cannot read disk_key_file {tmp}/absent.key"),
+        ("world-readable key file", "disk_key_file {tmp}/disk.key has mode 0644"),
+        ("key file of 31 bytes", "disk_key_file {tmp}/disk.key holds 31 bytes"),
+        ("disk_key of 16 bytes", "disk_key decodes to 16 bytes"),
+        ("both keys", "parameters are mutually exclusive: disk_key|disk_key_file"),
+        ("uuid_only with a key", "parameters are mutually exclusive: uuid_only|disk_key"),
+        ("no key", "state=formatted needs the disk key"),
+    ],
+)
 def test_bad_input_is_a_clear_error_and_changes_nothing(args, tmp_path, case, expected):
     key_file = tmp_path / "disk.key"
     key_file.write_bytes(secrets.token_bytes(31 if case == "key file of 31 bytes" else 32))

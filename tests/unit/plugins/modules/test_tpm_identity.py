@@ -1,4 +1,5 @@
 """tpm_identity against a real swtpm: the EK identity, and the state disk's LUKS UUID read in the same call."""
+
 from __future__ import annotations
 
 from ansible_collections.confidential.kubernetes.plugins.modules import tpm_identity

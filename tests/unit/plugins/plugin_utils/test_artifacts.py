@@ -21,7 +21,9 @@ def _publish(root: Path, path: str, content: bytes) -> None:
 
 
 def _artifact(content: bytes, path: str = "/release/v1.34.4/bin/linux/amd64/kubeadm") -> _versions.Artifact:
-    return _versions.Artifact("kubeadm", "1.34.4", "amd64", "https://dl.k8s.io" + path, hashlib.sha256(content).hexdigest())
+    return _versions.Artifact(
+        "kubeadm", "1.34.4", "amd64", "https://dl.k8s.io" + path, hashlib.sha256(content).hexdigest()
+    )
 
 
 def test_a_good_file_is_cached_verified_and_a_rerun_touches_no_network(server, tmp_path):
@@ -67,7 +69,9 @@ def test_a_cached_file_that_was_altered_is_fetched_again(server, tmp_path):
 
 def test_a_missing_file_fails_naming_the_url(server, tmp_path):
     base, root, requests = server
-    with pytest.raises(_artifacts.ArtifactError, match=f"cannot download kubeadm 1.34.4 \\(amd64\\) from {base}/release"):
+    with pytest.raises(
+        _artifacts.ArtifactError, match=f"cannot download kubeadm 1.34.4 \\(amd64\\) from {base}/release"
+    ):
         _artifacts.fetch(_artifact(b"x"), str(tmp_path / "cache"), mirror_url=base)
     assert not any((tmp_path / "cache").rglob("*"))
 
@@ -79,7 +83,9 @@ def test_local_directory_mode_reads_the_mirror_tree_without_network(tmp_path):
     path, fetched = _artifacts.fetch(artifact, str(tmp_path / "cache"), source_dir=str(tmp_path / "offline"))
     assert fetched and Path(path).read_bytes() == content
     _publish(tmp_path / "offline", "/release/v1.34.4/bin/linux/amd64/kubeadm", b"swapped")
-    with pytest.raises(_artifacts.ArtifactError, match="sha256 mismatch for kubeadm 1.34.4 \\(amd64\\) from .*offline/release"):
+    with pytest.raises(
+        _artifacts.ArtifactError, match="sha256 mismatch for kubeadm 1.34.4 \\(amd64\\) from .*offline/release"
+    ):
         _artifacts.fetch(artifact, str(tmp_path / "cache2"), source_dir=str(tmp_path / "offline"))
     assert not (tmp_path / "cache2").exists() or not any((tmp_path / "cache2").rglob("*"))
 
@@ -109,8 +115,9 @@ def cached(server, tmp_path, monkeypatch):
     time.sleep(0.06)
     assert _artifacts.fetch(artifact, str(tmp_path / "cache"), mirror_url=base) == (str(path), False)
     status = os.stat(path)
-    assert Path(f"{path}.verified").read_text() == (f"{artifact.sha256} 0644 {status.st_ino} {status.st_size} "
-                                                    f"{status.st_mtime_ns} {status.st_ctime_ns}\n")
+    assert Path(f"{path}.verified").read_text() == (
+        f"{artifact.sha256} 0644 {status.st_ino} {status.st_size} {status.st_mtime_ns} {status.st_ctime_ns}\n"
+    )
 
     def fetch_again() -> bool:
         again, fetched = _artifacts.fetch(artifact, str(tmp_path / "cache"), mirror_url=base)
@@ -141,24 +148,34 @@ def _replaced(path: Path, content: bytes) -> None:
     os.replace(f"{path}.new", path)
 
 
-@pytest.mark.parametrize("corrupt", [
-    lambda path: _keep_size_and_mtime(path, b"KUBEADM bytes for the fast path"),
-    lambda path: _replaced(path, b"KUBEADM bytes for the fast path"),
-    lambda path: os.truncate(path, 7),
-], ids=["content changed keeping size and mtime", "replaced keeping size and mtime", "truncated"])
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda path: _keep_size_and_mtime(path, b"KUBEADM bytes for the fast path"),
+        lambda path: _replaced(path, b"KUBEADM bytes for the fast path"),
+        lambda path: os.truncate(path, 7),
+    ],
+    ids=["content changed keeping size and mtime", "replaced keeping size and mtime", "truncated"],
+)
 def test_a_cached_file_changed_since_its_fingerprint_was_recorded_is_hashed_and_fetched_again(cached, corrupt):
     path, fetch_again, requests = cached
     corrupt(path)
     assert fetch_again() is True and len(requests) == 2
 
 
-@pytest.mark.parametrize("touch", [
-    lambda path: os.chmod(path, 0o600),
-    lambda path: _replaced(path, path.read_bytes()),
-    lambda path: Path(f"{path}.verified").write_text("not a record\n"),
-    lambda path: Path(f"{path}.verified").write_text(f"{'0' * 64} 0644 1 2 3 4\n"),
-], ids=["chmod", "replaced by the same bytes", "a record that is none", "a record of another file"])
-def test_a_cached_file_whose_fingerprint_cannot_vouch_for_it_is_hashed_and_kept_when_good(cached, touch, count_file_hashes):
+@pytest.mark.parametrize(
+    "touch",
+    [
+        lambda path: os.chmod(path, 0o600),
+        lambda path: _replaced(path, path.read_bytes()),
+        lambda path: Path(f"{path}.verified").write_text("not a record\n"),
+        lambda path: Path(f"{path}.verified").write_text(f"{'0' * 64} 0644 1 2 3 4\n"),
+    ],
+    ids=["chmod", "replaced by the same bytes", "a record that is none", "a record of another file"],
+)
+def test_a_cached_file_whose_fingerprint_cannot_vouch_for_it_is_hashed_and_kept_when_good(
+    cached, touch, count_file_hashes
+):
     path, fetch_again, requests = cached
     touch(path)
     time.sleep(0.06)

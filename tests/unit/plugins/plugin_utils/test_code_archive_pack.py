@@ -29,18 +29,35 @@ def _gnu_tar() -> str | None:
 def test_the_archive_is_byte_for_byte_the_one_gnu_tar_packed(tmp_path):
     """The node role packed with this command before; a node that has its archive finds the new one current."""
     gnu = tmp_path / "gnu.tar"
-    subprocess.run([_gnu_tar(), "--create", "--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner",
-                    "--exclude=__pycache__", "--transform=s,^,ansible_collections/confidential/kubernetes/,",
-                    f"--file={gnu}", f"--directory={REPO}", "plugins/module_utils"], check=True)
+    subprocess.run(
+        [
+            _gnu_tar(),
+            "--create",
+            "--sort=name",
+            "--mtime=@0",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "--exclude=__pycache__",
+            "--transform=s,^,ansible_collections/confidential/kubernetes/,",
+            f"--file={gnu}",
+            f"--directory={REPO}",
+            "plugins/module_utils",
+        ],
+        check=True,
+    )
     assert _code_archive.pack(str(REPO)) == gnu.read_bytes()
 
 
 def _tree(root: Path) -> None:
-    files = {"plugins/module_utils/b.py": (b"b = 1\n", 0o644), "plugins/module_utils/A.py": (b"A = 1\n", 0o644),
-             "plugins/module_utils/_x/run.py": (b"#!/usr/bin/python3\n", 0o755),
-             "plugins/module_utils/_x/__pycache__/run.cpython-311.pyc": (b"bytecode", 0o644),
-             "plugins/module_utils/__pycache__/b.cpython-311.pyc": (b"bytecode", 0o644),
-             "plugins/modules/other.py": (b"not packed\n", 0o644)}
+    files = {
+        "plugins/module_utils/b.py": (b"b = 1\n", 0o644),
+        "plugins/module_utils/A.py": (b"A = 1\n", 0o644),
+        "plugins/module_utils/_x/run.py": (b"#!/usr/bin/python3\n", 0o755),
+        "plugins/module_utils/_x/__pycache__/run.cpython-311.pyc": (b"bytecode", 0o644),
+        "plugins/module_utils/__pycache__/b.cpython-311.pyc": (b"bytecode", 0o644),
+        "plugins/modules/other.py": (b"not packed\n", 0o644),
+    }
     for name, (content, mode) in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(content)
@@ -54,7 +71,13 @@ def test_the_archive_holds_the_tree_in_name_order_without_times_owners_or_byteco
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         members = archive.getmembers()
         prefix = "ansible_collections/confidential/kubernetes/plugins/module_utils"
-        assert [m.name for m in members] == [prefix, f"{prefix}/A.py", f"{prefix}/_x", f"{prefix}/_x/run.py", f"{prefix}/b.py"]
+        assert [m.name for m in members] == [
+            prefix,
+            f"{prefix}/A.py",
+            f"{prefix}/_x",
+            f"{prefix}/_x/run.py",
+            f"{prefix}/b.py",
+        ]
         assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in members} == {(0, 0, 0, "", "")}
         assert archive.getmember(f"{prefix}/_x/run.py").mode == 0o755
         assert archive.extractfile(f"{prefix}/b.py").read() == b"b = 1\n"

@@ -25,12 +25,24 @@ def _fetched(backup_dir, name: str, secrets: RootSecrets = SECRETS) -> dict:
     directory = backup_dir / name
     directory.mkdir(parents=True)
     sink = io.BytesIO()
-    snapshot.encrypt(snapshot.backup_key(secrets.master_key, secrets.master_salt), secrets.cluster_id(),
-                     io.BytesIO(PLAINTEXT), len(PLAINTEXT), sink, snapshot.MIN_CHUNK_SIZE)
+    snapshot.encrypt(
+        snapshot.backup_key(secrets.master_key, secrets.master_salt),
+        secrets.cluster_id(),
+        io.BytesIO(PLAINTEXT),
+        len(PLAINTEXT),
+        sink,
+        snapshot.MIN_CHUNK_SIZE,
+    )
     (directory / backups.SNAPSHOT_FILE).write_bytes(sink.getvalue())
     path = str(directory / backups.SNAPSHOT_FILE)
-    return dict(cluster_id=secrets.cluster_id().hex(), time="2026-11-26T09:00:00Z", revision=42, member="cp-0",
-                size=os.path.getsize(path), sha256=file_sha256(path))
+    return dict(
+        cluster_id=secrets.cluster_id().hex(),
+        time="2026-11-26T09:00:00Z",
+        revision=42,
+        member="cp-0",
+        size=os.path.getsize(path),
+        sha256=file_sha256(path),
+    )
 
 
 def _stored(backup_dir, name, secrets=SECRETS, keep=7):
@@ -77,11 +89,17 @@ def _damaged(tmp_path, damage) -> str:
     return str(tmp_path / "etcd-20261126T090000Z")
 
 
-@pytest.mark.parametrize("damage, error, message", [
-    (lambda data: data[:-10], snapshot.TruncatedError, "truncated"),
-    (lambda data: data[:300] + bytes([data[300] ^ 0x10]) + data[301:], snapshot.AuthenticationError,
-     "fails authentication"),
-])
+@pytest.mark.parametrize(
+    "damage, error, message",
+    [
+        (lambda data: data[:-10], snapshot.TruncatedError, "truncated"),
+        (
+            lambda data: data[:300] + bytes([data[300] ^ 0x10]) + data[301:],
+            snapshot.AuthenticationError,
+            "fails authentication",
+        ),
+    ],
+)
 def test_damaged_snapshot_is_refused(tmp_path, damage, error, message):
     with pytest.raises(error, match=message):
         backups.verify(_damaged(tmp_path, damage), SECRETS)

@@ -41,43 +41,61 @@ def image_load(path: str) -> bytes:
     return struct.pack("<QQQQ", 0x7E000000, 0x800000, 0, len(device_path)) + device_path
 
 
-def firmware_events(command_line: str = COMMAND_LINE, banks=BANKS, kernel: bytes = KERNEL_IMAGE,
-                    locality: int | None = 3) -> list:
+def firmware_events(
+    command_line: str = COMMAND_LINE, banks=BANKS, kernel: bytes = KERNEL_IMAGE, locality: int | None = 3
+) -> list:
     """(pcr, type, digests, data) records of a UEFI boot of Linux through the EFI stub; the firmware starts the TPM
     from ``locality`` (a StartupLocality event), or from locality 0 as swtpm does when None."""
     zero = {bank: bytes(hashlib.new(bank).digest_size) for bank in banks}
     separator = b"\x00\x00\x00\x00"
-    events = [] if locality is None else [
-        (0, el.EV_NO_ACTION, zero, el.STARTUP_LOCALITY_SIGNATURE + bytes((locality,)))]
+    events = (
+        [] if locality is None else [(0, el.EV_NO_ACTION, zero, el.STARTUP_LOCALITY_SIGNATURE + bytes((locality,)))]
+    )
     events += [
         (0, 0x8, _digests(banks, "EDK II".encode("utf-16-le") + b"\0\0"), "EDK II".encode("utf-16-le") + b"\0\0"),
         (0, 0x80000008, _digests(banks, b"PEI firmware volume"), struct.pack("<QQ", 0x820000, 0xE0000)),
-        (7, el.EV_EFI_VARIABLE_DRIVER_CONFIG, _digests(banks, variable("SecureBoot", b"\x00")),
-         variable("SecureBoot", b"\x00")),
+        (
+            7,
+            el.EV_EFI_VARIABLE_DRIVER_CONFIG,
+            _digests(banks, variable("SecureBoot", b"\x00")),
+            variable("SecureBoot", b"\x00"),
+        ),
         (1, el.EV_EFI_VARIABLE_BOOT, _digests(banks, b"\x00\x00"), variable("BootOrder", b"\x00\x00")),
-        (4, el.EV_EFI_ACTION, _digests(banks, b"Calling EFI Application from Boot Option"),
-         b"Calling EFI Application from Boot Option"),
+        (
+            4,
+            el.EV_EFI_ACTION,
+            _digests(banks, b"Calling EFI Application from Boot Option"),
+            b"Calling EFI Application from Boot Option",
+        ),
     ]
     events += [(pcr, el.EV_SEPARATOR, _digests(banks, separator), separator) for pcr in range(8)]
     events += [
         (4, el.EV_EFI_BOOT_SERVICES_APPLICATION, _digests(banks, kernel), image_load("\\EFI\\debian\\vmlinuz")),
-        (9, el.EV_EVENT_TAG, _digests(banks, command_line.encode("utf-16-le") + b"\0\0"),
-         tagged(0x8F3B22EC, "LOADED_IMAGE::LoadOptions")),
+        (
+            9,
+            el.EV_EVENT_TAG,
+            _digests(banks, command_line.encode("utf-16-le") + b"\0\0"),
+            tagged(0x8F3B22EC, "LOADED_IMAGE::LoadOptions"),
+        ),
         (9, el.EV_EVENT_TAG, _digests(banks, INITRD), tagged(0x8F3B22ED, "Linux initrd")),
         (5, el.EV_EFI_ACTION, _digests(banks, b"Exit Boot Services Invocation"), b"Exit Boot Services Invocation"),
     ]
     return events
 
 
-def firmware_log(command_line: str = COMMAND_LINE, banks=BANKS, kernel: bytes = KERNEL_IMAGE,
-                 locality: int | None = 3) -> bytes:
+def firmware_log(
+    command_line: str = COMMAND_LINE, banks=BANKS, kernel: bytes = KERNEL_IMAGE, locality: int | None = 3
+) -> bytes:
     return el.build(banks, firmware_events(command_line, banks, kernel, locality))
 
 
 def ipl_log(strings: dict[int, list[str]], banks=("sha256",)) -> bytes:
     """A log of EV_IPL string events (GRUB style), each measured as its text."""
-    events = [(pcr, el.EV_IPL, _digests(banks, text.encode()), text.encode() + b"\x00")
-              for pcr, texts in sorted(strings.items()) for text in texts]
+    events = [
+        (pcr, el.EV_IPL, _digests(banks, text.encode()), text.encode() + b"\x00")
+        for pcr, texts in sorted(strings.items())
+        for text in texts
+    ]
     return el.build(banks, events)
 
 

@@ -19,11 +19,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import controller, issuer, node, tpm2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
-    MAX_CONTAINERS, QUOTE_LIMIT, EvidenceError, parse_evidence)
+    MAX_CONTAINERS,
+    QUOTE_LIMIT,
+    EvidenceError,
+    parse_evidence,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
-    MeasurementPolicy, PcrRule, PolicyError)
+    MeasurementPolicy,
+    PcrRule,
+    PolicyError,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
-    VerificationError, Verifier, check_ek_template)
+    VerificationError,
+    Verifier,
+    check_ek_template,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.crypto import JoinCrypto, Refusal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError, open_sealed
@@ -39,7 +49,9 @@ class Golden:
         values = self.evidence.pcrs["sha256"]
         rules = {i: PcrRule(i, (values[i],)) for i in POLICY_PCRS}
         self.level1 = Verifier(MeasurementPolicy("sha256", rules, "pcrs-only"))
-        self.level2 = Verifier(MeasurementPolicy("sha256", rules, "ek-certificate"), x509.load_pem_x509_certificates(swtpm.ca_pem))
+        self.level2 = Verifier(
+            MeasurementPolicy("sha256", rules, "ek-certificate"), x509.load_pem_x509_certificates(swtpm.ca_pem)
+        )
 
     def text(self) -> str:
         return self.evidence.to_json()
@@ -64,7 +76,7 @@ def _refused(golden, document, words: str) -> str:
     with pytest.raises(EvidenceError) as err:
         parse_evidence(document)
     assert words in str(err.value), str(err.value)
-    for form in ((document, document.encode()) if isinstance(document, str) else (document,)):
+    for form in (document, document.encode()) if isinstance(document, str) else (document,):
         with pytest.raises(VerificationError) as verify_err:
             golden.level1.verify(form, golden.nonce)
         assert verify_err.value.reason == "malformed" and words in str(verify_err.value)
@@ -89,7 +101,9 @@ def test_duplicate_pcr_index_is_refused(golden):
     document = golden.document()
     bank_text = json.dumps(document["pcrs"]["sha256"])
     zero = json.dumps(document["pcrs"]["sha256"]["0"])
-    text = golden.text().replace(bank_text, '{"0": ' + json.dumps(base64.b64encode(bytes(32)).decode()) + ", " + bank_text[1:], 1)
+    text = golden.text().replace(
+        bank_text, '{"0": ' + json.dumps(base64.b64encode(bytes(32)).decode()) + ", " + bank_text[1:], 1
+    )
     assert zero in text and text.count('"0": ') >= 2
     _refused(golden, text, "repeats the key '0'")
 
@@ -99,13 +113,16 @@ def _padding_bits_set(text: str) -> str:
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
     stripped = text.rstrip("=")
     # Before one '=' the last character carries 2 unused bits, before two 4: canonical text has them zero.
-    return stripped[:-1] + alphabet[alphabet.index(stripped[-1]) | 1] + text[len(stripped):]
+    return stripped[:-1] + alphabet[alphabet.index(stripped[-1]) | 1] + text[len(stripped) :]
 
 
 def test_non_canonical_base64_is_refused_in_every_field(golden):
     document = golden.document()
-    fields = [name for name in ("ak_public", "quote", "signature", "user_data", "ek_public", "ek_certificate")
-              if document[name].endswith("=")]
+    fields = [
+        name
+        for name in ("ak_public", "quote", "signature", "user_data", "ek_public", "ek_certificate")
+        if document[name].endswith("=")
+    ]
     assert fields, "no field of the golden document has padding"
     for name in fields:
         changed = dict(document, **{name: _padding_bits_set(document[name])})
@@ -113,19 +130,27 @@ def test_non_canonical_base64_is_refused_in_every_field(golden):
         _refused(golden, changed, f"evidence field {name!r} is not canonical base64")
 
 
-BASE64_CHANGES = [lambda v: v + "\n", lambda v: v.rstrip("="), lambda v: v + "=", lambda v: " " + v,
-                  lambda v: v[:4] + "\n" + v[4:]]
+BASE64_CHANGES = [
+    lambda v: v + "\n",
+    lambda v: v.rstrip("="),
+    lambda v: v + "=",
+    lambda v: " " + v,
+    lambda v: v[:4] + "\n" + v[4:],
+]
 
 
-@pytest.mark.parametrize("change", BASE64_CHANGES,
-                         ids=["trailing newline", "missing padding", "extra padding", "leading space", "inner newline"])
+@pytest.mark.parametrize(
+    "change",
+    BASE64_CHANGES,
+    ids=["trailing newline", "missing padding", "extra padding", "leading space", "inner newline"],
+)
 def test_base64_with_extra_or_missing_characters_is_refused(golden, change):
     document = golden.document()
     name = next(n for n in ("ak_public", "quote", "signature", "user_data", "ek_public") if document[n].endswith("="))
     _refused(golden, dict(document, **{name: change(document[name])}), f"evidence field {name!r}")
 
 
-@pytest.mark.parametrize("version_text", ["1.0", "true", "1e0", "\"1\""])
+@pytest.mark.parametrize("version_text", ["1.0", "true", "1e0", '"1"'])
 def test_version_that_is_not_the_integer_1_is_refused(golden, version_text):
     text = golden.text().replace('"version": 1', '"version": ' + version_text, 1)
     assert json.loads(text)["version"] == json.loads(version_text)
@@ -170,6 +195,7 @@ def test_refusals_quote_a_short_escaped_prefix_of_the_input(golden, field):
 
 # --- identifiers: exactly their digits, nothing more ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("extra", ["\n", " ", "\t", "\r\n", " 00"])
 def test_hex_nonce_with_extra_characters_is_refused_everywhere(golden, extra, tmp_path):
     nonce_hex = golden.nonce.hex() + extra
@@ -188,13 +214,19 @@ def test_hex_nonce_with_extra_characters_is_refused_everywhere(golden, extra, tm
 @pytest.mark.parametrize("extra", ["\n", " ", "\r\n"])
 def test_cluster_id_with_extra_characters_is_refused(golden, extra):
     cluster_id = os.urandom(32).hex()
-    policy = {"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only", "pcrs": {"0": {"allowed": ["00" * 32]}}}
+    policy = {
+        "version": 1,
+        "hash_algorithm": "sha256",
+        "ak_trust": "pcrs-only",
+        "pcrs": {"0": {"allowed": ["00" * 32]}},
+    }
     assert 15 in controller.resolve_policy(None, policy, cluster_id).rules
     with pytest.raises(PolicyError, match="64-hex cluster ID"):
         controller.resolve_policy(None, policy, cluster_id + extra)
 
 
 # --- the EK public area: a TCG default EK template, as its certificate implies -----------------------------------------
+
 
 def _template_bits(ek_public: bytes) -> int:
     """How many leading bytes of an EK TPMT_PUBLIC are the template (everything before the unique field)."""
@@ -239,25 +271,69 @@ def test_every_single_bit_change_of_the_ek_template_is_refused_at_level_2_and_by
 def _ecc_ek(curve, curve_id: int, name_alg: int, attributes: int, policy: bytes, aes_bits: int) -> bytes:
     numbers = ec.generate_private_key(curve).public_key().public_numbers()
     size = curve.key_size // 8 + (1 if curve.key_size % 8 else 0)
-    return (struct.pack(">HHIH", tpm2.ALG_ECC, name_alg, attributes, len(policy)) + policy
-            + struct.pack(">HHHHHH", tpm2.ALG_AES, aes_bits, tpm2.ALG_CFB, tpm2.ALG_NULL, curve_id, tpm2.ALG_NULL)
-            + struct.pack(">H", size) + numbers.x.to_bytes(size, "big") + struct.pack(">H", size) + numbers.y.to_bytes(size, "big"))
+    return (
+        struct.pack(">HHIH", tpm2.ALG_ECC, name_alg, attributes, len(policy))
+        + policy
+        + struct.pack(">HHHHHH", tpm2.ALG_AES, aes_bits, tpm2.ALG_CFB, tpm2.ALG_NULL, curve_id, tpm2.ALG_NULL)
+        + struct.pack(">H", size)
+        + numbers.x.to_bytes(size, "big")
+        + struct.pack(">H", size)
+        + numbers.y.to_bytes(size, "big")
+    )
 
 
 LOW, HIGH = 0x000300B2, 0x000300F2
 
 
-@pytest.mark.parametrize("case,curve,curve_id,name_alg,attributes,policy,aes_bits,problem", [
-    ("L-2", ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, LOW, tpm2.EK_POLICY_A_SHA256, 128, None),
-    ("H-2", ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, HIGH, tpm2.EK_POLICY_B_SHA256, 128, None),
-    ("H-3", ec.SECP384R1(), tpm2.ECC_NIST_P384, tpm2.ALG_SHA384, HIGH, tpm2.EK_POLICY_B_SHA384, 256, None),
-    ("L-2 with userWithAuth", ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, HIGH, tpm2.EK_POLICY_A_SHA256, 128, "L-2/H-2"),
-    ("L-2 without adminWithPolicy", ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, LOW & ~0x80, tpm2.EK_POLICY_A_SHA256, 128,
-     "L-2/H-2"),
-    ("L-2 with no policy", ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, LOW, b"", 128, "L-2/H-2"),
-    ("H-3 with PolicyA", ec.SECP384R1(), tpm2.ECC_NIST_P384, tpm2.ALG_SHA384, HIGH, tpm2.EK_POLICY_A_SHA256, 256, "H-3"),
-    ("H-3 with AES-128", ec.SECP384R1(), tpm2.ECC_NIST_P384, tpm2.ALG_SHA384, HIGH, tpm2.EK_POLICY_B_SHA384, 128, "H-3"),
-])
+@pytest.mark.parametrize(
+    "case,curve,curve_id,name_alg,attributes,policy,aes_bits,problem",
+    [
+        ("L-2", ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, LOW, tpm2.EK_POLICY_A_SHA256, 128, None),
+        ("H-2", ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, HIGH, tpm2.EK_POLICY_B_SHA256, 128, None),
+        ("H-3", ec.SECP384R1(), tpm2.ECC_NIST_P384, tpm2.ALG_SHA384, HIGH, tpm2.EK_POLICY_B_SHA384, 256, None),
+        (
+            "L-2 with userWithAuth",
+            ec.SECP256R1(),
+            tpm2.ECC_NIST_P256,
+            tpm2.ALG_SHA256,
+            HIGH,
+            tpm2.EK_POLICY_A_SHA256,
+            128,
+            "L-2/H-2",
+        ),
+        (
+            "L-2 without adminWithPolicy",
+            ec.SECP256R1(),
+            tpm2.ECC_NIST_P256,
+            tpm2.ALG_SHA256,
+            LOW & ~0x80,
+            tpm2.EK_POLICY_A_SHA256,
+            128,
+            "L-2/H-2",
+        ),
+        ("L-2 with no policy", ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, LOW, b"", 128, "L-2/H-2"),
+        (
+            "H-3 with PolicyA",
+            ec.SECP384R1(),
+            tpm2.ECC_NIST_P384,
+            tpm2.ALG_SHA384,
+            HIGH,
+            tpm2.EK_POLICY_A_SHA256,
+            256,
+            "H-3",
+        ),
+        (
+            "H-3 with AES-128",
+            ec.SECP384R1(),
+            tpm2.ECC_NIST_P384,
+            tpm2.ALG_SHA384,
+            HIGH,
+            tpm2.EK_POLICY_B_SHA384,
+            128,
+            "H-3",
+        ),
+    ],
+)
 def test_ecc_ek_templates(case, curve, curve_id, name_alg, attributes, policy, aes_bits, problem):
     ek = tpm2.parse_public(_ecc_ek(curve, curve_id, name_alg, attributes, policy, aes_bits))
     found = tpm2.ek_template_problem(ek)
@@ -269,7 +345,9 @@ def test_ecc_ek_templates(case, curve, curve_id, name_alg, attributes, policy, a
 
 def test_join_service_refuses_an_ek_public_that_is_not_its_certificates_key(golden):
     verified = golden.level1.verify(golden.text(), golden.nonce)
-    other = tpm2.parse_public(_ecc_ek(ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, LOW, tpm2.EK_POLICY_A_SHA256, 128))
+    other = tpm2.parse_public(
+        _ecc_ek(ec.SECP256R1(), tpm2.ECC_NIST_P256, tpm2.ALG_SHA256, LOW, tpm2.EK_POLICY_A_SHA256, 128)
+    )
     assert tpm2.ek_template_problem(other) is None
     with pytest.raises(Refusal) as refusal:
         JoinCrypto._ek(verified._replace(evidence=verified.evidence._replace(ek_public=other.raw)))
@@ -279,10 +357,16 @@ def test_join_service_refuses_an_ek_public_that_is_not_its_certificates_key(gold
 
 # --- the actions: evidence bounded before Ansible's argument validation walks it --------------------------------------
 
+
 def _run_action(module: str, args: dict) -> dict:
     import importlib
-    action_module = importlib.import_module(f"ansible_collections.confidential.kubernetes.plugins.action.{module}").ActionModule
-    task = SimpleNamespace(args=args, async_val=0, check_mode=False, diff=False, action=f"confidential.kubernetes.{module}", no_log=False)
+
+    action_module = importlib.import_module(
+        f"ansible_collections.confidential.kubernetes.plugins.action.{module}"
+    ).ActionModule
+    task = SimpleNamespace(
+        args=args, async_val=0, check_mode=False, diff=False, action=f"confidential.kubernetes.{module}", no_log=False
+    )
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None), has_native_async=False)
     return action_module(task, connection, None, DataLoader(), None, None).run(task_vars={})
 
@@ -290,15 +374,23 @@ def _run_action(module: str, args: dict) -> dict:
 @pytest.mark.parametrize("module", ["verify_evidence", "seal_init_secrets", "recover_secrets"])
 @pytest.mark.parametrize("evidence", ["nested 500", "nested list 900", "text too long"])
 def test_actions_refuse_deep_or_huge_evidence_before_argument_validation(module, evidence, tmp_path):
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import MAX_DOCUMENT_BYTES
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
+        MAX_DOCUMENT_BYTES,
+    )
+
     if evidence == "text too long":
         value: object = " " * (MAX_DOCUMENT_BYTES + 1)
     else:
         value = "x"
         for dummy in range(500 if evidence == "nested 500" else 900):
             value = {"a": value} if evidence == "nested 500" else [value]
-    args = {"evidence": value, "nonce": "00" * 32, "policy": str(tmp_path / "p.json"), "secrets_file": str(tmp_path / "s"),
-            "policy_content": None}
+    args = {
+        "evidence": value,
+        "nonce": "00" * 32,
+        "policy": str(tmp_path / "p.json"),
+        "secrets_file": str(tmp_path / "s"),
+        "policy_content": None,
+    }
     if module != "verify_evidence":
         args.pop("policy_content")
     result = _run_action(module, args)

@@ -42,9 +42,13 @@ def test_tpm2_eventlog_parses_each_fixture_log_and_agrees_on_every_digest_and_pc
     events = theirs["events"][1:]  # theirs counts the Spec ID event as event 0
     assert [(e["PCRIndex"], e["EventType"]) for e in events] == [(e.pcr, e.type_name) for e in ours.events]
     assert [{d["AlgorithmId"]: d["Digest"] for d in e["Digests"]} for e in events] == [
-        {bank: digest.hex() for bank, digest in e.digests.items()} for e in ours.events]
-    replayed = {bank: {pcr: int(value.hex(), 16) for pcr, value in values.items()}
-                for bank, values in ours.replay().items() if values}
+        {bank: digest.hex() for bank, digest in e.digests.items()} for e in ours.events
+    ]
+    replayed = {
+        bank: {pcr: int(value.hex(), 16) for pcr, value in values.items()}
+        for bank, values in ours.replay().items()
+        if values
+    }
     assert replayed == (theirs.get("pcrs") or {})  # YAML reads their 0x... values as integers
 
 
@@ -56,8 +60,11 @@ def test_firmware_log_reads_as_the_real_vm_log_does():
     assert (7, "EV_EFI_VARIABLE_DRIVER_CONFIG", "SecureBoot") in named
     assert (1, "EV_EFI_VARIABLE_BOOT", "BootOrder") in named
     assert (4, "EV_EFI_BOOT_SERVICES_APPLICATION", "\\EFI\\debian\\vmlinuz") in named
-    assert named[-4:-1] == [(4, "EV_EFI_BOOT_SERVICES_APPLICATION", "\\EFI\\debian\\vmlinuz"),
-                            (9, "EV_EVENT_TAG", "LOADED_IMAGE::LoadOptions"), (9, "EV_EVENT_TAG", "Linux initrd")]
+    assert named[-4:-1] == [
+        (4, "EV_EFI_BOOT_SERVICES_APPLICATION", "\\EFI\\debian\\vmlinuz"),
+        (9, "EV_EVENT_TAG", "LOADED_IMAGE::LoadOptions"),
+        (9, "EV_EVENT_TAG", "Linux initrd"),
+    ]
     assert [e.description for e in log.events if e.type == el.EV_SEPARATOR] == ["separator"] * 8
     assert log.events[0].number == 1 and log.events[0].description == "StartupLocality"
 
@@ -95,21 +102,27 @@ def test_event_type_names_cover_the_pc_client_table_and_name_unknown_types():
     assert el.type_name(0x7FFF0000) == "EV_0x7fff0000"
 
 
-@pytest.mark.parametrize("event_type, data, description", [
-    (el.EV_EVENT_TAG, struct.pack("<II", 0x8F3B22EC, 26) + b"LOADED_IMAGE::LoadOptions\x00",
-     "LOADED_IMAGE::LoadOptions"),
-    (el.EV_EVENT_TAG, struct.pack("<II", 0x8F3B22ED, 0), "Linux initrd"),
-    (el.EV_EVENT_TAG, struct.pack("<II", 0x12345678, 0), "tag 0x12345678"),
-    (el.EV_EVENT_TAG, b"\x01", ""),
-    (el.EV_IPL, b"kernel_cmdline: ro quiet\x00", "kernel_cmdline: ro quiet"),
-    (el.EV_IPL, "\\vmlinuz".encode("utf-16-le") + b"\x00\x00", "\\vmlinuz"),
-    (el.EV_IPL, b"\x89PNG\x00\x01binary", ""),
-    (el.EV_IPL, b"x" * 1000, "x" * el.MAX_DESCRIPTION),
-    (el.EV_SEPARATOR, b"\xff\xff\xff\xff", "error"),
-    (el.EV_EFI_VARIABLE_BOOT, bytes(16) + struct.pack("<QQ", 10**12, 0), ""),
-    (el.EV_EFI_BOOT_SERVICES_APPLICATION, bytes(31), ""),
-    (el.EV_EFI_BOOT_SERVICES_APPLICATION, bytes(32), "image"),
-])
+@pytest.mark.parametrize(
+    "event_type, data, description",
+    [
+        (
+            el.EV_EVENT_TAG,
+            struct.pack("<II", 0x8F3B22EC, 26) + b"LOADED_IMAGE::LoadOptions\x00",
+            "LOADED_IMAGE::LoadOptions",
+        ),
+        (el.EV_EVENT_TAG, struct.pack("<II", 0x8F3B22ED, 0), "Linux initrd"),
+        (el.EV_EVENT_TAG, struct.pack("<II", 0x12345678, 0), "tag 0x12345678"),
+        (el.EV_EVENT_TAG, b"\x01", ""),
+        (el.EV_IPL, b"kernel_cmdline: ro quiet\x00", "kernel_cmdline: ro quiet"),
+        (el.EV_IPL, "\\vmlinuz".encode("utf-16-le") + b"\x00\x00", "\\vmlinuz"),
+        (el.EV_IPL, b"\x89PNG\x00\x01binary", ""),
+        (el.EV_IPL, b"x" * 1000, "x" * el.MAX_DESCRIPTION),
+        (el.EV_SEPARATOR, b"\xff\xff\xff\xff", "error"),
+        (el.EV_EFI_VARIABLE_BOOT, bytes(16) + struct.pack("<QQ", 10**12, 0), ""),
+        (el.EV_EFI_BOOT_SERVICES_APPLICATION, bytes(31), ""),
+        (el.EV_EFI_BOOT_SERVICES_APPLICATION, bytes(32), "image"),
+    ],
+)
 def test_descriptions_are_readable_and_bounded(event_type, data, description):
     assert el.describe(event_type, data) == description
 
@@ -147,14 +160,20 @@ MALFORMED = [
     ("PCR 24", _spec_id() + _event2(pcr=24), "event 1 (offset 65): PCR index 24 is not 0..23"),
     ("digest count differs", _spec_id() + _event2(count=2), "carries 2 digest(s), the Spec ID event names 1"),
     ("unnamed algorithm", _spec_id() + _event2(digests=((0x0004, bytes(20)),)), "0x0004 is not named by the Spec ID"),
-    ("same bank twice", _spec_id(((0x000B, 32), (0x0004, 20))) + _event2(digests=((0x000B, bytes(32)),) * 2),
-     "carries two sha256 digests"),
+    (
+        "same bank twice",
+        _spec_id(((0x000B, 32), (0x0004, 20))) + _event2(digests=((0x000B, bytes(32)),) * 2),
+        "carries two sha256 digests",
+    ),
     ("digest truncated", (_spec_id() + _event2())[:-15], "event 1 (offset 65) sha256 digest is truncated"),
     ("event data overruns", _spec_id() + _event2(size=1000), "event 1 (offset 65) data is truncated"),
     ("trailing bytes", GOOD + b"\x00\x00", "event 2 (offset 116) is truncated: 12 bytes needed at offset 116, 2 left"),
     ("too many events", _spec_id() + _event2(data=b"") * (el.MAX_EVENTS + 1), f"more than {el.MAX_EVENTS} events"),
-    ("bad StartupLocality", _spec_id() + _event2(pcr=0, event_type=el.EV_NO_ACTION, data=el.STARTUP_LOCALITY_SIGNATURE),
-     "StartupLocality event of 16 bytes"),
+    (
+        "bad StartupLocality",
+        _spec_id() + _event2(pcr=0, event_type=el.EV_NO_ACTION, data=el.STARTUP_LOCALITY_SIGNATURE),
+        "StartupLocality event of 16 bytes",
+    ),
 ]
 
 
@@ -198,7 +217,8 @@ def test_a_changed_command_line_names_pcr_9_loadoptions_with_old_and_new_digests
 def test_a_changed_kernel_names_pcr_4_boot_services_application():
     found = el.differences(_golden(firmware_log()), el.parse(firmware_log(kernel=b"another kernel")), "sha256", 4)
     assert [(d.change, d.type, d.description) for d in found] == [
-        ("changed", "EV_EFI_BOOT_SERVICES_APPLICATION", "\\EFI\\debian\\vmlinuz")]
+        ("changed", "EV_EFI_BOOT_SERVICES_APPLICATION", "\\EFI\\debian\\vmlinuz")
+    ]
 
 
 def test_added_and_removed_events_are_named():
@@ -206,7 +226,9 @@ def test_added_and_removed_events_are_named():
     now = el.parse(ipl_log({8: ["grub_cmd: insmod evil", "grub_cmd: linux /vmlinuz"]}))
     found = el.differences(golden, now, "sha256", 8)
     assert [(d.change, d.description) for d in found] == [
-        ("added", "grub_cmd: insmod evil"), ("removed", "kernel_cmdline: ro")]
+        ("added", "grub_cmd: insmod evil"),
+        ("removed", "kernel_cmdline: ro"),
+    ]
     added = next(d for d in found if d.change == "added")
     assert added.old_digest is None and added.new_digest == hashlib.sha256(b"grub_cmd: insmod evil").hexdigest()
     removed_only = el.differences(golden, el.parse(ipl_log({8: ["grub_cmd: linux /vmlinuz"]})), "sha256", 8)
@@ -217,13 +239,18 @@ def test_a_command_line_changed_in_place_is_one_changed_event_naming_both_lines(
     golden = _golden(ipl_log({8: ["kernel_cmdline: ro quiet"]}))
     found = el.differences(golden, el.parse(ipl_log({8: ["kernel_cmdline: ro quiet lab.tamper=1"]})), "sha256", 8)
     assert [(d.change, d.type, d.description) for d in found] == [
-        ("changed", "EV_IPL", "kernel_cmdline: ro quiet -> kernel_cmdline: ro quiet lab.tamper=1")]
+        ("changed", "EV_IPL", "kernel_cmdline: ro quiet -> kernel_cmdline: ro quiet lab.tamper=1")
+    ]
 
 
 def test_golden_events_keep_only_measured_events_of_the_asked_pcrs():
     golden = _golden(firmware_log(), {4, 9})
-    assert [(g.pcr, g.type) for g in golden] == [(4, "EV_EFI_ACTION"), (4, "EV_SEPARATOR"),
-                                                 (4, "EV_EFI_BOOT_SERVICES_APPLICATION"), (9, "EV_EVENT_TAG"),
-                                                 (9, "EV_EVENT_TAG")]
+    assert [(g.pcr, g.type) for g in golden] == [
+        (4, "EV_EFI_ACTION"),
+        (4, "EV_SEPARATOR"),
+        (4, "EV_EFI_BOOT_SERVICES_APPLICATION"),
+        (9, "EV_EVENT_TAG"),
+        (9, "EV_EVENT_TAG"),
+    ]
     with pytest.raises(el.EventLogError, match="has no sha384 bank"):
         el.golden_events(el.parse(firmware_log()), "sha384")

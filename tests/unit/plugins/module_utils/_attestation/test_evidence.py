@@ -24,13 +24,26 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
     EvidenceError,
     parse_evidence,
 )
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError, Verifier
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+    MeasurementPolicy,
+    PcrRule,
+)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
+    VerificationError,
+    Verifier,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 
 POLICY_PCRS = (0, 4, 8, 9, 15)
 BASE64_FIELDS = ("ak_public", "quote", "signature", "user_data", "ek_public", "ek_certificate")
-FIELD_LIMITS = {"ak_public": 1024, "quote": 1024, "signature": 1024, "user_data": 4096, "ek_public": 1024, "ek_certificate": 8192}
+FIELD_LIMITS = {
+    "ak_public": 1024,
+    "quote": 1024,
+    "signature": 1024,
+    "user_data": 4096,
+    "ek_public": 1024,
+    "ek_certificate": 8192,
+}
 REQUIRED_FIELDS = ("version", "variant", "ak_public", "quote", "signature", "pcrs", "user_data")
 
 
@@ -57,7 +70,9 @@ class Golden:
 def golden(manufactured_tpms):
     # The swtpm fixture is per test; a module-wide golden keeps 200+ cases and the fuzzing fast.
     manufactured = manufactured_tpms["lab"]
-    swtpm_instance = type(manufactured).__init__.__globals__["SwtpmInstance"]  # conftest modules are not importable by name
+    swtpm_instance = type(manufactured).__init__.__globals__[
+        "SwtpmInstance"
+    ]  # conftest modules are not importable by name
     instance = swtpm_instance(manufactured)
     try:
         yield Golden(instance)
@@ -119,8 +134,16 @@ DOCUMENT_CASES = [
     ("single quotes", lambda g: g.json().replace('"', "'"), "not valid JSON"),
     ("deeply nested", lambda g: "[" * 30000 + "]" * 30000, "more than 32 objects and arrays"),
     ("not UTF-8", lambda g: g.json().encode()[:-2] + b"\xff}", "not UTF-8"),
-    ("oversized bytes", lambda g: g.json().encode() + b" " * (MAX_DOCUMENT_BYTES + 1 - len(g.json())), f"larger than {MAX_DOCUMENT_BYTES} bytes"),
-    ("oversized text", lambda g: g.json() + " " * (MAX_DOCUMENT_BYTES + 1 - len(g.json())), f"larger than {MAX_DOCUMENT_BYTES} bytes"),
+    (
+        "oversized bytes",
+        lambda g: g.json().encode() + b" " * (MAX_DOCUMENT_BYTES + 1 - len(g.json())),
+        f"larger than {MAX_DOCUMENT_BYTES} bytes",
+    ),
+    (
+        "oversized text",
+        lambda g: g.json() + " " * (MAX_DOCUMENT_BYTES + 1 - len(g.json())),
+        f"larger than {MAX_DOCUMENT_BYTES} bytes",
+    ),
     ("oversized junk", lambda g: b"\x00" * (10 * MAX_DOCUMENT_BYTES), f"larger than {MAX_DOCUMENT_BYTES} bytes"),
     ("JSON list", lambda g: "[" + g.json() + "]", "must be a JSON object, got list"),
     ("JSON int", lambda g: "1", "must be a JSON object, got int"),
@@ -162,14 +185,24 @@ def _long_text_with_a_lone_surrogate(golden) -> str:
 
 
 LONE_SURROGATE_CASES = [
-    ("text over 16,384 characters", _long_text_with_a_lone_surrogate, "not valid Unicode text (a lone surrogate at character"),
+    (
+        "text over 16,384 characters",
+        _long_text_with_a_lone_surrogate,
+        "not valid Unicode text (a lone surrogate at character",
+    ),
     ("short text", lambda g: g.json()[:-1] + ', "\udfff": 1}', "not valid Unicode text (a lone surrogate at character"),
-    ("in a value of an object", lambda g: _with(g.document(), variant="tpm\ud800"), "holds text that is not valid Unicode"),
+    (
+        "in a value of an object",
+        lambda g: _with(g.document(), variant="tpm\ud800"),
+        "holds text that is not valid Unicode",
+    ),
     ("in a key of an object", lambda g: _with(g.document(), **{"\udc80": "x"}), "holds text that is not valid Unicode"),
 ]
 
 
-@pytest.mark.parametrize("make,message", [c[1:] for c in LONE_SURROGATE_CASES], ids=[c[0] for c in LONE_SURROGATE_CASES])
+@pytest.mark.parametrize(
+    "make,message", [c[1:] for c in LONE_SURROGATE_CASES], ids=[c[0] for c in LONE_SURROGATE_CASES]
+)
 def test_lone_surrogate_is_refused(golden, make, message):
     _assert_refused(golden, make(golden), message)
 
@@ -197,12 +230,18 @@ def test_unknown_field_is_named(golden, name):
 
 @pytest.mark.parametrize("version", [2, 0, -1, "1", True, None, 1.5, [1], {"major": 1}], ids=repr)
 def test_unsupported_version_is_refused(golden, version):
-    _assert_refused(golden, _with(golden.document(), version=version), f"evidence version {version!r} is not supported (expected 1, an integer)")
+    _assert_refused(
+        golden,
+        _with(golden.document(), version=version),
+        f"evidence version {version!r} is not supported (expected 1, an integer)",
+    )
 
 
 @pytest.mark.parametrize("variant", ["sev-snp", "tdx", "TPM", "", None, 1, ["tpm"]], ids=repr)
 def test_unknown_variant_is_refused(golden, variant):
-    _assert_refused(golden, _with(golden.document(), variant=variant), f"evidence variant {variant!r} is not supported (known: tpm)")
+    _assert_refused(
+        golden, _with(golden.document(), variant=variant), f"evidence variant {variant!r} is not supported (known: tpm)"
+    )
 
 
 BAD_BASE64 = [
@@ -230,7 +269,11 @@ def test_bad_base64_field_is_named(golden, name, value, message):
 
 @pytest.mark.parametrize("name", ["ak_public", "quote", "signature", "user_data"])
 def test_null_required_base64_field_is_named(golden, name):
-    _assert_refused(golden, _with(golden.document(), **{name: None}), f"evidence field {name!r} must be a base64 string, got NoneType")
+    _assert_refused(
+        golden,
+        _with(golden.document(), **{name: None}),
+        f"evidence field {name!r} must be a base64 string, got NoneType",
+    )
 
 
 @pytest.mark.parametrize("name", BASE64_FIELDS)
@@ -249,28 +292,104 @@ PCR_CASES = [
     ("pcrs a string", lambda d: _with_pcrs(d, "sha256"), "'pcrs' must be a non-empty object"),
     ("pcrs null", lambda d: _with_pcrs(d, None), "'pcrs' must be a non-empty object"),
     ("pcrs empty", lambda d: _with_pcrs(d, {}), "'pcrs' must be a non-empty object"),
-    ("unknown bank", lambda d: _with_pcrs(d, {"sha3_256": d["pcrs"]["sha256"]}), "PCR bank 'sha3_256' is not one of sha1, sha256, sha384, sha512"),
+    (
+        "unknown bank",
+        lambda d: _with_pcrs(d, {"sha3_256": d["pcrs"]["sha256"]}),
+        "PCR bank 'sha3_256' is not one of sha1, sha256, sha384, sha512",
+    ),
     ("upper-case bank", lambda d: _with_pcrs(d, {"SHA256": d["pcrs"]["sha256"]}), "PCR bank 'SHA256' is not one of"),
-    ("second bank unknown", lambda d: _with_pcrs(d, {"sha256": d["pcrs"]["sha256"], "md5": {}}), "PCR bank 'md5' is not one of"),
-    ("bank a list", lambda d: _with_pcrs(d, {"sha256": list(d["pcrs"]["sha256"].values())}), "PCR bank 'sha256' must be an object of index -> value"),
+    (
+        "second bank unknown",
+        lambda d: _with_pcrs(d, {"sha256": d["pcrs"]["sha256"], "md5": {}}),
+        "PCR bank 'md5' is not one of",
+    ),
+    (
+        "bank a list",
+        lambda d: _with_pcrs(d, {"sha256": list(d["pcrs"]["sha256"].values())}),
+        "PCR bank 'sha256' must be an object of index -> value",
+    ),
     ("bank null", lambda d: _with_pcrs(d, {"sha256": None}), "PCR bank 'sha256' must be an object of index -> value"),
-    ("index 24", lambda d: _with_pcr(d, "sha256", "24", d["pcrs"]["sha256"]["0"]), "PCR index '24' in bank 'sha256' is not 0..23"),
-    ("index -1", lambda d: _with_pcr(d, "sha256", "-1", d["pcrs"]["sha256"]["0"]), "PCR index '-1' in bank 'sha256' is not 0..23"),
-    ("index x", lambda d: _with_pcr(d, "sha256", "x", d["pcrs"]["sha256"]["0"]), "PCR index 'x' in bank 'sha256' is not 0..23"),
-    ("index empty", lambda d: _with_pcr(d, "sha256", "", d["pcrs"]["sha256"]["0"]), "PCR index '' in bank 'sha256' is not 0..23"),
-    ("index 1.0", lambda d: _with_pcr(d, "sha256", "1.0", d["pcrs"]["sha256"]["0"]), "PCR index '1.0' in bank 'sha256' is not 0..23"),
-    ("index with space", lambda d: _with_pcr(d, "sha256", " 1", d["pcrs"]["sha256"]["0"]), "PCR index ' 1' in bank 'sha256' is not 0..23"),
-    ("value 31 bytes", lambda d: _with_pcr(d, "sha256", "0", _b64(bytes(31))), "PCR sha256:0 has 31 bytes, expected 32"),
-    ("value 33 bytes", lambda d: _with_pcr(d, "sha256", "7", _b64(bytes(33))), "PCR sha256:7 has 33 bytes, expected 32"),
-    ("sha1 value in sha256 bank", lambda d: _with_pcr(d, "sha256", "15", _b64(bytes(20))), "PCR sha256:15 has 20 bytes, expected 32"),
-    ("sha1 bank value 21 bytes", lambda d: _with_pcr(d, "sha1", "0", _b64(bytes(21))), "PCR sha1:0 has 21 bytes, expected 20"),
-    ("sha256 value in sha1 bank", lambda d: _with_pcr(d, "sha1", "0", _b64(bytes(32))), "evidence field 'pcrs.sha1.0' is larger than 20 bytes"),
-    ("sha256 value in sha384 bank", lambda d: _with_pcr(d, "sha384", "0", _b64(bytes(32))), "PCR sha384:0 has 32 bytes, expected 48"),
-    ("value far too long", lambda d: _with_pcr(d, "sha256", "0", _b64(bytes(4096))), "evidence field 'pcrs.sha256.0' is larger than 32 bytes"),
-    ("value bad base64", lambda d: _with_pcr(d, "sha256", "3", "not base64!"), "evidence field 'pcrs.sha256.3' is not valid base64"),
+    (
+        "index 24",
+        lambda d: _with_pcr(d, "sha256", "24", d["pcrs"]["sha256"]["0"]),
+        "PCR index '24' in bank 'sha256' is not 0..23",
+    ),
+    (
+        "index -1",
+        lambda d: _with_pcr(d, "sha256", "-1", d["pcrs"]["sha256"]["0"]),
+        "PCR index '-1' in bank 'sha256' is not 0..23",
+    ),
+    (
+        "index x",
+        lambda d: _with_pcr(d, "sha256", "x", d["pcrs"]["sha256"]["0"]),
+        "PCR index 'x' in bank 'sha256' is not 0..23",
+    ),
+    (
+        "index empty",
+        lambda d: _with_pcr(d, "sha256", "", d["pcrs"]["sha256"]["0"]),
+        "PCR index '' in bank 'sha256' is not 0..23",
+    ),
+    (
+        "index 1.0",
+        lambda d: _with_pcr(d, "sha256", "1.0", d["pcrs"]["sha256"]["0"]),
+        "PCR index '1.0' in bank 'sha256' is not 0..23",
+    ),
+    (
+        "index with space",
+        lambda d: _with_pcr(d, "sha256", " 1", d["pcrs"]["sha256"]["0"]),
+        "PCR index ' 1' in bank 'sha256' is not 0..23",
+    ),
+    (
+        "value 31 bytes",
+        lambda d: _with_pcr(d, "sha256", "0", _b64(bytes(31))),
+        "PCR sha256:0 has 31 bytes, expected 32",
+    ),
+    (
+        "value 33 bytes",
+        lambda d: _with_pcr(d, "sha256", "7", _b64(bytes(33))),
+        "PCR sha256:7 has 33 bytes, expected 32",
+    ),
+    (
+        "sha1 value in sha256 bank",
+        lambda d: _with_pcr(d, "sha256", "15", _b64(bytes(20))),
+        "PCR sha256:15 has 20 bytes, expected 32",
+    ),
+    (
+        "sha1 bank value 21 bytes",
+        lambda d: _with_pcr(d, "sha1", "0", _b64(bytes(21))),
+        "PCR sha1:0 has 21 bytes, expected 20",
+    ),
+    (
+        "sha256 value in sha1 bank",
+        lambda d: _with_pcr(d, "sha1", "0", _b64(bytes(32))),
+        "evidence field 'pcrs.sha1.0' is larger than 20 bytes",
+    ),
+    (
+        "sha256 value in sha384 bank",
+        lambda d: _with_pcr(d, "sha384", "0", _b64(bytes(32))),
+        "PCR sha384:0 has 32 bytes, expected 48",
+    ),
+    (
+        "value far too long",
+        lambda d: _with_pcr(d, "sha256", "0", _b64(bytes(4096))),
+        "evidence field 'pcrs.sha256.0' is larger than 32 bytes",
+    ),
+    (
+        "value bad base64",
+        lambda d: _with_pcr(d, "sha256", "3", "not base64!"),
+        "evidence field 'pcrs.sha256.3' is not valid base64",
+    ),
     ("value empty", lambda d: _with_pcr(d, "sha256", "3", ""), "evidence field 'pcrs.sha256.3' is empty"),
-    ("value an integer", lambda d: _with_pcr(d, "sha256", "3", 0), "evidence field 'pcrs.sha256.3' must be a base64 string, got int"),
-    ("value null", lambda d: _with_pcr(d, "sha256", "3", None), "evidence field 'pcrs.sha256.3' must be a base64 string, got NoneType"),
+    (
+        "value an integer",
+        lambda d: _with_pcr(d, "sha256", "3", 0),
+        "evidence field 'pcrs.sha256.3' must be a base64 string, got int",
+    ),
+    (
+        "value null",
+        lambda d: _with_pcr(d, "sha256", "3", None),
+        "evidence field 'pcrs.sha256.3' must be a base64 string, got NoneType",
+    ),
 ]
 
 
@@ -283,16 +402,25 @@ def test_a_pcr_value_known_in_one_bank_is_still_checked_in_another(golden):
     """Decoded PCR values are remembered per bank: a 20-byte value seen in a sha1 bank stays wrong in a sha256 bank."""
     value = _b64(b"\x07" * 20)
     parse_evidence(_with_pcr(golden.document(), "sha1", "0", value))
-    _assert_refused(golden, _with_pcr(golden.document(), "sha256", "0", value), "PCR sha256:0 has 20 bytes, expected 32")
+    _assert_refused(
+        golden, _with_pcr(golden.document(), "sha256", "0", value), "PCR sha256:0 has 20 bytes, expected 32"
+    )
     assert parse_evidence(_with_pcr(golden.document(), "sha1", "0", value)).pcrs["sha1"] == {0: b"\x07" * 20}
 
 
 def test_the_bank_decoded_last_serves_only_the_same_text(golden):
     """The last bank decoded is reused for a bank of the same text only: one value changed is decoded (or refused) anew."""
     assert parse_evidence(golden.document()).pcrs["sha256"] == golden.evidence.pcrs["sha256"]
-    assert parse_evidence(_with_pcr(golden.document(), "sha256", "3", _b64(b"\x05" * 32))).pcrs["sha256"][3] == b"\x05" * 32
+    assert (
+        parse_evidence(_with_pcr(golden.document(), "sha256", "3", _b64(b"\x05" * 32))).pcrs["sha256"][3]
+        == b"\x05" * 32
+    )
     parse_evidence(golden.document())
-    _assert_refused(golden, _with_pcr(golden.document(), "sha256", "3", _b64(b"\x05" * 31)), "PCR sha256:3 has 31 bytes, expected 32")
+    _assert_refused(
+        golden,
+        _with_pcr(golden.document(), "sha256", "3", _b64(b"\x05" * 31)),
+        "PCR sha256:3 has 31 bytes, expected 32",
+    )
 
 
 def test_changing_a_document_or_its_evidence_after_parsing_changes_no_later_parse(golden):
@@ -312,14 +440,20 @@ def test_pcr_index_that_int_cannot_read_is_refused(golden, index):
 
 
 EVENT_LOG_CASES = [
-    ("the old JSON list", [{"pcr": 0, "digest": "00" * 32}],
-     "evidence field 'event_log' must be a base64 string, got list"),
+    (
+        "the old JSON list",
+        [{"pcr": 0, "digest": "00" * 32}],
+        "evidence field 'event_log' must be a base64 string, got list",
+    ),
     ("an object", {"0": "AA=="}, "evidence field 'event_log' must be a base64 string, got dict"),
     ("null", None, "evidence field 'event_log' must be a base64 string, got NoneType"),
     ("not base64", "event log!", "evidence field 'event_log' is not valid base64"),
     ("empty", "", "evidence field 'event_log' is empty"),
-    ("over the limit", _b64(bytes(MAX_EVENT_LOG_BYTES + 1)),
-     f"evidence field 'event_log' is larger than {MAX_EVENT_LOG_BYTES} bytes"),
+    (
+        "over the limit",
+        _b64(bytes(MAX_EVENT_LOG_BYTES + 1)),
+        f"evidence field 'event_log' is larger than {MAX_EVENT_LOG_BYTES} bytes",
+    ),
 ]
 
 
@@ -347,15 +481,34 @@ STRUCTURE_CASES = [
     ("quote one byte short", "quote", lambda raw: raw[:-1], "TPMS_ATTEST is truncated"),
     ("quote magic only", "quote", lambda raw: raw[:4], "TPMS_ATTEST is truncated"),
     ("quote with a trailing byte", "quote", lambda raw: raw + b"\x00", "TPMS_ATTEST has 1 trailing bytes"),
-    ("quote selecting 17 banks", "quote", lambda raw: raw[:_pcr_selection_offset(raw)] + struct.pack(">I", 17) + raw[_pcr_selection_offset(raw) + 4:],
-     "PCR selection lists 17 banks"),
+    (
+        "quote selecting 17 banks",
+        "quote",
+        lambda raw: raw[: _pcr_selection_offset(raw)] + struct.pack(">I", 17) + raw[_pcr_selection_offset(raw) + 4 :],
+        "PCR selection lists 17 banks",
+    ),
     ("quote digest size overrun", "quote", lambda raw: raw[:-34] + b"\xff\xff" + raw[-32:], "TPMS_ATTEST is truncated"),
     ("ak_public with trailing bytes", "ak_public", lambda raw: raw + b"\x00\x00", "TPMT_PUBLIC has 2 trailing bytes"),
     ("ak_public cut", "ak_public", lambda raw: raw[:-10], "TPMT_PUBLIC is truncated"),
     ("ak_public two bytes", "ak_public", lambda raw: raw[:2], "TPMT_PUBLIC is truncated"),
-    ("ak_public of a keyed-hash object", "ak_public", lambda raw: b"\x00\x08" + raw[2:], "key type 0x0008 is not supported (ECC or RSA)"),
-    ("signature with unknown alg", "signature", lambda raw: b"\x00\x99" + raw[2:], "signature algorithm 0x0099 is not supported"),
-    ("signature with HMAC alg", "signature", lambda raw: b"\x00\x05" + raw[2:], "signature algorithm 0x0005 is not supported"),
+    (
+        "ak_public of a keyed-hash object",
+        "ak_public",
+        lambda raw: b"\x00\x08" + raw[2:],
+        "key type 0x0008 is not supported (ECC or RSA)",
+    ),
+    (
+        "signature with unknown alg",
+        "signature",
+        lambda raw: b"\x00\x99" + raw[2:],
+        "signature algorithm 0x0099 is not supported",
+    ),
+    (
+        "signature with HMAC alg",
+        "signature",
+        lambda raw: b"\x00\x05" + raw[2:],
+        "signature algorithm 0x0005 is not supported",
+    ),
     ("signature cut", "signature", lambda raw: raw[:-5], "TPMT_SIGNATURE is truncated"),
     ("signature header only", "signature", lambda raw: raw[:4], "TPMT_SIGNATURE is truncated"),
     ("signature with a trailing byte", "signature", lambda raw: raw + b"\x00", "TPMT_SIGNATURE has 1 trailing bytes"),
@@ -389,10 +542,18 @@ def test_ak_public_whose_key_cannot_be_built_is_malformed(golden, change):
 
 
 def test_rsa_ak_public_with_bad_modulus_is_malformed(golden):
-    attributes = tpm2.ATTR_FIXED_TPM | tpm2.ATTR_FIXED_PARENT | tpm2.ATTR_SENSITIVE_DATA_ORIGIN | tpm2.ATTR_RESTRICTED | tpm2.ATTR_SIGN
-    rsa_public = (struct.pack(">HHIH", tpm2.ALG_RSA, tpm2.ALG_SHA256, attributes, 0)  # no authPolicy
-                  + struct.pack(">HHHI", tpm2.ALG_NULL, tpm2.ALG_NULL, 2048, 0)  # symmetric, scheme, keyBits, exponent
-                  + b"\x00\x01\x00")  # a one-byte modulus of 0
+    attributes = (
+        tpm2.ATTR_FIXED_TPM
+        | tpm2.ATTR_FIXED_PARENT
+        | tpm2.ATTR_SENSITIVE_DATA_ORIGIN
+        | tpm2.ATTR_RESTRICTED
+        | tpm2.ATTR_SIGN
+    )
+    rsa_public = (
+        struct.pack(">HHIH", tpm2.ALG_RSA, tpm2.ALG_SHA256, attributes, 0)  # no authPolicy
+        + struct.pack(">HHHI", tpm2.ALG_NULL, tpm2.ALG_NULL, 2048, 0)  # symmetric, scheme, keyBits, exponent
+        + b"\x00\x01\x00"
+    )  # a one-byte modulus of 0
     signature = struct.pack(">HHH", tpm2.ALG_RSASSA, tpm2.ALG_SHA256, 256) + bytes(256)
     doc = _with(golden.document(), ak_public=_b64(rsa_public), signature=_b64(signature))
     with pytest.raises(VerificationError) as err:
@@ -411,6 +572,7 @@ def test_unreadable_ek_certificate_is_malformed_at_trust_level_2(golden):
 
 # Fuzzing: whatever arrives, Verifier.verify answers with VerificationError (or accepts an unchanged quote).
 
+
 def _verify_only_refuses(golden, document) -> None:
     try:
         result = golden.verifier.verify(document, golden.nonce)
@@ -422,15 +584,30 @@ def _verify_only_refuses(golden, document) -> None:
     # Accepted: then whatever was mutated is not what the TPM signed or what binds the quote.
     golden_evidence = golden.evidence
     assert (result.evidence.quote, result.evidence.signature, result.evidence.user_data) == (
-        golden_evidence.quote, golden_evidence.signature, golden_evidence.user_data)
+        golden_evidence.quote,
+        golden_evidence.signature,
+        golden_evidence.user_data,
+    )
     assert {i: result.pcrs[i] for i in POLICY_PCRS} == {i: golden_evidence.pcrs["sha256"][i] for i in POLICY_PCRS}
 
 
-FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=40)
     | st.sampled_from(["", "AA==", "tpm", "sha256", "0", "23", "24", "-1"]),
-    lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=10) | st.sampled_from(REQUIRED_FIELDS), children, max_size=6),
+    lambda children: (
+        st.lists(children, max_size=6)
+        | st.dictionaries(st.text(max_size=10) | st.sampled_from(REQUIRED_FIELDS), children, max_size=6)
+    ),
     max_leaves=30,
 )
 
@@ -445,7 +622,9 @@ def test_fuzz_random_json_structures_only_raise_verification_error(golden, value
 @given(data=st.data())
 def test_fuzz_golden_with_one_part_replaced_only_raises_verification_error(golden, data):
     doc = golden.document()
-    where = data.draw(st.sampled_from(REQUIRED_FIELDS + ("ek_public", "ek_certificate", "event_log", "pcrs.sha256", "pcrs.sha256.N")))
+    where = data.draw(
+        st.sampled_from(REQUIRED_FIELDS + ("ek_public", "ek_certificate", "event_log", "pcrs.sha256", "pcrs.sha256.N"))
+    )
     value = data.draw(JSON_VALUES)
     if where == "pcrs.sha256":
         doc["pcrs"]["sha256"] = value
@@ -458,7 +637,8 @@ def test_fuzz_golden_with_one_part_replaced_only_raises_verification_error(golde
 
 MUTATIONS = st.lists(
     st.tuples(st.sampled_from(["flip", "set", "insert", "delete"]), st.integers(min_value=0), st.integers(0, 255)),
-    min_size=1, max_size=4,
+    min_size=1,
+    max_size=4,
 )
 
 
@@ -487,12 +667,18 @@ def test_fuzz_byte_mutations_of_the_document_only_raise_verification_error(golde
 
 
 @FUZZ
-@given(name=st.sampled_from(("ak_public", "quote", "signature", "user_data", "ek_public", "ek_certificate", "pcr")),
-       mutations=MUTATIONS, cut=st.none() | st.integers(min_value=0, max_value=200), pcr=st.integers(0, 23))
+@given(
+    name=st.sampled_from(("ak_public", "quote", "signature", "user_data", "ek_public", "ek_certificate", "pcr")),
+    mutations=MUTATIONS,
+    cut=st.none() | st.integers(min_value=0, max_value=200),
+    pcr=st.integers(0, 23),
+)
 def test_fuzz_byte_mutations_inside_fields_only_raise_verification_error(golden, name, mutations, cut, pcr):
     doc = golden.document()
     if name == "pcr":
-        doc["pcrs"]["sha256"][str(pcr)] = _b64(_mutate(base64.b64decode(doc["pcrs"]["sha256"][str(pcr)]), mutations, cut))
+        doc["pcrs"]["sha256"][str(pcr)] = _b64(
+            _mutate(base64.b64decode(doc["pcrs"]["sha256"][str(pcr)]), mutations, cut)
+        )
     else:
         doc = _replace_raw(doc, name, lambda raw: _mutate(raw, mutations, cut))
     _verify_only_refuses(golden, doc)

@@ -8,7 +8,13 @@ import threading
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import (
-    COMPACT_AFTER, MAX_LEDGER_ENTRIES, MAX_OUTSTANDING, RECORD_BYTES, NonceLimitError, NonceStore)
+    COMPACT_AFTER,
+    MAX_LEDGER_ENTRIES,
+    MAX_OUTSTANDING,
+    RECORD_BYTES,
+    NonceLimitError,
+    NonceStore,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError
 
 
@@ -32,6 +38,7 @@ def make_store(request, tmp_path):
         if request.param == "ledger":
             options["path"] = str(tmp_path / "nonce-ledger")
         return NonceStore(**options)
+
     return make
 
 
@@ -166,8 +173,9 @@ def test_ledger_record_cut_short_by_a_crash_is_dropped(tmp_path):
     assert _reason(store, nonce) == "nonce-reused"
 
 
-@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"ab": 1, "cd": {"issued": "yesterday", "used": false}}',
-                                     "x" * RECORD_BYTES * 3])
+@pytest.mark.parametrize(
+    "content", ["not json", "[1, 2]", '{"ab": 1, "cd": {"issued": "yesterday", "used": false}}', "x" * RECORD_BYTES * 3]
+)
 def test_unreadable_ledger_starts_empty_and_refuses_its_nonces(tmp_path, content):
     path = tmp_path / "nonce-ledger"
     path.write_text(content)

@@ -25,7 +25,10 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
     parse_policy,
     policy_from_document,
 )
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError, Verifier
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
+    VerificationError,
+    Verifier,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 
 FIRMWARE_A = hashlib.sha256(b"firmware A").hexdigest()
@@ -48,16 +51,18 @@ pcrs:
   15: {{allowed: ["{ZERO}"], warn_only: false}}
 """
 
-OWN_JSON = json.dumps({
-    "version": 1,
-    "hash_algorithm": "sha256",
-    "ak_trust": "pcrs-only",
-    "pcrs": {
-        "4": {"allowed": [FIRMWARE_A, FIRMWARE_B.upper()]},
-        "9": {"allowed": KERNEL, "warn_only": True},
-        "15": {"allowed": [ZERO], "warn_only": False},
-    },
-})
+OWN_JSON = json.dumps(
+    {
+        "version": 1,
+        "hash_algorithm": "sha256",
+        "ak_trust": "pcrs-only",
+        "pcrs": {
+            "4": {"allowed": [FIRMWARE_A, FIRMWARE_B.upper()]},
+            "9": {"allowed": KERNEL, "warn_only": True},
+            "15": {"allowed": [ZERO], "warn_only": False},
+        },
+    }
+)
 
 EXPECTED_RULES = {
     4: PcrRule(4, (bytes.fromhex(FIRMWARE_A), bytes.fromhex(FIRMWARE_B)), False),
@@ -65,11 +70,13 @@ EXPECTED_RULES = {
     15: PcrRule(15, (bytes(32),), False),
 }
 
-CONSTELLATION_JSON = json.dumps({
-    "4": {"expected": FIRMWARE_A, "warnOnly": False},
-    "9": {"expected": KERNEL, "warnOnly": True},
-    "15": {"expected": ZERO, "warnOnly": False},
-})
+CONSTELLATION_JSON = json.dumps(
+    {
+        "4": {"expected": FIRMWARE_A, "warnOnly": False},
+        "9": {"expected": KERNEL, "warnOnly": True},
+        "15": {"expected": ZERO, "warnOnly": False},
+    }
+)
 
 CONSTELLATION_YAML = f"""
 4:
@@ -99,7 +106,9 @@ def _refused(text_or_doc, message: str) -> PolicyError:
     return err.value
 
 
-@pytest.mark.parametrize("text", [OWN_YAML, OWN_JSON, OWN_YAML.encode(), OWN_JSON.encode()], ids=["YAML", "JSON", "YAML bytes", "JSON bytes"])
+@pytest.mark.parametrize(
+    "text", [OWN_YAML, OWN_JSON, OWN_YAML.encode(), OWN_JSON.encode()], ids=["YAML", "JSON", "YAML bytes", "JSON bytes"]
+)
 def test_own_format_is_read(text):
     policy = parse_policy(text)
     assert policy.hash_algorithm == "sha256"
@@ -148,7 +157,9 @@ def test_dump_policy_round_trips(text):
     assert json.loads(dump_policy(policy))["version"] == 1
 
 
-@pytest.mark.parametrize("name,text", [("policy.yml", OWN_YAML), ("policy.json", OWN_JSON), ("constellation.json", CONSTELLATION_JSON)])
+@pytest.mark.parametrize(
+    "name,text", [("policy.yml", OWN_YAML), ("policy.json", OWN_JSON), ("constellation.json", CONSTELLATION_JSON)]
+)
 def test_load_policy_reads_a_file(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
@@ -163,14 +174,19 @@ def test_policy_of_exactly_the_size_limit_is_read(tmp_path):
 
 # Errors: each names the file or entry and what is wrong with it.
 
+
 def test_missing_file_is_named(tmp_path):
     path = tmp_path / "absent.yml"
-    with pytest.raises(PolicyError, match=f"^cannot read measurement policy {re.escape(str(path))}: No such file or directory$"):
+    with pytest.raises(
+        PolicyError, match=f"^cannot read measurement policy {re.escape(str(path))}: No such file or directory$"
+    ):
         load_policy(str(path))
 
 
 def test_directory_is_named(tmp_path):
-    with pytest.raises(PolicyError, match=f"^cannot read measurement policy {re.escape(str(tmp_path))}: Is a directory$"):
+    with pytest.raises(
+        PolicyError, match=f"^cannot read measurement policy {re.escape(str(tmp_path))}: Is a directory$"
+    ):
         load_policy(str(tmp_path))
 
 
@@ -183,7 +199,9 @@ def test_path_through_a_file_is_named(tmp_path):
 def test_oversized_file_is_refused(tmp_path):
     path = tmp_path / "policy.yml"
     path.write_text(OWN_YAML + "#" * MAX_POLICY_BYTES)
-    with pytest.raises(PolicyError, match=f"^measurement policy {re.escape(str(path))} is larger than {MAX_POLICY_BYTES} bytes$"):
+    with pytest.raises(
+        PolicyError, match=f"^measurement policy {re.escape(str(path))} is larger than {MAX_POLICY_BYTES} bytes$"
+    ):
         load_policy(str(path))
 
 
@@ -194,12 +212,17 @@ def test_oversized_text_is_refused():
 def test_file_errors_name_the_file(tmp_path):
     path = tmp_path / "policy.yml"
     path.write_text("version: 2\npcrs: {}\n")
-    with pytest.raises(PolicyError, match=f"^measurement policy {re.escape(str(path))}: policy version 2 is not supported"):
+    with pytest.raises(
+        PolicyError, match=f"^measurement policy {re.escape(str(path))}: policy version 2 is not supported"
+    ):
         load_policy(str(path))
 
 
-@pytest.mark.parametrize("text", ["pcrs: [unclosed", "a: b: c", "{{", "version: 1\n\tpcrs: {}", b"\x00\xff\xfe"],
-                         ids=["unclosed flow", "nested mapping on one line", "braces", "tab indent", "binary"])
+@pytest.mark.parametrize(
+    "text",
+    ["pcrs: [unclosed", "a: b: c", "{{", "version: 1\n\tpcrs: {}", b"\x00\xff\xfe"],
+    ids=["unclosed flow", "nested mapping on one line", "braces", "tab indent", "binary"],
+)
 def test_not_yaml_is_refused(text):
     _refused(text, "policy is neither JSON nor YAML: ")
 
@@ -222,12 +245,19 @@ def test_boolean_version_is_refused():
     _refused("version: true\npcrs: {15: {allowed: ['" + ZERO + "']}}", "policy version True is not supported")
 
 
-@pytest.mark.parametrize("doc,message", [
-    (_own(extra=1), "policy has unknown key(s): extra"),
-    (_own(measurements={}, zeta=1), "policy has unknown key(s): measurements, zeta"),
-    (_own({"15": {"allowed": [ZERO], "warnOnly": True}}), "policy PCR 15: rule must be a mapping with 'allowed' and optional 'warn_only'"),
-    (_own({"15": [ZERO]}), "policy PCR 15: rule must be a mapping with 'allowed' and optional 'warn_only'"),
-], ids=["top level", "two top-level keys", "Constellation spelling in own format", "rule a list"])
+@pytest.mark.parametrize(
+    "doc,message",
+    [
+        (_own(extra=1), "policy has unknown key(s): extra"),
+        (_own(measurements={}, zeta=1), "policy has unknown key(s): measurements, zeta"),
+        (
+            _own({"15": {"allowed": [ZERO], "warnOnly": True}}),
+            "policy PCR 15: rule must be a mapping with 'allowed' and optional 'warn_only'",
+        ),
+        (_own({"15": [ZERO]}), "policy PCR 15: rule must be a mapping with 'allowed' and optional 'warn_only'"),
+    ],
+    ids=["top level", "two top-level keys", "Constellation spelling in own format", "rule a list"],
+)
 def test_unknown_key_is_named(doc, message):
     _refused(doc, message)
 
@@ -250,7 +280,9 @@ def test_index_that_int_cannot_read_is_named(index):
         policy_from_document(_own({index: {"allowed": [ZERO]}}))
 
 
-@pytest.mark.parametrize("value", ["zz" * 32, "0x" + "00" * 31, "00 " * 10 + "00", "", 0, None, {"hex": ZERO}], ids=repr)
+@pytest.mark.parametrize(
+    "value", ["zz" * 32, "0x" + "00" * 31, "00 " * 10 + "00", "", 0, None, {"hex": ZERO}], ids=repr
+)
 def test_bad_hex_is_named(value):
     _refused(_own({"15": {"allowed": [value]}}), f"policy PCR 15: {value!r} is not a 32-byte hex digest")
     _refused({"15": {"expected": value}}, f"Constellation measurement 15: {value!r} is not a 32-byte hex digest")
@@ -265,21 +297,37 @@ def test_hex_with_a_trailing_newline_is_named():
     _refused(f"version: 1\npcrs:\n  15:\n    allowed: |\n      {'0' * 63}\n", "is not a 32-byte hex digest")
 
 
-@pytest.mark.parametrize("doc,size", [
-    (_own({"15": {"allowed": ["00" * 31]}}), 32),
-    (_own({"15": {"allowed": ["00" * 33]}}), 32),
-    (_own({"15": {"allowed": [ZERO]}}, hash_algorithm="sha384"), 48),
-    (_own({"15": {"allowed": ["00" * 48]}}, hash_algorithm="sha1"), 20),
-    ({"15": {"expected": "00" * 48}}, 32),
-], ids=["31 bytes", "33 bytes", "sha256 value in a sha384 policy", "sha384 value in a sha1 policy", "Constellation 48 bytes"])
+@pytest.mark.parametrize(
+    "doc,size",
+    [
+        (_own({"15": {"allowed": ["00" * 31]}}), 32),
+        (_own({"15": {"allowed": ["00" * 33]}}), 32),
+        (_own({"15": {"allowed": [ZERO]}}, hash_algorithm="sha384"), 48),
+        (_own({"15": {"allowed": ["00" * 48]}}, hash_algorithm="sha1"), 20),
+        ({"15": {"expected": "00" * 48}}, 32),
+    ],
+    ids=[
+        "31 bytes",
+        "33 bytes",
+        "sha256 value in a sha384 policy",
+        "sha384 value in a sha1 policy",
+        "Constellation 48 bytes",
+    ],
+)
 def test_wrong_digest_length_is_named(doc, size):
     _refused(doc, f"is not a {size}-byte hex digest")
 
 
 @pytest.mark.parametrize("flag", ["yes", "true", 1, 0, None, []], ids=repr)
 def test_warn_only_that_is_not_a_boolean_is_named(flag):
-    _refused(_own({"15": {"allowed": [ZERO], "warn_only": flag}}), f"policy PCR 15 warn_only: must be true or false, got {flag!r}")
-    _refused({"15": {"expected": ZERO, "warnOnly": flag}}, f"Constellation measurement 15 warnOnly: must be true or false, got {flag!r}")
+    _refused(
+        _own({"15": {"allowed": [ZERO], "warn_only": flag}}),
+        f"policy PCR 15 warn_only: must be true or false, got {flag!r}",
+    )
+    _refused(
+        {"15": {"expected": ZERO, "warnOnly": flag}},
+        f"Constellation measurement 15 warnOnly: must be true or false, got {flag!r}",
+    )
 
 
 @pytest.mark.parametrize("pcrs", [{}, [], None, "15"], ids=repr)
@@ -296,11 +344,14 @@ def test_rule_without_allowed_values_is_refused(allowed):
     _refused(_own({"15": {"allowed": allowed}}), "policy PCR 15: 'allowed' must list at least one hex value")
 
 
-@pytest.mark.parametrize("doc,message", [
-    (_own(hash_algorithm="md5"), "policy hash_algorithm 'md5' is not one of sha1, sha256, sha384, sha512"),
-    (_own(ak_trust="none"), "policy ak_trust 'none' is not one of pcrs-only, ek-certificate"),
-    (_own(ak_trust=2), "policy ak_trust 2 is not one of pcrs-only, ek-certificate"),
-])
+@pytest.mark.parametrize(
+    "doc,message",
+    [
+        (_own(hash_algorithm="md5"), "policy hash_algorithm 'md5' is not one of sha1, sha256, sha384, sha512"),
+        (_own(ak_trust="none"), "policy ak_trust 'none' is not one of pcrs-only, ek-certificate"),
+        (_own(ak_trust=2), "policy ak_trust 2 is not one of pcrs-only, ek-certificate"),
+    ],
+)
 def test_bad_hash_algorithm_or_ak_trust_is_named(doc, message):
     _refused(doc, message)
 
@@ -312,14 +363,28 @@ def test_malformed_constellation_entry_is_named(rule):
 
 # Found by the fuzzer (tests/security/fuzz.py policy): each of these escaped parse_policy as something other than PolicyError,
 # or (the empty list) loaded as a rule no value can meet.
-@pytest.mark.parametrize("text,message", [
-    ('{"15": {"expected": []}}', "Constellation measurement 15: 'expected' must list at least one hex value"),
-    ("version: 1\nhash_algorithm: {a: 1}\npcrs: {15: {allowed: x}}\n", "policy hash_algorithm {'a': 1} is not one of"),
-    ("version: 1\nak_trust: [1]\npcrs: {15: {allowed: x}}\n", "policy ak_trust [1] is not one of"),
-    ("version: 1\n7: x\n~: y\npcrs: {15: {allowed: x}}\n", "policy has unknown key(s): 7, None"),
-    ("[" * 1100 + "]" * 1100, "policy is nested too deeply to be a measurement policy"),
-    ("version: " + "9" * 5000 + "\n", "policy holds a value that cannot be read: Exceeds the limit (4300 digits)"),
-], ids=["empty expected list", "unhashable hash_algorithm", "unhashable ak_trust", "non-string keys", "deep nesting", "huge integer"])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('{"15": {"expected": []}}', "Constellation measurement 15: 'expected' must list at least one hex value"),
+        (
+            "version: 1\nhash_algorithm: {a: 1}\npcrs: {15: {allowed: x}}\n",
+            "policy hash_algorithm {'a': 1} is not one of",
+        ),
+        ("version: 1\nak_trust: [1]\npcrs: {15: {allowed: x}}\n", "policy ak_trust [1] is not one of"),
+        ("version: 1\n7: x\n~: y\npcrs: {15: {allowed: x}}\n", "policy has unknown key(s): 7, None"),
+        ("[" * 1100 + "]" * 1100, "policy is nested too deeply to be a measurement policy"),
+        ("version: " + "9" * 5000 + "\n", "policy holds a value that cannot be read: Exceeds the limit (4300 digits)"),
+    ],
+    ids=[
+        "empty expected list",
+        "unhashable hash_algorithm",
+        "unhashable ak_trust",
+        "non-string keys",
+        "deep nesting",
+        "huge integer",
+    ],
+)
 def test_hostile_policy_documents_are_refused_with_a_policy_error(text, message):
     _refused(text, message)
 
@@ -329,13 +394,24 @@ NODE_LOCK_VECTORS = [
     (bytes(32), "sha256", "6e96bce3e21a7bdcddd1735dab055b838071df7dc4ae4f0e16be0a1b4cb8735c"),
     (bytes(range(32)), "sha256", "a50dd72494e3fc05b10b15491b2cd5ced7fba50d26db6d330e630a0550c72a95"),
     (b"cluster-a", "sha256", "fd2cea4f963ea4a5a945815f597044b9357c54e6a26a082cc258b254d3edba5d"),
-    (bytes(32), "sha384", "d0be7ae9ae67557f04d29fc00487b26da5732cb3723ccf02b3570edb4b27665a07c15c8047f3d70354fb370929ecf9dc"),
-    (bytes(range(32)), "sha384", "aed50b3068995d983da97f83641403f03e6c27f74d9e86d9e992376e6663593086aecbcfd4ed65c4960c3223f554456e"),
+    (
+        bytes(32),
+        "sha384",
+        "d0be7ae9ae67557f04d29fc00487b26da5732cb3723ccf02b3570edb4b27665a07c15c8047f3d70354fb370929ecf9dc",
+    ),
+    (
+        bytes(range(32)),
+        "sha384",
+        "aed50b3068995d983da97f83641403f03e6c27f74d9e86d9e992376e6663593086aecbcfd4ed65c4960c3223f554456e",
+    ),
 ]
 
 
-@pytest.mark.parametrize("cluster_id,hash_algorithm,expected", NODE_LOCK_VECTORS,
-                         ids=["zero ID sha256", "counting ID sha256", "text ID sha256", "zero ID sha384", "counting ID sha384"])
+@pytest.mark.parametrize(
+    "cluster_id,hash_algorithm,expected",
+    NODE_LOCK_VECTORS,
+    ids=["zero ID sha256", "counting ID sha256", "text ID sha256", "zero ID sha384", "counting ID sha384"],
+)
 def test_node_lock_mark_known_answers(cluster_id, hash_algorithm, expected):
     assert node_lock_mark(cluster_id, hash_algorithm).hex() == expected
 
@@ -350,7 +426,11 @@ def test_node_lock_mark_is_what_a_tpm_extends_into_pcr_15(swtpm):
 
 # controller.resolve_policy: the policy plus the node-lock expectation for PCR 15.
 CLUSTER_ID = bytes(range(32)).hex()
-BASE_POLICY = {"version": 1, "ak_trust": "pcrs-only", "pcrs": {"4": {"allowed": [FIRMWARE_A]}, "15": {"allowed": [KERNEL], "warn_only": True}}}
+BASE_POLICY = {
+    "version": 1,
+    "ak_trust": "pcrs-only",
+    "pcrs": {"4": {"allowed": [FIRMWARE_A]}, "15": {"allowed": [KERNEL], "warn_only": True}},
+}
 
 
 def test_resolve_policy_without_node_lock_keeps_the_policy():
@@ -369,8 +449,20 @@ def test_resolve_policy_cluster_id_expects_the_node_lock_mark(node_lock):
     assert policy.rules[NODE_LOCK_PCR] == PcrRule(NODE_LOCK_PCR, (bytes.fromhex(NODE_LOCK_VECTORS[1][2]),), False)
 
 
-@pytest.mark.parametrize("node_lock", ["locked", "", "Unlocked", CLUSTER_ID[:-1], CLUSTER_ID + "0", "g" * 64, "0x" + CLUSTER_ID[2:], " " + CLUSTER_ID[1:]],
-                         ids=["word", "empty", "capitalised unlocked", "63 hex", "65 hex", "not hex", "0x prefix", "leading space"])
+@pytest.mark.parametrize(
+    "node_lock",
+    [
+        "locked",
+        "",
+        "Unlocked",
+        CLUSTER_ID[:-1],
+        CLUSTER_ID + "0",
+        "g" * 64,
+        "0x" + CLUSTER_ID[2:],
+        " " + CLUSTER_ID[1:],
+    ],
+    ids=["word", "empty", "capitalised unlocked", "63 hex", "65 hex", "not hex", "0x prefix", "leading space"],
+)
 def test_resolve_policy_refuses_garbage_node_lock(node_lock):
     with pytest.raises(PolicyError, match="^node_lock must be 'unlocked' or a 64-hex cluster ID, got ") as refused:
         controller.resolve_policy(None, BASE_POLICY, node_lock)
@@ -396,7 +488,9 @@ def test_resolve_policy_names_the_content_in_errors():
 
 
 def test_resolve_policy_unlocked_follows_the_hash_algorithm():
-    policy = controller.resolve_policy(None, {"version": 1, "hash_algorithm": "sha384", "pcrs": {"0": {"allowed": ["00" * 48]}}}, "unlocked")
+    policy = controller.resolve_policy(
+        None, {"version": 1, "hash_algorithm": "sha384", "pcrs": {"0": {"allowed": ["00" * 48]}}}, "unlocked"
+    )
     assert policy.rules[NODE_LOCK_PCR].allowed == (bytes(48),)
 
 
@@ -408,7 +502,11 @@ def test_resolved_node_lock_against_a_real_tpm(swtpm):
         nonce = os.urandom(32)
         with issuer.Tpm(swtpm.tcti) as tpm:
             evidence = issuer.issue_evidence(tpm, nonce, EphemeralKey.generate().public_bytes(), include_ek=False)
-        policy_content = {"version": 1, "ak_trust": "pcrs-only", "pcrs": {"0": {"allowed": [evidence.pcrs["sha256"][0].hex()]}}}
+        policy_content = {
+            "version": 1,
+            "ak_trust": "pcrs-only",
+            "pcrs": {"0": {"allowed": [evidence.pcrs["sha256"][0].hex()]}},
+        }
         policy = controller.resolve_policy(None, policy_content, node_lock)
         try:
             Verifier(policy).verify(evidence.to_json(), nonce)
@@ -439,7 +537,9 @@ _SIZES = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
 def _policies(draw) -> MeasurementPolicy:
     hash_algorithm = draw(st.sampled_from(sorted(_SIZES)))
     indices = draw(st.sets(st.integers(0, 23), min_size=1, max_size=24))
-    digests = st.lists(st.binary(min_size=_SIZES[hash_algorithm], max_size=_SIZES[hash_algorithm]), min_size=1, max_size=3)
+    digests = st.lists(
+        st.binary(min_size=_SIZES[hash_algorithm], max_size=_SIZES[hash_algorithm]), min_size=1, max_size=3
+    )
     rules = {i: PcrRule(i, tuple(draw(digests)), draw(st.booleans())) for i in indices}
     return MeasurementPolicy(hash_algorithm, rules, draw(st.sampled_from(["pcrs-only", "ek-certificate"])))
 
@@ -456,16 +556,44 @@ def test_every_policy_survives_a_round_trip_through_its_file(policy, as_yaml):
 def test_every_sha256_policy_reads_the_same_in_constellation_format(policy):
     if policy.hash_algorithm != "sha256":
         return
-    doc = {str(i): {"expected": [v.hex() for v in rule.allowed], "warnOnly": rule.warn_only} for i, rule in policy.rules.items()}
+    doc = {
+        str(i): {"expected": [v.hex() for v in rule.allowed], "warnOnly": rule.warn_only}
+        for i, rule in policy.rules.items()
+    }
     assert parse_policy(json.dumps(doc)).rules == policy.rules
 
 
 _YAML_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=20)
     | st.sampled_from(["sha256", "pcrs-only", ZERO, "15", "allowed", "expected", "warnOnly", "version", "pcrs"]),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["version", "pcrs", "hash_algorithm", "ak_trust", "allowed", "warn_only", "expected", "warnOnly", "0", "15", "24"])
-        | st.integers(-1, 30) | st.text(max_size=5), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "version",
+                    "pcrs",
+                    "hash_algorithm",
+                    "ak_trust",
+                    "allowed",
+                    "warn_only",
+                    "expected",
+                    "warnOnly",
+                    "0",
+                    "15",
+                    "24",
+                ]
+            )
+            | st.integers(-1, 30)
+            | st.text(max_size=5),
+            children,
+            max_size=5,
+        )
+    ),
     max_leaves=25,
 )
 

@@ -59,6 +59,7 @@ def pcrs(kernel=KERNEL, cmdline=CMDLINE_OLD, image=IMAGE_OLD) -> dict[int, bytes
 
 # ---- the merge and the retire (policy.py) ----
 
+
 def test_add_allows_the_new_value_after_the_old_and_keeps_everything_else():
     merged = add_golden_values(OLD, GOLDEN)
     assert merged.rules[8].allowed == (CMDLINE_OLD, CMDLINE_NEW)
@@ -106,6 +107,7 @@ def test_node_pcr_values_are_checked():
 
 
 # ---- the steps on a policy file (rollover.py) ----
+
 
 @pytest.fixture
 def policy_file(tmp_path):
@@ -232,10 +234,19 @@ def test_rollback_refuses_when_its_backup_is_gone(policy_file):
 
 # ---- the module ----
 
+
 def test_module_add_reports_the_digest_and_a_diff(policy_file):
     golden = GOLDEN.to_document()
-    result = run_main(measurement_rollover.main, {"policy_file": str(policy_file), "mode": "add", "golden": golden,
-                                                  "golden_node": "golden-0", "_ansible_diff": True})
+    result = run_main(
+        measurement_rollover.main,
+        {
+            "policy_file": str(policy_file),
+            "mode": "add",
+            "golden": golden,
+            "golden_node": "golden-0",
+            "_ansible_diff": True,
+        },
+    )
     assert result["changed"] and not result["failed"]
     assert result["policy_sha256"] == hashlib.sha256(policy_file.read_bytes()).hexdigest()
     assert CMDLINE_NEW.hex() in result["diff"]["after"] and CMDLINE_NEW.hex() not in result["diff"]["before"]
@@ -244,8 +255,9 @@ def test_module_add_reports_the_digest_and_a_diff(policy_file):
 
 
 def test_module_retire_fails_naming_the_node_and_changes_nothing(policy_file):
-    run_main(measurement_rollover.main, {"policy_file": str(policy_file), "mode": "add",
-                                         "golden": GOLDEN.to_document()})
+    run_main(
+        measurement_rollover.main, {"policy_file": str(policy_file), "mode": "add", "golden": GOLDEN.to_document()}
+    )
     text = policy_file.read_bytes()
     node_pcrs = {"worker-1": {str(i): v.hex() for i, v in pcrs().items()}}
     args = {"policy_file": str(policy_file), "mode": "retire", "node_pcrs": node_pcrs}
@@ -255,6 +267,8 @@ def test_module_retire_fails_naming_the_node_and_changes_nothing(policy_file):
 
 
 def test_module_refuses_bad_node_values(policy_file):
-    result = run_main(measurement_rollover.main, {"policy_file": str(policy_file), "mode": "status",
-                                                  "node_pcrs": {"worker-1": {"8": "zz"}}})
+    result = run_main(
+        measurement_rollover.main,
+        {"policy_file": str(policy_file), "mode": "status", "node_pcrs": {"worker-1": {"8": "zz"}}},
+    )
     assert result["failed"] and "node_pcrs worker-1 PCR 8" in result["msg"]

@@ -12,11 +12,20 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import tpm_variant, variants
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
-    Evidence, EvidenceError, parse_evidence)
+    Evidence,
+    EvidenceError,
+    parse_evidence,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import issue_evidence
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+    MeasurementPolicy,
+    PcrRule,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
-    VerificationError, VerificationResult, Verifier)
+    VerificationError,
+    VerificationResult,
+    Verifier,
+)
 
 POLICY = MeasurementPolicy("sha256", {15: PcrRule(15, (bytes(32),))}, ak_trust="pcrs-only")
 
@@ -34,8 +43,14 @@ class ThrowAway(variants.Variant):
         return ThrowAwayVerifier()
 
     def issue(self, device, nonce, user_data, **options):
-        return Evidence(self.name, ak_public=device, quote=nonce, signature=repr(sorted(options.items())).encode(),
-                        pcrs={"sha256": {15: bytes(32)}}, user_data=user_data)
+        return Evidence(
+            self.name,
+            ak_public=device,
+            quote=nonce,
+            signature=repr(sorted(options.items())).encode(),
+            pcrs={"sha256": {15: bytes(32)}},
+            user_data=user_data,
+        )
 
 
 class ThrowAwayVerifier(variants.VariantVerifier):
@@ -59,7 +74,9 @@ def test_the_tpm_is_the_first_variant():
 
 def test_a_registered_variant_is_issued_and_verified_by_its_own_code(throw_away):
     nonce = os.urandom(32)
-    evidence = issue_evidence(b"the device", nonce, b"user data", include_ek=False, event_log=b"log", variant="throw-away")
+    evidence = issue_evidence(
+        b"the device", nonce, b"user data", include_ek=False, event_log=b"log", variant="throw-away"
+    )
     assert evidence.variant == "throw-away" and evidence.ak_public == b"the device"
     assert evidence.signature == repr([("event_log", b"log"), ("include_ek", False)]).encode()
     verifier = Verifier(POLICY)

@@ -13,8 +13,14 @@ from cryptography import x509
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.nonces import NonceStore
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import VerificationError, Verifier
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+    MeasurementPolicy,
+    PcrRule,
+)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
+    VerificationError,
+    Verifier,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 
 POLICY_PCRS = (0, 4, 8, 9, 15)
@@ -129,7 +135,11 @@ def test_unknown_nonce_fails():
 
 
 def test_quote_whose_selection_misses_a_policy_pcr_fails(swtpm):
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import Evidence, qualifying_data
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
+        Evidence,
+        qualifying_data,
+    )
+
     nonce = os.urandom(32)
     user_data = EphemeralKey.generate().public_bytes()
     with issuer.Tpm(swtpm.tcti) as tpm:
@@ -157,8 +167,9 @@ def test_every_policy_mismatch_is_reported_and_warn_only_is_a_warning(golden):
     assert message.startswith("PCR(s) 4, 9 do not match the measurement policy (")
     for index in (4, 9):
         assert f"PCR {index} is {evidence.pcrs['sha256'][index].hex()}, the policy allows {wrong.hex()}" in message
-    assert "enrol it (confidential.kubernetes.measurements; several golden nodes with measurements_merge=true)" \
-        in message
+    assert (
+        "enrol it (confidential.kubernetes.measurements; several golden nodes with measurements_merge=true)" in message
+    )
 
 
 def test_warn_only_mismatch_alone_verifies_with_a_warning(golden):
@@ -190,7 +201,9 @@ def test_level2_ak_proven_by_credential_activation(golden):
     result = _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(evidence.to_json(), nonce)
     assert result.challenge is not None and result.ak_trust_level == 2
     with issuer.Tpm(swtpm.tcti) as tpm:
-        secret = issuer.answer_challenge(tpm, result.challenge.credential.blob, result.challenge.credential.encrypted_seed)
+        secret = issuer.answer_challenge(
+            tpm, result.challenge.credential.blob, result.challenge.credential.encrypted_seed
+        )
     result.challenge.check(secret)
 
 
@@ -220,8 +233,10 @@ def test_level2_ek_certificate_from_another_ca_fails(foreign_swtpm, swtpm):
         _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(evidence.to_json(), nonce)
     assert err.value.reason == "ek-certificate"
     issuer_name = x509.load_der_x509_certificate(evidence.ek_certificate).issuer.rfc4514_string()
-    assert (f"does not chain to the configured EK CA (issuer {issuer_name}): add the certificate of {issuer_name}"
-            in str(err.value))
+    assert (
+        f"does not chain to the configured EK CA (issuer {issuer_name}): add the certificate of {issuer_name}"
+        in str(err.value)
+    )
     assert "to confidential_ek_ca_file (openssl verify -partial_chain" in str(err.value)
 
 
@@ -247,15 +262,18 @@ def test_level2_ek_certificate_out_of_validity_gives_its_dates_and_the_clock(gol
     swtpm, nonce, evidence, unused_policy = golden
     certificate = x509.load_der_x509_certificate(evidence.ek_certificate)
     early = certificate.not_valid_before_utc - datetime.timedelta(days=1)  # its notAfter is 9999-12-31
-    verifier = Verifier(_policy(evidence, "ek-certificate"), x509.load_pem_x509_certificates(swtpm.ca_pem),
-                        now=lambda: early)
+    verifier = Verifier(
+        _policy(evidence, "ek-certificate"), x509.load_pem_x509_certificates(swtpm.ca_pem), now=lambda: early
+    )
     with pytest.raises(VerificationError) as err:
         verifier.verify(evidence.to_json(), nonce)
     assert err.value.reason == "ek-certificate"
     stamp = "%Y-%m-%dT%H:%M:%SZ"
-    assert (f"outside its validity period ({certificate.not_valid_before_utc:{stamp}} to "
-            f"{certificate.not_valid_after_utc:{stamp}}; the verifier's clock says {early:{stamp}}): check that clock"
-            in str(err.value))
+    assert (
+        f"outside its validity period ({certificate.not_valid_before_utc:{stamp}} to "
+        f"{certificate.not_valid_after_utc:{stamp}}; the verifier's clock says {early:{stamp}}): check that clock"
+        in str(err.value)
+    )
 
 
 def test_level2_ek_public_not_matching_certificate_fails(golden, other_swtpm):
@@ -328,7 +346,7 @@ def test_level2_ek_public_that_names_no_usable_key_is_malformed(golden):
     ek = tpm2.parse_public(evidence.ek_public)
     assert ek.type == tpm2.ALG_RSA
     exponent_at = len(evidence.ek_public) - (2 + len(ek.unique[0])) - 4
-    broken = evidence.ek_public[:exponent_at] + (4).to_bytes(4, "big") + evidence.ek_public[exponent_at + 4:]
+    broken = evidence.ek_public[:exponent_at] + (4).to_bytes(4, "big") + evidence.ek_public[exponent_at + 4 :]
     doc = evidence.to_document()
     doc["ek_public"] = base64.b64encode(broken).decode()
     with pytest.raises(VerificationError) as err:
@@ -341,9 +359,11 @@ def test_level2_ek_with_an_aes_key_size_no_aes_has_is_refused(golden):
     swtpm, nonce, evidence, unused_policy = golden
     ek = tpm2.parse_public(evidence.ek_public)
     key_bits_at = 8 + 2 + len(ek.auth_policy) + 2
-    assert int.from_bytes(evidence.ek_public[key_bits_at:key_bits_at + 2], "big") == ek.symmetric[1]
+    assert int.from_bytes(evidence.ek_public[key_bits_at : key_bits_at + 2], "big") == ek.symmetric[1]
     doc = evidence.to_document()
-    doc["ek_public"] = base64.b64encode(evidence.ek_public[:key_bits_at] + (168).to_bytes(2, "big") + evidence.ek_public[key_bits_at + 2:]).decode()
+    doc["ek_public"] = base64.b64encode(
+        evidence.ek_public[:key_bits_at] + (168).to_bytes(2, "big") + evidence.ek_public[key_bits_at + 2 :]
+    ).decode()
     with pytest.raises(VerificationError) as err:
         _verifier(_policy(evidence, "ek-certificate"), swtpm).verify(doc, nonce)
     # Now refused before make_credential: AES-168 is no TCG EK template's (the template check, issue 25).

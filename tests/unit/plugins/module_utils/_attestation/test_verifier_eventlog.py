@@ -14,9 +14,16 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, node
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import EvidenceError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
-    MeasurementPolicy, PcrRule, PolicyError, dump_policy, parse_policy)
+    MeasurementPolicy,
+    PcrRule,
+    PolicyError,
+    dump_policy,
+    parse_policy,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
-    VerificationError, Verifier)
+    VerificationError,
+    Verifier,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from eventlogs import COMMAND_LINE, extend_into, firmware_log, ipl_log
 
@@ -45,7 +52,7 @@ def _policy(evidence, golden_log: bytes | None = None, warn_only=()):
 def _flip_digest(log: bytes, event_number: int, bank: str = "sha256") -> bytes:
     event = el.parse(log).events[event_number - 1]
     offset = log.index(event.digests[bank])
-    return log[:offset] + bytes((log[offset] ^ 1,)) + log[offset + 1:]
+    return log[:offset] + bytes((log[offset] ^ 1,)) + log[offset + 1 :]
 
 
 @pytest.fixture
@@ -74,7 +81,8 @@ def test_a_log_with_one_digest_flipped_is_refused_as_a_mismatch_naming_the_pcr(b
     assert refused.value.reason == "event-log-mismatch"
     assert str(refused.value) == "the event log does not replay to the quoted PCR(s) sha256:4"
     assert [(m["pcr"], m["bank"], m["quoted"]) for m in refused.value.mismatches] == [
-        (4, "sha256", evidence.pcrs["sha256"][4].hex())]
+        (4, "sha256", evidence.pcrs["sha256"][4].hex())
+    ]
 
 
 def test_a_flipped_digest_of_a_bank_the_quote_does_not_cover_is_not_compared(booted):
@@ -135,14 +143,22 @@ def test_a_changed_command_line_is_refused_naming_pcr_9_loadoptions_and_both_dig
     assert refused.value.reason == "pcr-policy"
     assert str(refused.value).startswith(
         "PCR(s) 9 do not match the measurement policy: PCR 9: EV_EVENT_TAG LOADED_IMAGE::LoadOptions digest changed "
-        "(PCR 9 is ")
+        "(PCR 9 is "
+    )
     [mismatch] = refused.value.mismatches
     old = hashlib.sha256(COMMAND_LINE.encode("utf-16-le") + b"\0\0").hexdigest()
     new = hashlib.sha256((COMMAND_LINE + " init=/bin/sh").encode("utf-16-le") + b"\0\0").hexdigest()
-    assert mismatch["events"] == [{
-        "pcr": 9, "change": "changed", "type": "EV_EVENT_TAG", "description": "LOADED_IMAGE::LoadOptions",
-        "old_digest": old, "new_digest": new,
-        "summary": "PCR 9: EV_EVENT_TAG LOADED_IMAGE::LoadOptions digest changed"}]
+    assert mismatch["events"] == [
+        {
+            "pcr": 9,
+            "change": "changed",
+            "type": "EV_EVENT_TAG",
+            "description": "LOADED_IMAGE::LoadOptions",
+            "old_digest": old,
+            "new_digest": new,
+            "summary": "PCR 9: EV_EVENT_TAG LOADED_IMAGE::LoadOptions digest changed",
+        }
+    ]
 
 
 def test_a_changed_kernel_names_pcr_4_and_a_warn_only_pcr_is_explained_too(start_swtpm, golden_policy):
@@ -153,7 +169,8 @@ def test_a_changed_kernel_names_pcr_4_and_a_warn_only_pcr_is_explained_too(start
         Verifier(_policy(golden, golden_log, warn_only=(9,))).verify(evidence.to_json(), nonce)
     assert str(refused.value).startswith(
         "PCR(s) 4 do not match the measurement policy: PCR 4: EV_EFI_BOOT_SERVICES_APPLICATION \\EFI\\debian\\vmlinuz "
-        "digest changed (PCR 4 is ")
+        "digest changed (PCR 4 is "
+    )
     [warning] = refused.value.warnings
     assert [e["summary"] for e in warning["events"]] == ["PCR 9: EV_EVENT_TAG LOADED_IMAGE::LoadOptions digest changed"]
 
@@ -176,15 +193,20 @@ def test_evidence_without_a_log_is_verified_by_its_pcrs_alone(booted, start_swtp
 
 # ---- the policy's golden event log ----------------------------------------------------------------------
 
+
 def test_a_policy_with_a_golden_log_round_trips():
     log = firmware_log()
-    policy = MeasurementPolicy("sha256", {9: PcrRule(9, (bytes(32),))}, "pcrs-only",
-                               el.golden_events(el.parse(log), "sha256", {9}))
+    policy = MeasurementPolicy(
+        "sha256", {9: PcrRule(9, (bytes(32),))}, "pcrs-only", el.golden_events(el.parse(log), "sha256", {9})
+    )
     again = parse_policy(dump_policy(policy))
     assert again == policy
     assert again.to_document()["event_log"][0] == {
-        "pcr": 9, "type": "EV_EVENT_TAG", "description": "LOADED_IMAGE::LoadOptions",
-        "digest": hashlib.sha256(COMMAND_LINE.encode("utf-16-le") + b"\0\0").hexdigest()}
+        "pcr": 9,
+        "type": "EV_EVENT_TAG",
+        "description": "LOADED_IMAGE::LoadOptions",
+        "digest": hashlib.sha256(COMMAND_LINE.encode("utf-16-le") + b"\0\0").hexdigest(),
+    }
 
 
 GOOD_GOLDEN = {"pcr": 8, "type": "EV_IPL", "description": "kernel_cmdline: ro", "digest": "ab" * 32}
@@ -208,12 +230,16 @@ def test_a_bad_golden_log_in_a_policy_is_refused(event_log, message):
 
 
 def test_an_unknown_event_type_by_number_is_a_valid_golden_type():
-    document = {"version": 1, "pcrs": {"8": {"allowed": ["ab" * 32]}},
-                "event_log": [dict(GOOD_GOLDEN, type="EV_0x7fff0000")]}
+    document = {
+        "version": 1,
+        "pcrs": {"8": {"allowed": ["ab" * 32]}},
+        "event_log": [dict(GOOD_GOLDEN, type="EV_0x7fff0000")],
+    }
     assert parse_policy(json.dumps(document)).event_log[0].type == "EV_0x7fff0000"
 
 
 # ---- the node: reading and enrolling its log ----------------------------------------------------------------
+
 
 def test_the_node_reads_a_log_and_refuses_a_missing_or_malformed_one(tmp_path):
     path = tmp_path / "binary_bios_measurements"
@@ -248,12 +274,25 @@ def test_measurements_enrol_the_golden_log_beside_the_pcrs(swtpm, tmp_path):
     path.write_bytes(log)
     document = node.read_measurements(swtpm.tcti, [8, 9, 15], "sha256", "pcrs-only", [], str(path))
     assert document["event_log"] == [
-        {"pcr": 8, "type": "EV_IPL", "description": "kernel_cmdline: ro quiet",
-         "digest": hashlib.sha256(b"kernel_cmdline: ro quiet").hexdigest()},
-        {"pcr": 9, "type": "EV_IPL", "description": "/boot/vmlinuz",
-         "digest": hashlib.sha256(b"/boot/vmlinuz").hexdigest()},
-        {"pcr": 9, "type": "EV_IPL", "description": "/boot/initrd",
-         "digest": hashlib.sha256(b"/boot/initrd").hexdigest()}]
+        {
+            "pcr": 8,
+            "type": "EV_IPL",
+            "description": "kernel_cmdline: ro quiet",
+            "digest": hashlib.sha256(b"kernel_cmdline: ro quiet").hexdigest(),
+        },
+        {
+            "pcr": 9,
+            "type": "EV_IPL",
+            "description": "/boot/vmlinuz",
+            "digest": hashlib.sha256(b"/boot/vmlinuz").hexdigest(),
+        },
+        {
+            "pcr": 9,
+            "type": "EV_IPL",
+            "description": "/boot/initrd",
+            "digest": hashlib.sha256(b"/boot/initrd").hexdigest(),
+        },
+    ]
     assert parse_policy(json.dumps(document)).event_log[0].pcr == 8
     only_8 = node.read_measurements(swtpm.tcti, [8], "sha256", "pcrs-only", [], str(path))
     assert [e["pcr"] for e in only_8["event_log"]] == [8]

@@ -52,8 +52,9 @@ def test_restore_brings_back_every_key(encrypted, tmp_path, etcd_members, free_p
     dest, manifest = encrypted
     peer_port = free_port()
     restore = _restore_member(tmp_path, peer=f"http://127.0.0.1:{peer_port}")
-    result = etcd.restore_snapshot(etcd.Etcdctl(), SECRETS, dest, str(tmp_path / "work"), restore,
-                                   expected_revision=manifest["revision"])
+    result = etcd.restore_snapshot(
+        etcd.Etcdctl(), SECRETS, dest, str(tmp_path / "work"), restore, expected_revision=manifest["revision"]
+    )
     assert result["revision"] == manifest["revision"] and os.listdir(tmp_path / "work") == []
     restored = etcd_members(restore.data_dir, peer_port=peer_port)
     keys = restored.ctl("get", "/registry/configmaps/", "--prefix", "--keys-only").split()
@@ -61,10 +62,13 @@ def test_restore_brings_back_every_key(encrypted, tmp_path, etcd_members, free_p
     assert [m["name"] for m in restored.etcdctl().members()] == ["cp-0"]
 
 
-@pytest.mark.parametrize("damage, error", [
-    (lambda data: data[:-1000], snapshot.TruncatedError),
-    (lambda data: data[:200] + bytes([data[200] ^ 1]) + data[201:], snapshot.AuthenticationError),
-])
+@pytest.mark.parametrize(
+    "damage, error",
+    [
+        (lambda data: data[:-1000], snapshot.TruncatedError),
+        (lambda data: data[:200] + bytes([data[200] ^ 1]) + data[201:], snapshot.AuthenticationError),
+    ],
+)
 def test_damaged_snapshot_restores_nothing(encrypted, tmp_path, damage, error):
     dest, dummy = encrypted
     with open(dest, "rb") as handle:

@@ -25,6 +25,7 @@ RECORD = snapshot.NONCE_SIZE + CHUNK + snapshot.TAG_SIZE
 
 def _hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
     import hmac
+
     prk = hmac.new(salt, ikm, hashlib.sha256).digest()
     okm, block, counter = b"", b"", 1
     while len(okm) < length:
@@ -66,8 +67,13 @@ def test_known_answer_layout_rebuilt_by_hand():
     aead = AESGCM(KEY)
     nonce0 = prefix + struct.pack(">IB", 0, 0)
     nonce1 = prefix + struct.pack(">IB", 1, 1)
-    expected = (header + nonce0 + aead.encrypt(nonce0, plaintext[:CHUNK], header)
-                + nonce1 + aead.encrypt(nonce1, plaintext[CHUNK:], header))
+    expected = (
+        header
+        + nonce0
+        + aead.encrypt(nonce0, plaintext[:CHUNK], header)
+        + nonce1
+        + aead.encrypt(nonce1, plaintext[CHUNK:], header)
+    )
     assert data == expected
     assert hashlib.sha256(data).hexdigest() == "77d5b670501fc82244592329a68c8ad9c89d01a4ff6953751a66ecc4d59e13f5"
 
@@ -81,7 +87,7 @@ def test_round_trip(size):
 
 
 def test_each_file_gets_a_fresh_nonce_prefix():
-    assert _encrypted(PLAINTEXT)[:snapshot.HEADER_SIZE] != _encrypted(PLAINTEXT)[:snapshot.HEADER_SIZE]
+    assert _encrypted(PLAINTEXT)[: snapshot.HEADER_SIZE] != _encrypted(PLAINTEXT)[: snapshot.HEADER_SIZE]
 
 
 def test_another_clusters_snapshot_is_refused_before_decrypting():
@@ -110,7 +116,7 @@ def test_truncated_header_is_refused():
 
 
 def test_truncated_with_forged_smaller_header_fails_authentication():
-    data = bytearray(_encrypted(PLAINTEXT)[:snapshot.HEADER_SIZE + 2 * RECORD])
+    data = bytearray(_encrypted(PLAINTEXT)[: snapshot.HEADER_SIZE + 2 * RECORD])
     struct.pack_into(">Q", data, 14, 2 * CHUNK)  # plaintext size: claim the file had two chunks
     with pytest.raises(snapshot.AuthenticationError, match="chunk 0 of 2"):
         _decrypted(bytes(data))
@@ -122,8 +128,8 @@ def test_trailing_bytes_are_refused():
 
 
 def _records(data: bytes) -> tuple[bytes, list[bytes]]:
-    body = data[snapshot.HEADER_SIZE:]
-    return data[:snapshot.HEADER_SIZE], [body[i:i + RECORD] for i in range(0, len(body), RECORD)]
+    body = data[snapshot.HEADER_SIZE :]
+    return data[: snapshot.HEADER_SIZE], [body[i : i + RECORD] for i in range(0, len(body), RECORD)]
 
 
 def test_reordered_chunks_are_refused():
@@ -160,13 +166,20 @@ def test_every_single_byte_flip_is_refused():
             _decrypted(bytes(altered))
 
 
-@pytest.mark.parametrize("offset, error, message", [
-    (0, snapshot.SnapshotFormatError, "not an encrypted etcd snapshot"),
-    (9, snapshot.SnapshotFormatError, "format version 0, this collection reads 1"),
-    (30, snapshot.WrongClusterError, "not of this cluster"),
-    (snapshot.HEADER_SIZE + snapshot.NONCE_SIZE + 7, snapshot.AuthenticationError, "chunk 0 of 4 fails authentication"),
-    (snapshot.HEADER_SIZE + 3 * RECORD + 20, snapshot.AuthenticationError, "chunk 3 of 4 fails authentication"),
-])
+@pytest.mark.parametrize(
+    "offset, error, message",
+    [
+        (0, snapshot.SnapshotFormatError, "not an encrypted etcd snapshot"),
+        (9, snapshot.SnapshotFormatError, "format version 0, this collection reads 1"),
+        (30, snapshot.WrongClusterError, "not of this cluster"),
+        (
+            snapshot.HEADER_SIZE + snapshot.NONCE_SIZE + 7,
+            snapshot.AuthenticationError,
+            "chunk 0 of 4 fails authentication",
+        ),
+        (snapshot.HEADER_SIZE + 3 * RECORD + 20, snapshot.AuthenticationError, "chunk 3 of 4 fails authentication"),
+    ],
+)
 def test_flipped_byte_names_what_it_broke(offset, error, message):
     altered = bytearray(_encrypted(PLAINTEXT))
     altered[offset] ^= 0x01

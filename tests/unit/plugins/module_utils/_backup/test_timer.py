@@ -43,9 +43,29 @@ def secrets_file(tmp_path) -> str:
 
 
 def _cli(member, secrets_file: str, directory: Path, work: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", MODULE, "--dir", str(directory), "--endpoint", member.client,
-                           "--secrets-file", secrets_file, "--work-dir", str(work), "--member", "cp-0", *extra],
-                          capture_output=True, text=True, check=False, timeout=120, env=ENV)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            MODULE,
+            "--dir",
+            str(directory),
+            "--endpoint",
+            member.client,
+            "--secrets-file",
+            secrets_file,
+            "--work-dir",
+            str(work),
+            "--member",
+            "cp-0",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env=ENV,
+    )
 
 
 def test_two_runs_keep_the_newest_and_decrypt(member, secrets_file, tmp_path):
@@ -81,9 +101,15 @@ def test_two_runs_keep_the_newest_and_decrypt(member, secrets_file, tmp_path):
         plaintext = tmp_path / f"{name}.db"
         info = snapshot.decrypt_file(key, SECRETS.cluster_id(), str(ciphertext), str(plaintext))
         assert info.plaintext_size == manifest["snapshot_size"] and b"cm-007" in plaintext.read_bytes()
-        status = json.loads(subprocess.run(["etcdctl", "snapshot", "status", str(plaintext), "-w", "json"],
-                                           capture_output=True, text=True, check=True,
-                                           env=dict(os.environ, ETCDCTL_API="3")).stdout)
+        status = json.loads(
+            subprocess.run(
+                ["etcdctl", "snapshot", "status", str(plaintext), "-w", "json"],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=dict(os.environ, ETCDCTL_API="3"),
+            ).stdout
+        )
         assert status["revision"] == manifest["revision"]
         # The controller's restore check takes the directory as it is (copied into backups/).
         assert _etcd_backups.verify(str(directory / name), SECRETS)["revision"] == manifest["revision"]
@@ -95,9 +121,28 @@ def test_no_healthy_member_or_bad_secrets_keep_what_was_there(member, secrets_fi
     before = sorted(os.listdir(directory))
     subprocess.run(["sleep", "1.1"], check=True)  # not refused as a second snapshot in the same second
 
-    down = subprocess.run([sys.executable, "-m", MODULE, "--dir", str(directory), "--endpoint", "http://127.0.0.1:1",
-                           "--secrets-file", secrets_file, "--work-dir", str(work), "--timeout", "2"],
-                          capture_output=True, text=True, check=False, timeout=120, env=ENV)
+    down = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            MODULE,
+            "--dir",
+            str(directory),
+            "--endpoint",
+            "http://127.0.0.1:1",
+            "--secrets-file",
+            secrets_file,
+            "--work-dir",
+            str(work),
+            "--timeout",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env=ENV,
+    )
     assert down.returncode == 1 and "etcd snapshot from http://127.0.0.1:1 failed" in down.stderr
 
     Path(secrets_file).chmod(0o644)

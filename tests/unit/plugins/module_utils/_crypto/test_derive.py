@@ -7,16 +7,30 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto im
 
 # DESIGN section 2: known-answer vectors.
 VECTORS = [
-    (bytes(32), bytes(32), "key-00000000-0000-0000-0000-000000000000",
-     "2b5c829f691bfd4232f8aac464bccc07e605c7c8e82cbca09837e86d0b6d0665"),
-    (bytes(range(0x00, 0x20)), bytes(range(0x20, 0x40)), "key-clusterID",
-     "128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6"),
-    (bytes(range(0x40, 0x60)), bytes(range(0x60, 0x80)), "key-measurementSecret",
-     "4790578891f3fe6cc22cb661ecdc1b7e33121b1287546a52ba33a9136719c213"),
+    (
+        bytes(32),
+        bytes(32),
+        "key-00000000-0000-0000-0000-000000000000",
+        "2b5c829f691bfd4232f8aac464bccc07e605c7c8e82cbca09837e86d0b6d0665",
+    ),
+    (
+        bytes(range(0x00, 0x20)),
+        bytes(range(0x20, 0x40)),
+        "key-clusterID",
+        "128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6",
+    ),
+    (
+        bytes(range(0x40, 0x60)),
+        bytes(range(0x60, 0x80)),
+        "key-measurementSecret",
+        "4790578891f3fe6cc22cb661ecdc1b7e33121b1287546a52ba33a9136719c213",
+    ),
 ]
 
 
-@pytest.mark.parametrize("secret,salt,info,expected", VECTORS, ids=["disk key of the zero UUID", "cluster ID", "measurement secret"])
+@pytest.mark.parametrize(
+    "secret,salt,info,expected", VECTORS, ids=["disk key of the zero UUID", "cluster ID", "measurement secret"]
+)
 def test_known_answer_vectors(secret, salt, info, expected):
     assert derive.derive(secret, salt, info).hex() == expected
 

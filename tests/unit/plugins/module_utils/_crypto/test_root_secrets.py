@@ -5,11 +5,16 @@ import base64
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive
-from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets, RootSecretsError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import (
+    RootSecrets,
+    RootSecretsError,
+)
 
-DOC = {"master_key": base64.b64encode(bytes(range(0x40, 0x60))).decode(),
-       "master_salt": base64.b64encode(bytes(range(0x60, 0x80))).decode(),
-       "measurement_salt": base64.b64encode(bytes(32)).decode()}
+DOC = {
+    "master_key": base64.b64encode(bytes(range(0x40, 0x60))).decode(),
+    "master_salt": base64.b64encode(bytes(range(0x60, 0x80))).decode(),
+    "measurement_salt": base64.b64encode(bytes(32)).decode(),
+}
 
 
 def test_round_trip_and_derivations():
@@ -25,12 +30,16 @@ def test_repr_shows_no_secret():
     assert DOC["master_key"] not in repr(secrets) and "master_key" not in repr(secrets)
 
 
-@pytest.mark.parametrize("doc,message", [
-    ([], "must be a mapping"),
-    ({**DOC, "master_key": "%%%"}, "master_key is not base64"),
-    ({**DOC, "master_salt": base64.b64encode(b"short").decode()}, "master_salt must be 32 bytes"),
-    ({k: v for k, v in DOC.items() if k != "measurement_salt"}, "measurement_salt must be 32 bytes"),
-], ids=["not a mapping", "bad base64", "short salt", "missing field"])
+@pytest.mark.parametrize(
+    "doc,message",
+    [
+        ([], "must be a mapping"),
+        ({**DOC, "master_key": "%%%"}, "master_key is not base64"),
+        ({**DOC, "master_salt": base64.b64encode(b"short").decode()}, "master_salt must be 32 bytes"),
+        ({k: v for k, v in DOC.items() if k != "measurement_salt"}, "measurement_salt must be 32 bytes"),
+    ],
+    ids=["not a mapping", "bad base64", "short salt", "missing field"],
+)
 def test_malformed_documents_name_the_field_not_the_value(doc, message):
     with pytest.raises(RootSecretsError, match=message) as err:
         RootSecrets.from_document(doc, "secrets file")

@@ -38,11 +38,15 @@ def test_relay_that_swaps_in_its_own_key_cannot_open_the_reply():
         relay.open(envelope, "join", NONCE, "joinservice")
 
 
-@pytest.mark.parametrize("flow,nonce,verifier", [
-    ("join", NONCE, "controller"),
-    ("init", os.urandom(32), "controller"),
-    ("init", NONCE, "someone-else"),
-], ids=["wrong flow", "wrong nonce", "wrong verifier"])
+@pytest.mark.parametrize(
+    "flow,nonce,verifier",
+    [
+        ("join", NONCE, "controller"),
+        ("init", os.urandom(32), "controller"),
+        ("init", NONCE, "someone-else"),
+    ],
+    ids=["wrong flow", "wrong nonce", "wrong verifier"],
+)
 def test_wrong_info_fails(flow, nonce, verifier):
     key = seal.EphemeralKey.generate()
     envelope = seal.seal(b"secret", key.public_bytes(), "init", NONCE, "controller")
@@ -68,12 +72,15 @@ def test_tampered_ciphertext_fails():
         key.open(json.dumps(doc).encode(), "init", NONCE, "c")
 
 
-@pytest.mark.parametrize("envelope,message", [
-    (b"not json", "not JSON"),
-    (b"[]", "must be an object"),
-    (b'{"version": 1, "suite": "ROT13", "ciphertext": ""}', "unknown suite"),
-    (b'{"version": 1, "suite": "X25519/HKDF_SHA256/AES_256_GCM", "ciphertext": "%%%"}', "not valid base64"),
-])
+@pytest.mark.parametrize(
+    "envelope,message",
+    [
+        (b"not json", "not JSON"),
+        (b"[]", "must be an object"),
+        (b'{"version": 1, "suite": "ROT13", "ciphertext": ""}', "unknown suite"),
+        (b'{"version": 1, "suite": "X25519/HKDF_SHA256/AES_256_GCM", "ciphertext": "%%%"}', "not valid base64"),
+    ],
+)
 def test_malformed_envelope_is_a_clear_error(envelope, message):
     with pytest.raises(seal.SealError, match=message):
         seal.EphemeralKey.generate(seal.X25519).open(envelope, "init", NONCE, "c")

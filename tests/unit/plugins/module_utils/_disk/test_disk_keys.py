@@ -23,11 +23,15 @@ def test_disk_key_decodes_from_base64():
     assert keys.decode_disk_key(base64.b64encode(key).decode()) == key
 
 
-@pytest.mark.parametrize("value,reason", [
-    ("not base64!", "is not valid base64"),
-    (base64.b64encode(bytes(31)).decode(), "decodes to 31 bytes"),
-    (base64.b64encode(bytes(32).hex().encode()).decode(), "decodes to 64 bytes"),
-], ids=["not base64", "31 bytes", "hex text instead of raw bytes"])
+@pytest.mark.parametrize(
+    "value,reason",
+    [
+        ("not base64!", "is not valid base64"),
+        (base64.b64encode(bytes(31)).decode(), "decodes to 31 bytes"),
+        (base64.b64encode(bytes(32).hex().encode()).decode(), "decodes to 64 bytes"),
+    ],
+    ids=["not base64", "31 bytes", "hex text instead of raw bytes"],
+)
 def test_malformed_disk_key_is_refused_without_echoing_it(value, reason):
     with pytest.raises(StateDiskError, match=reason) as error:
         keys.decode_disk_key(value)
@@ -39,15 +43,18 @@ def test_disk_key_file_holds_the_raw_key(tmp_path):
     assert keys.read_disk_key_file(_write(tmp_path / "disk.key", key)) == key
 
 
-@pytest.mark.parametrize("case,reason", [
-    ("missing", "cannot read disk_key_file .*: No such file or directory"),
-    ("directory", "is not a regular file"),
-    ("symlink", "cannot read disk_key_file"),
-    ("group readable", r"has mode 0640; .*chmod 0600"),
-    ("world readable", r"has mode 0644; .*chmod 0600"),
-    ("31 bytes", "holds 31 bytes; it must hold exactly the raw 32-byte disk key"),
-    ("hex text", r"holds 33\+ bytes; .*not hex"),
-])
+@pytest.mark.parametrize(
+    "case,reason",
+    [
+        ("missing", "cannot read disk_key_file .*: No such file or directory"),
+        ("directory", "is not a regular file"),
+        ("symlink", "cannot read disk_key_file"),
+        ("group readable", r"has mode 0640; .*chmod 0600"),
+        ("world readable", r"has mode 0644; .*chmod 0600"),
+        ("31 bytes", "holds 31 bytes; it must hold exactly the raw 32-byte disk key"),
+        ("hex text", r"holds 33\+ bytes; .*not hex"),
+    ],
+)
 def test_bad_disk_key_file_is_named_in_a_clear_error(tmp_path, case, reason):
     key = secrets.token_bytes(32)
     path = tmp_path / "disk.key"

@@ -17,7 +17,11 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.de
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import luks
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk.luks import (
-    CommandResult, StateDisk, luks_header_summary, parse_luks_dump_text)
+    CommandResult,
+    StateDisk,
+    luks_header_summary,
+    parse_luks_dump_text,
+)
 
 MASTER_KEY = bytes(range(0x00, 0x20))
 MASTER_SALT = bytes(range(0x20, 0x40))
@@ -26,8 +30,10 @@ FAST_PBKDF = {"pbkdf_memory": 32768, "pbkdf_iterations": 4}
 FAST_ARGS = ["--pbkdf", "argon2id", "--pbkdf-memory", "32768", "--pbkdf-force-iterations", "4"]
 DISK_SIZE = 32 * 1024 * 1024
 
-pytestmark = pytest.mark.skipif(not shutil.which("cryptsetup", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"),
-                                reason="cryptsetup (cryptsetup-bin) is not installed")
+pytestmark = pytest.mark.skipif(
+    not shutil.which("cryptsetup", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"),
+    reason="cryptsetup (cryptsetup-bin) is not installed",
+)
 
 
 def cryptsetup(*args: str, data: bytes | None = None) -> subprocess.CompletedProcess:
@@ -77,7 +83,9 @@ def formatted(disk: StateDisk) -> tuple[str, bytes]:
 
 
 def check_mode_twin(disk: StateDisk) -> StateDisk:
-    return StateDisk(disk.device, initial_key_path=disk.initial_key_path, check_mode=True, cluster_state_paths=(), **FAST_PBKDF)
+    return StateDisk(
+        disk.device, initial_key_path=disk.initial_key_path, check_mode=True, cluster_state_paths=(), **FAST_PBKDF
+    )
 
 
 def test_format_writes_the_luks2_header_the_design_asks_for(disk, device, initial_key_path):
@@ -86,7 +94,13 @@ def test_format_writes_the_luks2_header_the_design_asks_for(disk, device, initia
     assert result["changed"] is True
     header = luks_header_summary(device)
     assert (header.version, header.cipher, header.key_size, header.sector_size, header.pbkdf, header.keyslots) == (
-        2, "aes-xts-plain64", 512, 4096, "argon2id", 1)
+        2,
+        "aes-xts-plain64",
+        512,
+        4096,
+        "argon2id",
+        1,
+    )
     luks_uuid = cryptsetup("luksUUID", device).stdout.decode().strip()
     assert result["uuid"] == luks_uuid.lower() == result["uuid"].lower() == header.uuid
     assert result["keyslots"] == 1 and result["keyed"] is None
@@ -101,8 +115,14 @@ def test_uuid_only_on_a_formatted_disk_changes_nothing(disk, device):
     uuid, _initial_key = formatted(disk)
     before = digest(device)
     assert disk.ensure("formatted", uuid_only=True) == {
-        "changed": False, "uuid": uuid, "keyslots": 1, "keyed": None, "mapped": False,
-        "mapping_available": disk.mapping_available, "mount_path": None}
+        "changed": False,
+        "uuid": uuid,
+        "keyslots": 1,
+        "keyed": None,
+        "mapped": False,
+        "mapping_available": disk.mapping_available,
+        "mount_path": None,
+    }
     assert digest(device) == before
 
 
@@ -157,15 +177,28 @@ def test_check_mode_predicts_the_rekey_and_leaves_the_header_untouched(disk, dev
 
 
 def test_disk_keyed_with_an_unknown_key_is_refused_and_left_alone(device, initial_key_path):
-    cryptsetup("luksFormat", "--batch-mode", "--type", "luks2", *FAST_ARGS, "--key-file=-", device, data=secrets.token_bytes(32))
+    cryptsetup(
+        "luksFormat",
+        "--batch-mode",
+        "--type",
+        "luks2",
+        *FAST_ARGS,
+        "--key-file=-",
+        device,
+        data=secrets.token_bytes(32),
+    )
     uuid = cryptsetup("luksUUID", device).stdout.decode().strip()
     before = digest(device)
     disk = StateDisk(device, initial_key_path=initial_key_path, **FAST_PBKDF)
 
-    with pytest.raises(StateDiskError, match=f"opens neither with the given disk key nor with an initial key .*{initial_key_path}") as error:
+    with pytest.raises(
+        StateDiskError, match=f"opens neither with the given disk key nor with an initial key .*{initial_key_path}"
+    ) as error:
         disk.ensure("formatted", derived_key(uuid))
 
-    assert uuid in str(error.value) and "Nothing was changed" in str(error.value) and "needs a reset" in str(error.value)
+    assert (
+        uuid in str(error.value) and "Nothing was changed" in str(error.value) and "needs a reset" in str(error.value)
+    )
     assert digest(device) == before
 
 
@@ -196,13 +229,18 @@ def test_interrupted_rekey_leftover_keyslot_is_removed(disk, device, initial_key
     assert not os.path.exists(initial_key_path)
 
 
-@pytest.mark.parametrize("case,reason", [
-    ("missing", "device {device} does not exist"),
-    ("directory", "device {device} is a directory, not a block device or a file"),
-    ("character device", "device {device} is neither a block device nor a regular file"),
-])
+@pytest.mark.parametrize(
+    "case,reason",
+    [
+        ("missing", "device {device} does not exist"),
+        ("directory", "device {device} is a directory, not a block device or a file"),
+        ("character device", "device {device} is neither a block device nor a regular file"),
+    ],
+)
 def test_unusable_device_is_named_in_a_clear_error(tmp_path, initial_key_path, case, reason):
-    device = {"missing": str(tmp_path / "absent.img"), "directory": str(tmp_path), "character device": "/dev/null"}[case]
+    device = {"missing": str(tmp_path / "absent.img"), "directory": str(tmp_path), "character device": "/dev/null"}[
+        case
+    ]
     with pytest.raises(StateDiskError, match=reason.format(device=device)):
         StateDisk(device, initial_key_path=initial_key_path).ensure("formatted", uuid_only=True)
     assert not os.path.exists(initial_key_path)
@@ -214,7 +252,9 @@ def test_device_with_a_filesystem_is_not_formatted(disk, device, initial_key_pat
         pytest.skip("mkfs.ext4 (e2fsprogs) is not installed")
     subprocess.run([mkfs, "-q", "-F", device], check=True, capture_output=True)
     before = digest(device)
-    with pytest.raises(StateDiskError, match=f"{device} has no LUKS header but holds a ext4 signature: refusing to format it"):
+    with pytest.raises(
+        StateDiskError, match=f"{device} has no LUKS header but holds a ext4 signature: refusing to format it"
+    ):
         disk.ensure("formatted", uuid_only=True)
     assert digest(device) == before and not os.path.exists(initial_key_path)
 
@@ -234,19 +274,33 @@ def test_a_key_for_a_disk_that_has_no_uuid_yet_is_refused(disk, device):
 
 
 def test_luks1_header_is_refused_not_reformatted(disk, device):
-    cryptsetup("luksFormat", "--batch-mode", "--type", "luks1", "--pbkdf-force-iterations", "1000", "--key-file=-", device,
-               data=secrets.token_bytes(32))
+    cryptsetup(
+        "luksFormat",
+        "--batch-mode",
+        "--type",
+        "luks1",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file=-",
+        device,
+        data=secrets.token_bytes(32),
+    )
     before = digest(device)
-    with pytest.raises(StateDiskError, match="has a LUKS1 header; the state disk must be LUKS2 and is never reformatted"):
+    with pytest.raises(
+        StateDiskError, match="has a LUKS1 header; the state disk must be LUKS2 and is never reformatted"
+    ):
         disk.ensure("formatted", uuid_only=True)
     assert digest(device) == before
 
 
-@pytest.mark.parametrize("kwargs,reason", [
-    ({"state": "opened", "uuid_only": True}, "use it with state=formatted"),
-    ({"state": "formatted"}, "needs the disk key"),
-    ({"state": "absent", "uuid_only": True}, "state must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs,reason",
+    [
+        ({"state": "opened", "uuid_only": True}, "use it with state=formatted"),
+        ({"state": "formatted"}, "needs the disk key"),
+        ({"state": "absent", "uuid_only": True}, "state must be one of"),
+    ],
+)
 def test_inconsistent_requests_are_refused(disk, kwargs, reason):
     with pytest.raises(StateDiskError, match=reason):
         disk.ensure(**kwargs)
@@ -258,8 +312,11 @@ def test_opened_on_this_host_says_plainly_that_device_mapper_is_missing(disk, de
     uuid, _initial_key = formatted(disk)
     key = derived_key(uuid)
 
-    with pytest.raises(StateDiskError, match=r"^device-mapper is not available on this host \(no [^)]*/dev/mapper/control[^)]*\): "
-                                             "the state disk is formatted and keyed but cannot be mapped") as error:
+    with pytest.raises(
+        StateDiskError,
+        match=r"^device-mapper is not available on this host \(no [^)]*/dev/mapper/control[^)]*\): "
+        "the state disk is formatted and keyed but cannot be mapped",
+    ) as error:
         disk.ensure("opened", key)
 
     assert error.value.result["changed"] is True and error.value.result["keyed"] is True
@@ -271,7 +328,9 @@ def test_missing_control_node_is_reported_as_such(disk, tmp_path, monkeypatch):
     monkeypatch.setattr(luks, "DM_SYSFS", str(tmp_path / "no-sysfs"))
     disk.dm_control = str(tmp_path / "mapper" / "control")
     uuid, _initial_key = formatted(disk)
-    with pytest.raises(StateDiskError, match=rf"on this host \(no {disk.dm_control}\): the state disk is formatted and keyed"):
+    with pytest.raises(
+        StateDiskError, match=rf"on this host \(no {disk.dm_control}\): the state disk is formatted and keyed"
+    ):
         disk.ensure("mounted", derived_key(uuid))
 
 
@@ -294,11 +353,18 @@ class ArgvRecorder:
         return self._run(argv, data)
 
     def assert_never_in_argv(self, secret: bytes) -> None:
-        forms = [secret.hex(), secret.hex().upper(), base64.b64encode(secret).decode(), base64.urlsafe_b64encode(secret).decode()]
+        forms = [
+            secret.hex(),
+            secret.hex().upper(),
+            base64.b64encode(secret).decode(),
+            base64.urlsafe_b64encode(secret).decode(),
+        ]
         for argv in self.argvs:
             for arg in argv:
                 assert secret not in os.fsencode(arg)
-                assert not any(form in arg for form in forms), f"a key appears on a {os.path.basename(argv[0])} command line"
+                assert not any(form in arg for form in forms), (
+                    f"a key appears on a {os.path.basename(argv[0])} command line"
+                )
 
 
 def test_no_key_ever_appears_in_an_argv_and_key_files_are_wiped(disk, device):
@@ -342,8 +408,17 @@ def test_text_dump_parser_agrees_with_the_json_dump(disk, device):
 
 
 def test_text_dump_parser_reads_luks1(device):
-    cryptsetup("luksFormat", "--batch-mode", "--type", "luks1", "--pbkdf-force-iterations", "1000", "--key-file=-", device,
-               data=secrets.token_bytes(32))
+    cryptsetup(
+        "luksFormat",
+        "--batch-mode",
+        "--type",
+        "luks1",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file=-",
+        device,
+        data=secrets.token_bytes(32),
+    )
     header = parse_luks_dump_text(cryptsetup("luksDump", device).stdout.decode())
     assert (header.version, header.cipher, header.keyslots) == (1, "aes-xts-plain64", 1)
 
@@ -369,7 +444,10 @@ class FakeDeviceMapperHost:
         self.disk = disk
 
     def tools(self) -> list[str]:
-        return [os.path.basename(argv[0]) + (f" {argv[1]}" if os.path.basename(argv[0]) == "cryptsetup" else "") for argv, _data in self.calls]
+        return [
+            os.path.basename(argv[0]) + (f" {argv[1]}" if os.path.basename(argv[0]) == "cryptsetup" else "")
+            for argv, _data in self.calls
+        ]
 
     def __call__(self, argv: list[str], data: bytes | None = None) -> CommandResult:
         self.calls.append((list(argv), data))
@@ -377,8 +455,12 @@ class FakeDeviceMapperHost:
         if tool == "cryptsetup" and args[0] == "status":
             if self.mapped_device is None:
                 return CommandResult(4, "", f"/dev/mapper/{args[1]} is inactive.\n")
-            return CommandResult(0, f"/dev/mapper/{args[1]} is active.\n  type:    LUKS2\n  cipher:  aes-xts-plain64\n"
-                                    f"  device:  /dev/loop7\n  loop:    {self.mapped_device}\n", "")
+            return CommandResult(
+                0,
+                f"/dev/mapper/{args[1]} is active.\n  type:    LUKS2\n  cipher:  aes-xts-plain64\n"
+                f"  device:  /dev/loop7\n  loop:    {self.mapped_device}\n",
+                "",
+            )
         if tool == "cryptsetup" and args[0] == "open" and "--test-passphrase" not in args:
             device = args[-2]
             check = self._run([argv[0], "open", "--test-passphrase", "--type", "luks2", "--key-file=-", device], data)
@@ -386,11 +468,15 @@ class FakeDeviceMapperHost:
                 self.mapped_device = device
             return check
         if tool == "blkid" and args[-1].startswith("/dev/mapper/"):
-            return CommandResult(0, f"DEVNAME={args[-1]}\nTYPE={self.filesystem}\n", "") if self.filesystem else CommandResult(2, "", "")
+            return (
+                CommandResult(0, f"DEVNAME={args[-1]}\nTYPE={self.filesystem}\n", "")
+                if self.filesystem
+                else CommandResult(2, "", "")
+            )
         if tool.startswith("mkfs."):
             if self.mkfs_error:
                 return CommandResult(1, "", self.mkfs_error)
-            self.filesystem = tool[len("mkfs."):]
+            self.filesystem = tool[len("mkfs.") :]
             return CommandResult(0, "", "")
         if tool == "mount":
             source, target = args[-2], args[-1]
@@ -409,12 +495,22 @@ def test_mounted_on_a_device_mapper_host_opens_makes_a_filesystem_and_mounts(dis
 
     result = disk.ensure("mounted", key)
 
-    assert result == {"changed": True, "uuid": uuid, "keyslots": 1, "keyed": True, "mapped": True,
-                      "mapping_available": True, "mount_path": disk.mount_path}
+    assert result == {
+        "changed": True,
+        "uuid": uuid,
+        "keyslots": 1,
+        "keyed": True,
+        "mapped": True,
+        "mapping_available": True,
+        "mount_path": disk.mount_path,
+    }
     assert host.mapped_device == device and host.filesystem == "ext4"
     open_call = next((argv, data) for argv, data in host.calls if argv[1] == "open" and "--test-passphrase" not in argv)
     assert open_call == ([open_call[0][0], "open", "--type", "luks2", "--key-file=-", device, "state"], key)
-    assert ["mount", "-t", "ext4", "/dev/mapper/state", disk.mount_path] == [os.path.basename(host.calls[-1][0][0]), *host.calls[-1][0][1:]]
+    assert ["mount", "-t", "ext4", "/dev/mapper/state", disk.mount_path] == [
+        os.path.basename(host.calls[-1][0][0]),
+        *host.calls[-1][0][1:],
+    ]
     assert stat.S_IMODE(os.stat(disk.mount_path).st_mode) == 0o700
 
     del host.calls[:]
@@ -468,9 +564,15 @@ def test_a_failure_after_the_rekey_still_reports_the_change(disk, device, tmp_pa
     disk.mount_path = str(tmp_path / "state")
     host = FakeDeviceMapperHost(disk, tmp_path)
     host.mkfs_error = "mke2fs: Device size reported to be zero.\n"
-    with pytest.raises(StateDiskError, match="mkfs.ext4 /dev/mapper/state failed: mke2fs: Device size reported to be zero") as error:
+    with pytest.raises(
+        StateDiskError, match="mkfs.ext4 /dev/mapper/state failed: mke2fs: Device size reported to be zero"
+    ) as error:
         disk.ensure("mounted", derived_key(uuid))
-    assert error.value.result["changed"] is True and error.value.result["keyed"] is True and error.value.result["mapped"] is True
+    assert (
+        error.value.result["changed"] is True
+        and error.value.result["keyed"] is True
+        and error.value.result["mapped"] is True
+    )
     assert key_opens(device, derived_key(uuid))
 
 

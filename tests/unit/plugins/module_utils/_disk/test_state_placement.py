@@ -9,7 +9,11 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk.placement import (
-    CLUSTER_STATE_PATHS, disk_side, is_placed, place_cluster_state)
+    CLUSTER_STATE_PATHS,
+    disk_side,
+    is_placed,
+    place_cluster_state,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root")
 

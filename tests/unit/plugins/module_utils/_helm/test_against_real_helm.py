@@ -17,11 +17,18 @@ import pytest
 import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.backup import (
-    BackupError, backup_crds, make_upgrade_dir, save_release_inputs)
+    BackupError,
+    backup_crds,
+    make_upgrade_dir,
+    save_release_inputs,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.policy import VersionPolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.release import ReleaseFailed, ReleaseManager
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import (
-    Helm, ReleasePendingError, ReleaseRequest)
+    Helm,
+    ReleasePendingError,
+    ReleaseRequest,
+)
 
 import control_plane
 from helm_charts import make_chart
@@ -46,7 +53,9 @@ spec: {level: 11}
 """
 
 
-def ensure(cluster, helm_binary, namespace, chart, values=None, check=False, diff=False, skip_version_policy=False, **kwargs):
+def ensure(
+    cluster, helm_binary, namespace, chart, values=None, check=False, diff=False, skip_version_policy=False, **kwargs
+):
     helm = Helm(helm_binary, str(cluster.admin_kubeconfig))
     kwargs.setdefault("wait_timeout", "10s")
     req = ReleaseRequest("web", namespace, str(chart), create_namespace=True, **kwargs)
@@ -83,13 +92,15 @@ def test_install_rerun_upgrade_with_backup(kube_control_plane, helm_binary, rele
     try:
         upgrade_dir = make_upgrade_dir(str(tmp_path / "upgrades"))
         counts = backup_crds(api_get, upgrade_dir)
-        inputs = dict(release_name="web", release_namespace=namespace, chart_ref=str(chart), merged_values={"greeting": "hi"})
+        inputs = dict(
+            release_name="web", release_namespace=namespace, chart_ref=str(chart), merged_values={"greeting": "hi"}
+        )
         saved = save_release_inputs(upgrade_dir, [inputs])
         # Every file is byte for byte the object as a GET serves it now.
         served = {}
         for path in counts["files"]:
             relative = os.path.relpath(path, os.path.join(upgrade_dir, "backups"))
-            parts = relative[:-len(".yaml")].split(os.sep)
+            parts = relative[: -len(".yaml")].split(os.sep)
             if parts[0] == "crds":
                 url = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{parts[1]}"
             elif len(parts) == 5:
@@ -104,15 +115,17 @@ def test_install_rerun_upgrade_with_backup(kube_control_plane, helm_binary, rele
     finally:
         api_client.close()
         cluster.kubectl("delete", "-f", "-", stdin=gadgets)
-    assert sorted(served) == sorted([
-        "crds/gadgets.lab.example.com.yaml",
-        "crds/knobs.lab.example.com.yaml",
-        f"lab.example.com/v1/{namespace}/Gadget/blue.yaml",
-        "lab.example.com/v1/default/Gadget/red.yaml",
-        f"lab.example.com/v1beta1/{namespace}/Gadget/blue.yaml",
-        "lab.example.com/v1beta1/default/Gadget/red.yaml",
-        "lab.example.com/v1/Knob/volume.yaml",
-    ])
+    assert sorted(served) == sorted(
+        [
+            "crds/gadgets.lab.example.com.yaml",
+            "crds/knobs.lab.example.com.yaml",
+            f"lab.example.com/v1/{namespace}/Gadget/blue.yaml",
+            "lab.example.com/v1/default/Gadget/red.yaml",
+            f"lab.example.com/v1beta1/{namespace}/Gadget/blue.yaml",
+            "lab.example.com/v1beta1/default/Gadget/red.yaml",
+            "lab.example.com/v1/Knob/volume.yaml",
+        ]
+    )
     assert (counts["crds"], counts["custom_resources"]) == (2, 5)
     assert served[f"lab.example.com/v1/{namespace}/Gadget/blue.yaml"]["spec"]["token"] == "s3cr3t-token"
     for current, dirs, files in os.walk(upgrade_dir):
@@ -140,7 +153,8 @@ def test_backup_of_an_unreachable_cluster_fails(tmp_path):
 
 
 def test_hook_that_never_completes_is_rolled_back_with_helms_message(
-        kube_control_plane, helm_binary, release_namespace, tmp_path):
+    kube_control_plane, helm_binary, release_namespace, tmp_path
+):
     cluster, namespace = kube_control_plane, release_namespace
     ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.0.0"), {"greeting": "v1"})
     broken = make_chart(tmp_path, version="1.0.1", hook=True)
@@ -175,15 +189,23 @@ def test_refusals_change_nothing(kube_control_plane, helm_binary, release_namesp
         ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.0.0"))
     with pytest.raises(VersionPolicyError, match="minor versions may only advance by one"):
         ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.3.0"))
-    schema = json.dumps({"type": "object", "properties": {"greeting": {"type": "string", "maxLength": 3,
-                                                                       "pattern": "^[a-z]+$"}}})
+    schema = json.dumps(
+        {"type": "object", "properties": {"greeting": {"type": "string", "maxLength": 3, "pattern": "^[a-z]+$"}}}
+    )
     with pytest.raises(ReleaseFailed, match="values don't meet the specifications of the schema"):
-        ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.1.1", schema=schema), {"greeting": "NOPE"})
+        ensure(
+            cluster, helm_binary, namespace, make_chart(tmp_path, version="1.1.1", schema=schema), {"greeting": "NOPE"}
+        )
     helm = Helm(helm_binary, str(cluster.admin_kubeconfig))
     status = helm.status("web", namespace)
     assert (status.revision, status.status, status.chart_version) == (1, "deployed", "1.1.0")
     assert history(cluster, helm_binary, namespace) == [(1, "deployed")]
-    assert ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.3.0"), skip_version_policy=True)["revision"] == 2
+    assert (
+        ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.3.0"), skip_version_policy=True)[
+            "revision"
+        ]
+        == 2
+    )
 
 
 def test_pending_upgrade_is_a_clear_error(kube_control_plane, helm_binary, release_namespace, tmp_path):
@@ -191,9 +213,22 @@ def test_pending_upgrade_is_a_clear_error(kube_control_plane, helm_binary, relea
     cluster, namespace = kube_control_plane, release_namespace
     ensure(cluster, helm_binary, namespace, make_chart(tmp_path, version="1.0.0"))
     helm = Helm(helm_binary, str(cluster.admin_kubeconfig))
-    upgrading = subprocess.Popen([helm_binary, "upgrade", "web", str(make_chart(tmp_path, version="1.0.1", hook=True)),
-                                  "--namespace", namespace, "--kubeconfig", str(cluster.admin_kubeconfig), "--timeout", "5m"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    upgrading = subprocess.Popen(
+        [
+            helm_binary,
+            "upgrade",
+            "web",
+            str(make_chart(tmp_path, version="1.0.1", hook=True)),
+            "--namespace",
+            namespace,
+            "--kubeconfig",
+            str(cluster.admin_kubeconfig),
+            "--timeout",
+            "5m",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while helm.status("web", namespace).status != "pending-upgrade" and time.monotonic() < deadline:
@@ -237,11 +272,21 @@ def test_backup_restores_into_an_empty_cluster(kube_control_plane, tmp_path):
         # The backup holds every served version of an object; the storage version is the one to create.
         stored = [document for document in custom_resources if document["apiVersion"].endswith("/v1")]
         empty.kubectl("create", "-f", "-", stdin=yaml.safe_dump_all(stored).encode())
-        restored = json.loads(empty.kubectl("get", "gadgets.lab.example.com,knobs.lab.example.com", "-A", "-o", "json").stdout)
+        restored = json.loads(
+            empty.kubectl("get", "gadgets.lab.example.com,knobs.lab.example.com", "-A", "-o", "json").stdout
+        )
     finally:
         control_plane.stop_control_plane(empty)
-    assert sorted((item["kind"], item["metadata"].get("namespace", ""), item["metadata"]["name"], json.dumps(item["spec"]))
-                  for item in restored["items"]) == sorted(
-        (document["kind"], document["metadata"].get("namespace", ""), document["metadata"]["name"], json.dumps(document["spec"]))
-        for document in stored)
+    assert sorted(
+        (item["kind"], item["metadata"].get("namespace", ""), item["metadata"]["name"], json.dumps(item["spec"]))
+        for item in restored["items"]
+    ) == sorted(
+        (
+            document["kind"],
+            document["metadata"].get("namespace", ""),
+            document["metadata"]["name"],
+            json.dumps(document["spec"]),
+        )
+        for document in stored
+    )
     assert len(stored) == 3

@@ -8,14 +8,30 @@ import stat
 
 import pytest
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.chart import ChartError, ChartRef, resolve_chart
+from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.chart import (
+    ChartError,
+    ChartRef,
+    resolve_chart,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.policy import VersionPolicyError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.release import (
-    ReleaseFailed, ReleaseManager, plan_release)
+    ReleaseFailed,
+    ReleaseManager,
+    plan_release,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.runner import (
-    DeployedRelease, Helm, HelmError, ReleasePendingError, ReleaseRequest)
+    DeployedRelease,
+    Helm,
+    HelmError,
+    ReleasePendingError,
+    ReleaseRequest,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.values import (
-    ValueMasker, merge_values, requested_values, values_equal)
+    ValueMasker,
+    merge_values,
+    requested_values,
+    values_equal,
+)
 
 from helm_charts import make_chart
 
@@ -123,9 +139,18 @@ class ScriptedHelm(Helm):
 
     def _metadata_json(self, release):
         """``helm get metadata -o json`` as helm 3.17 prints it."""
-        return json.dumps({"name": release.name, "chart": release.chart_name, "version": release.chart_version,
-                           "appVersion": release.chart_version, "namespace": release.namespace,
-                           "revision": release.revision, "status": release.status, "deployedAt": "2026-11-24T02:27:03Z"})
+        return json.dumps(
+            {
+                "name": release.name,
+                "chart": release.chart_name,
+                "version": release.chart_version,
+                "appVersion": release.chart_version,
+                "namespace": release.namespace,
+                "revision": release.revision,
+                "status": release.status,
+                "deployedAt": "2026-11-24T02:27:03Z",
+            }
+        )
 
     def _run_command(self, argv, data=None):
         self.calls.append(argv)
@@ -142,8 +167,9 @@ class ScriptedHelm(Helm):
             path = argv[argv.index("--values") + 1]
             self.values_files.append((path, stat.S_IMODE(os.stat(path).st_mode), json.load(open(path))))
             if self.upgrade_result[0] == 0 or self.after is not None:
-                self.release = self.after or DeployedRelease("web", "apps", (self.release.revision + 1) if self.release else 1,
-                                                             "deployed", "gadgets", "1.0.0")
+                self.release = self.after or DeployedRelease(
+                    "web", "apps", (self.release.revision + 1) if self.release else 1, "deployed", "gadgets", "1.0.0"
+                )
             return self.upgrade_result
         if verb == "rollback":
             return 0, "Rollback was a success! Happy Helming!\n", ""
@@ -157,12 +183,22 @@ def request(chart, **kwargs):
 @pytest.mark.parametrize(
     "version, wait, atomic, present, absent",
     [
-        pytest.param("v3.16.3+gcfd0749", True, True, ["--wait", "--atomic"], ["--rollback-on-failure"], id="helm 3 atomic"),
+        pytest.param(
+            "v3.16.3+gcfd0749", True, True, ["--wait", "--atomic"], ["--rollback-on-failure"], id="helm 3 atomic"
+        ),
         pytest.param("v3.16.3+gcfd0749", False, True, [], ["--wait", "--atomic"], id="helm 3 skip wait"),
         pytest.param("v3.16.3+gcfd0749", True, False, ["--wait"], ["--atomic"], id="helm 3 not atomic"),
-        pytest.param("v4.1.1+g5caf004", True, True, ["--wait=watcher", "--rollback-on-failure"], ["--atomic", "--wait"],
-                     id="helm 4 atomic"),
-        pytest.param("v4.0.0", False, True, [], ["--wait=watcher", "--rollback-on-failure", "--atomic"], id="helm 4 skip wait"),
+        pytest.param(
+            "v4.1.1+g5caf004",
+            True,
+            True,
+            ["--wait=watcher", "--rollback-on-failure"],
+            ["--atomic", "--wait"],
+            id="helm 4 atomic",
+        ),
+        pytest.param(
+            "v4.0.0", False, True, [], ["--wait=watcher", "--rollback-on-failure", "--atomic"], id="helm 4 skip wait"
+        ),
     ],
 )
 def test_install_command_line(tmp_path, version, wait, atomic, present, absent):
@@ -187,13 +223,19 @@ def test_install_command_line(tmp_path, version, wait, atomic, present, absent):
     "version, force, present, absent",
     [
         pytest.param("v3.16.3+gcfd0749", True, ["--force"], ["--force-replace"], id="helm 3 force"),
-        pytest.param("v4.1.1+g5caf004", True, ["--force-replace", "--server-side=false"], ["--force"], id="helm 4 force"),
+        pytest.param(
+            "v4.1.1+g5caf004", True, ["--force-replace", "--server-side=false"], ["--force"], id="helm 4 force"
+        ),
         pytest.param("v3.16.3+gcfd0749", False, [], ["--force", "--force-replace"], id="helm 3 no force"),
-        pytest.param("v4.1.1+g5caf004", False, [], ["--force", "--force-replace", "--server-side=false"], id="helm 4 no force"),
+        pytest.param(
+            "v4.1.1+g5caf004", False, [], ["--force", "--force-replace", "--server-side=false"], id="helm 4 no force"
+        ),
     ],
 )
 def test_force_is_helms_resource_replacement(tmp_path, version, force, present, absent):
-    argv = ReleaseManager(ScriptedHelm(version), request(make_chart(tmp_path), force=force), {}).ensure(False, False)["command"]
+    argv = ReleaseManager(ScriptedHelm(version), request(make_chart(tmp_path), force=force), {}).ensure(False, False)[
+        "command"
+    ]
     assert all(flag in argv for flag in present) and not any(flag in argv for flag in absent)
 
 
@@ -213,9 +255,13 @@ def test_rhythm_check_mode_then_unchanged(tmp_path):
 
 def test_failed_upgrade_reports_helms_message_and_what_is_deployed(tmp_path):
     chart = make_chart(tmp_path, version="1.1.0")
-    message = ("Error: UPGRADE FAILED: release web failed, and has been rolled back due to atomic being set: "
-               "pre-upgrade hooks failed: 1 error occurred:\n\t* job failed: BackoffLimitExceeded\n")
-    helm = ScriptedHelm(status=deployed(version="1.0.0"), upgrade=(1, "", message), after=deployed(revision=5, version="1.0.0"))
+    message = (
+        "Error: UPGRADE FAILED: release web failed, and has been rolled back due to atomic being set: "
+        "pre-upgrade hooks failed: 1 error occurred:\n\t* job failed: BackoffLimitExceeded\n"
+    )
+    helm = ScriptedHelm(
+        status=deployed(version="1.0.0"), upgrade=(1, "", message), after=deployed(revision=5, version="1.0.0")
+    )
     with pytest.raises(ReleaseFailed) as failed:
         ReleaseManager(helm, request(chart), {}).ensure(False, False)
     assert str(failed.value).startswith("UPGRADE FAILED: release web failed, and has been rolled back")
@@ -225,8 +271,11 @@ def test_failed_upgrade_reports_helms_message_and_what_is_deployed(tmp_path):
 
 def test_skip_wait_failure_is_rolled_back_by_the_module(tmp_path):
     chart = make_chart(tmp_path, version="1.1.0")
-    helm = ScriptedHelm(status=deployed(version="1.0.0", revision=4), upgrade=(1, "", "Error: UPGRADE FAILED: boom\n"),
-                        after=deployed(status="failed", revision=5))
+    helm = ScriptedHelm(
+        status=deployed(version="1.0.0", revision=4),
+        upgrade=(1, "", "Error: UPGRADE FAILED: boom\n"),
+        after=deployed(status="failed", revision=5),
+    )
     with pytest.raises(ReleaseFailed) as failed:
         ReleaseManager(helm, request(chart, wait=False), {}).ensure(False, False)
     assert "rolled back to revision 4" in str(failed.value)
@@ -234,21 +283,27 @@ def test_skip_wait_failure_is_rolled_back_by_the_module(tmp_path):
 
 
 def test_unreachable_repository_is_helms_error(tmp_path):
-    refused = ('Error: looks like "http://127.0.0.1:9/charts" is not a valid chart repository or cannot be reached: '
-               'Get "http://127.0.0.1:9/charts/index.yaml": dial tcp 127.0.0.1:9: connect: connection refused\n')
+    refused = (
+        'Error: looks like "http://127.0.0.1:9/charts" is not a valid chart repository or cannot be reached: '
+        'Get "http://127.0.0.1:9/charts/index.yaml": dial tcp 127.0.0.1:9: connect: connection refused\n'
+    )
     helm = ScriptedHelm(upgrade=(1, "", refused))
     req = ReleaseRequest("web", "apps", "cilium", chart_version="1.16.5", chart_repo_url="http://127.0.0.1:9/charts")
     with pytest.raises(ReleaseFailed, match="cannot be reached") as failed:
         ReleaseManager(helm, req, {}).ensure(False, False)
     argv = failed.value.result["command"]
-    assert argv[argv.index("--repo") + 1] == "http://127.0.0.1:9/charts" and argv[argv.index("--version") + 1] == "1.16.5"
+    assert (
+        argv[argv.index("--repo") + 1] == "http://127.0.0.1:9/charts" and argv[argv.index("--version") + 1] == "1.16.5"
+    )
 
 
 def test_refusal_by_helm_is_not_a_change(tmp_path):
     chart = make_chart(tmp_path, version="1.1.0")
-    helm = ScriptedHelm(status=deployed(version="1.0.0", revision=2),
-                        upgrade=(1, "", "Error: UPGRADE FAILED: values don't meet the specifications of the schema(s)\n"),
-                        after=deployed(version="1.0.0", revision=2))
+    helm = ScriptedHelm(
+        status=deployed(version="1.0.0", revision=2),
+        upgrade=(1, "", "Error: UPGRADE FAILED: values don't meet the specifications of the schema(s)\n"),
+        after=deployed(version="1.0.0", revision=2),
+    )
     with pytest.raises(ReleaseFailed) as failed:
         ReleaseManager(helm, request(chart), {"greeting": 1}).ensure(False, False)
     assert failed.value.result["changed"] is False and failed.value.result["revision"] == 2
@@ -256,10 +311,13 @@ def test_refusal_by_helm_is_not_a_change(tmp_path):
 
 def test_helm_4_log_lines_before_the_error_are_left_out(tmp_path):
     """Helm 4 prints slog lines before ``Error:``; the task's message is helm's error alone."""
-    logged = ('time=2026-11-24T02:27:04Z level=WARN msg="upgrade failed" name=web error="context deadline exceeded"\n'
-              "Error: UPGRADE FAILED: pre-upgrade hooks failed: timed out waiting for the condition\n")
-    helm = ScriptedHelm("v4.1.4+g05fa379", status=deployed(version="1.0.0"), upgrade=(1, "", logged),
-                        after=deployed(version="1.0.0"))
+    logged = (
+        'time=2026-11-24T02:27:04Z level=WARN msg="upgrade failed" name=web error="context deadline exceeded"\n'
+        "Error: UPGRADE FAILED: pre-upgrade hooks failed: timed out waiting for the condition\n"
+    )
+    helm = ScriptedHelm(
+        "v4.1.4+g05fa379", status=deployed(version="1.0.0"), upgrade=(1, "", logged), after=deployed(version="1.0.0")
+    )
     with pytest.raises(ReleaseFailed) as failed:
         ReleaseManager(helm, request(make_chart(tmp_path, version="1.1.0")), {}).ensure(False, False)
     assert str(failed.value) == "UPGRADE FAILED: pre-upgrade hooks failed: timed out waiting for the condition"

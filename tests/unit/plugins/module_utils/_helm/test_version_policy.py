@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._helm.policy import (
-    SemVer, VersionPolicyError, check_version_policy)
+    SemVer,
+    VersionPolicyError,
+    check_version_policy,
+)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +51,17 @@ def test_refused(current, target, reason, words):
 
 
 def test_semver_precedence_follows_the_specification():
-    ordered = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
-               "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.0.1", "1.1.0"]
+    ordered = [
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+        "1.0.1",
+        "1.1.0",
+    ]
     parsed = [SemVer.parse(v) for v in ordered]
     assert sorted(parsed, key=SemVer.key) == parsed

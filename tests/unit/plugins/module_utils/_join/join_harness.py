@@ -25,17 +25,30 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule, dump_policy
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+    MeasurementPolicy,
+    PcrRule,
+    dump_policy,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2_grpc as pb2_grpc
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.bindings import KubectlDiskBindings
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import open_ticket, prove_activation, request_ticket
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import (
+    open_ticket,
+    prove_activation,
+    request_ticket,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import ServiceConfig
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import Enrolment, dump_enrolment
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import bind_user_data, csr_key_digest, ek_identity, request_digest
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import (
+    bind_user_data,
+    csr_key_digest,
+    ek_identity,
+    request_digest,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import KubectlTokenMinter
 
@@ -52,40 +65,74 @@ def _name(common_name: str) -> x509.Name:
 
 
 def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def make_ca(common_name: str):
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    cert = (x509.CertificateBuilder().subject_name(_name(common_name)).issuer_name(_name(common_name))
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - datetime.timedelta(days=1)).not_valid_after(NOW + datetime.timedelta(days=3650))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=True, data_encipherment=False,
-                                         key_agreement=False, key_cert_sign=True, crl_sign=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(_name(common_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_after(NOW + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
     return cert, key
 
 
 def make_server_cert(ca_cert, ca_key):
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(_name("confidential-kubernetes-joinservice")).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - datetime.timedelta(days=1)).not_valid_after(NOW + datetime.timedelta(days=30))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("confidential-kubernetes-joinservice"))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_after(NOW + datetime.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 
 
 def make_csr(node_name: str, key=None, subject: x509.Name | None = None) -> bytes:
     key = key or ec.generate_private_key(ec.SECP256R1())
     # A node that asks the registry for its name puts the group only.
-    subject = subject or x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes")]
-                                   + ([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}")] if node_name else []))
-    return x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+    subject = subject or x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes")]
+        + ([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}")] if node_name else [])
+    )
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(subject)
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )
 
 
 def write(path: Path, data: bytes, mode: int) -> Path:
@@ -104,7 +151,11 @@ def make_cluster_pki(pki_dir: Path) -> dict:
         write(pki_dir / f"{name}.key", _pem_key(key), 0o600)
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     write(pki_dir / "sa.key", _pem_key(sa), 0o600)
-    write(pki_dir / "sa.pub", sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo), 0o644)
+    write(
+        pki_dir / "sa.pub",
+        sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+        0o644,
+    )
     return {"ca_cert": ca_cert, "ca_key": ca_key, "ca_pem": ca_cert.public_bytes(serialization.Encoding.PEM)}
 
 
@@ -189,16 +240,24 @@ class FakeApi:
             return 1, "", "Unable to connect to the server: dial tcp 10.0.0.10:6443: connect: connection refused"
         if verb == "create" and name in store:
             return 1, "", f'Error from server (AlreadyExists): {kind.lower()}s "{name}" already exists'
-        if verb == "replace" and store.get(name, {}).get("metadata", {}).get("resourceVersion") != manifest["metadata"].get("resourceVersion"):
+        if verb == "replace" and store.get(name, {}).get("metadata", {}).get("resourceVersion") != manifest[
+            "metadata"
+        ].get("resourceVersion"):
             return 1, "", f'Error from server (Conflict): Operation cannot be fulfilled on {kind.lower()}s "{name}"'
         self._version += 1
         manifest["metadata"]["resourceVersion"] = str(self._version)
-        manifest["metadata"]["creationTimestamp"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        manifest["metadata"]["creationTimestamp"] = datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
         store[name] = manifest
         if kind == "Secret":
             data = manifest["stringData"]
-            self.tokens.append((data["description"].removeprefix("confidential.kubernetes join of "),
-                                f"{data['token-id']}.{data['token-secret']}"))
+            self.tokens.append(
+                (
+                    data["description"].removeprefix("confidential.kubernetes join of "),
+                    f"{data['token-id']}.{data['token-secret']}",
+                )
+            )
         return 0, f"{kind.lower()}/{name} {verb}d\n", ""
 
     def _get(self, args: list[str]) -> tuple[int, str, str]:
@@ -211,12 +270,25 @@ class FakeApi:
         if what == "configmaps":
             return 0, json.dumps({"items": list(self.configmaps.values())}), ""
         if what == "nodes":
-            return 0, "".join(f"{name}\t{created}\t{self.heartbeats.get(name, '')}\n" for name, created in self.nodes.items()), ""
+            return (
+                0,
+                "".join(
+                    f"{name}\t{created}\t{self.heartbeats.get(name, '')}\n" for name, created in self.nodes.items()
+                ),
+                "",
+            )
         if what == "certificatesigningrequests":
             return 0, "".join(f"{user}\t{conditions}\n" for user, conditions in self.csrs), ""
         if what == "secrets":
-            return 0, "".join(f"{name}\t{base64.b64encode(item['stringData']['description'].encode()).decode()}\t"
-                              f"{item['metadata']['creationTimestamp']}\n" for name, item in self.secrets.items()), ""
+            return (
+                0,
+                "".join(
+                    f"{name}\t{base64.b64encode(item['stringData']['description'].encode()).decode()}\t"
+                    f"{item['metadata']['creationTimestamp']}\n"
+                    for name, item in self.secrets.items()
+                ),
+                "",
+            )
         return 1, "", f"unexpected kubectl get {args}"
 
 
@@ -241,8 +313,11 @@ class JoinLab:
         self.tls_cert = write(tmp_path / "tls" / "server.crt", cert_pem, 0o644)
         self.tls_key = write(tmp_path / "tls" / "server.key", key_pem, 0o600)
         self.secrets = {name: os.urandom(32) for name in ("master_key", "master_salt", "measurement_salt")}
-        self.secrets_file = write(tmp_path / "cluster-secrets.json",
-                                  json.dumps({k: base64.b64encode(v).decode() for k, v in self.secrets.items()}).encode(), 0o600)
+        self.secrets_file = write(
+            tmp_path / "cluster-secrets.json",
+            json.dumps({k: base64.b64encode(v).decode() for k, v in self.secrets.items()}).encode(),
+            0o600,
+        )
         self.ek_ca_file = write(tmp_path / "ek-ca.pem", swtpm.ca_pem, 0o644)
         self.policy_file = tmp_path / "policy.json"
         self.enrolment_file = tmp_path / "node-enrolment.json"
@@ -258,7 +333,14 @@ class JoinLab:
         self.policy_file.write_text(dump_policy(policy))
         return policy
 
-    def enrol(self, tcti: str, node_name: str, control_plane: bool = False, disk_uuid: str | None = None, enrolment_id: str = "") -> str:
+    def enrol(
+        self,
+        tcti: str,
+        node_name: str,
+        control_plane: bool = False,
+        disk_uuid: str | None = None,
+        enrolment_id: str = "",
+    ) -> str:
         """Enrol the TPM behind ``tcti`` (its real EK) as the controller does; returns its identity."""
         with issuer.Tpm(tcti) as tpm:
             certificate, handle, ek_public = tpm.endorsement_key()
@@ -276,31 +358,51 @@ class JoinLab:
         os.replace(staged, self.enrolment_file)
 
     def config(self, port: int = 0, **overrides) -> ServiceConfig:
-        settings = dict(listen=f"127.0.0.1:{port}", tls_cert=str(self.tls_cert), tls_key=str(self.tls_key),
-                        secrets_file=str(self.secrets_file), policy_file=str(self.policy_file), ek_ca_file=str(self.ek_ca_file),
-                        pki_dir=str(self.pki_dir), api_server_endpoint=API_SERVER, kubernetes_version=K8S_VERSION,
-                        enrolment_file=str(self.enrolment_file), bindings_file=str(self.dir / "disk-bindings.json"),
-                        policy_check_interval=0, registration_check_interval=0.05)
+        settings = dict(
+            listen=f"127.0.0.1:{port}",
+            tls_cert=str(self.tls_cert),
+            tls_key=str(self.tls_key),
+            secrets_file=str(self.secrets_file),
+            policy_file=str(self.policy_file),
+            ek_ca_file=str(self.ek_ca_file),
+            pki_dir=str(self.pki_dir),
+            api_server_endpoint=API_SERVER,
+            kubernetes_version=K8S_VERSION,
+            enrolment_file=str(self.enrolment_file),
+            bindings_file=str(self.dir / "disk-bindings.json"),
+            policy_check_interval=0,
+            registration_check_interval=0.05,
+        )
         settings.update(overrides)
         return ServiceConfig(**settings)
 
-    def start(self, ak_trust: str | None = "pcrs-only", api: FakeApi | None = None, nonces: MacNonces | None = None,
-              port: int = 0, drain_delay: float = 0.0, **settings):
+    def start(
+        self,
+        ak_trust: str | None = "pcrs-only",
+        api: FakeApi | None = None,
+        nonces: MacNonces | None = None,
+        port: int = 0,
+        drain_delay: float = 0.0,
+        **settings,
+    ):
         if ak_trust is not None:
             self.write_policy(ak_trust)
         if not self.enrolments:
             self.enrol(self.swtpm.tcti, "worker-1")
         api = api or self.api or FakeApi()
         self.api = api
-        service = build_service(self.config(port, **settings), self.log, api.minter(), nonces, drain_delay, api.bindings()).start()
+        service = build_service(
+            self.config(port, **settings), self.log, api.minter(), nonces, drain_delay, api.bindings()
+        ).start()
         service.minter = api
         service.endpoint = f"127.0.0.1:{service.port}"
         self.services.append(service)
         return service
 
     def stub(self, service):
-        channel = grpc.secure_channel(service.endpoint, grpc.ssl_channel_credentials(self.ca_pem),
-                                      options=[("grpc.use_local_subchannel_pool", 1)])
+        channel = grpc.secure_channel(
+            service.endpoint, grpc.ssl_channel_credentials(self.ca_pem), options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         return pb2_grpc.JoinServiceStub(channel), channel
 
     def logs(self) -> list[dict]:
@@ -316,20 +418,42 @@ def evidence_for(tcti: str, nonce: bytes, user_data: bytes) -> bytes:
         return issuer.issue_evidence(tpm, nonce, user_data).to_json().encode()
 
 
-def bound_user_data(key_public: bytes, flow: str = "join", node_name: str = "worker-1", control_plane: bool = False,
-                    disk_uuid: str = DISK_UUID, csr: bytes = b"") -> bytes:
+def bound_user_data(
+    key_public: bytes,
+    flow: str = "join",
+    node_name: str = "worker-1",
+    control_plane: bool = False,
+    disk_uuid: str = DISK_UUID,
+    csr: bytes = b"",
+) -> bytes:
     """What a genuine node quotes: its ephemeral key followed by the digest of what it asks for."""
     return bind_user_data(key_public, request_digest(flow, node_name, control_plane, disk_uuid, csr_key_digest(csr)))
 
 
-def join_request(tcti: str, nonce: bytes, key_public: bytes, node_name: str = "worker-1", control_plane: bool = False,
-                 csr: bytes | None = None, disk_uuid: str = DISK_UUID, evidence: bytes | None = None):
+def join_request(
+    tcti: str,
+    nonce: bytes,
+    key_public: bytes,
+    node_name: str = "worker-1",
+    control_plane: bool = False,
+    csr: bytes | None = None,
+    disk_uuid: str = DISK_UUID,
+    evidence: bytes | None = None,
+):
     """A genuine node's step 1: evidence from ``tcti`` bound to the nonce, the key and exactly this request."""
     csr = csr if csr is not None else make_csr(node_name)
     if evidence is None:
-        evidence = evidence_for(tcti, nonce, bound_user_data(key_public, "join", node_name, control_plane, disk_uuid, csr))
-    return pb2.IssueJoinTicketRequest(evidence=evidence, nonce=nonce, node_name=node_name, control_plane=control_plane,
-                                      kubelet_csr=csr, disk_uuid=disk_uuid)
+        evidence = evidence_for(
+            tcti, nonce, bound_user_data(key_public, "join", node_name, control_plane, disk_uuid, csr)
+        )
+    return pb2.IssueJoinTicketRequest(
+        evidence=evidence,
+        nonce=nonce,
+        node_name=node_name,
+        control_plane=control_plane,
+        kubelet_csr=csr,
+        disk_uuid=disk_uuid,
+    )
 
 
 def activate(stub, tcti: str, challenge, nonce: bytes):
@@ -379,11 +503,21 @@ def assert_refused(stub_call, code, reason):
     return err.value
 
 
-def join_with_client(lab, service, node_name="worker-1", control_plane=False, csr=None, tcti=None, disk_uuid=None, **kwargs):
+def join_with_client(
+    lab, service, node_name="worker-1", control_plane=False, csr=None, tcti=None, disk_uuid=None, **kwargs
+):
     """A node's whole join through the collection's client (nonce, evidence, request, credential activation, opening).
 
     The lab's swtpm joins with DISK_UUID, any other TPM with OTHER_DISK_UUID (each node its own disk)."""
     tcti = tcti or lab.swtpm.tcti
     disk_uuid = disk_uuid or (DISK_UUID if tcti == lab.swtpm.tcti else OTHER_DISK_UUID)
-    return request_ticket([service.endpoint], lab.ca_pem, tcti, node_name, control_plane=control_plane,
-                          disk_uuid=disk_uuid, kubelet_csr_pem=csr if csr is not None else make_csr(node_name), **kwargs)
+    return request_ticket(
+        [service.endpoint],
+        lab.ca_pem,
+        tcti,
+        node_name,
+        control_plane=control_plane,
+        disk_uuid=disk_uuid,
+        kubelet_csr_pem=csr if csr is not None else make_csr(node_name),
+        **kwargs,
+    )

@@ -19,7 +19,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, kubelet_subject
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import KubectlTokenMinter, generate_token
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import (
+    KubectlTokenMinter,
+    generate_token,
+)
 
 
 def _minter(cluster, ttl: datetime.timedelta = datetime.timedelta(minutes=15)) -> KubectlTokenMinter:
@@ -29,11 +32,23 @@ def _minter(cluster, ttl: datetime.timedelta = datetime.timedelta(minutes=15)) -
 def _as_token(cluster, token: str, *args: str, stdin: bytes | None = None, check: bool = True):
     """kubectl with only the bootstrap token (and the CA) as credentials."""
     kubeconfig = cluster.root / f"token-{token.split('.', 1)[0]}.conf"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")}}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [
+                    {
+                        "name": "k",
+                        "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")},
+                    }
+                ],
+                "users": [{"name": "u", "user": {"token": token}}],
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            }
+        )
+    )
     kubeconfig.chmod(0o600)
     return cluster.kubectl(*args, kubeconfig=kubeconfig, stdin=stdin, check=check)
 
@@ -41,11 +56,18 @@ def _as_token(cluster, token: str, *args: str, stdin: bytes | None = None, check
 def _kubelet_csr_manifest(name: str, node_name: str) -> bytes:
     key = ec.generate_private_key(ec.SECP256R1())
     csr = x509.CertificateSigningRequestBuilder().subject_name(kubelet_subject(node_name)).sign(key, hashes.SHA256())
-    return json.dumps({
-        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": name},
-        "spec": {"request": base64.b64encode(csr.public_bytes(serialization.Encoding.PEM)).decode(),
-                 "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
-                 "usages": ["digital signature", "key encipherment", "client auth"]}}).encode()
+    return json.dumps(
+        {
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "metadata": {"name": name},
+            "spec": {
+                "request": base64.b64encode(csr.public_bytes(serialization.Encoding.PEM)).decode(),
+                "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                "usages": ["digital signature", "key encipherment", "client auth"],
+            },
+        }
+    ).encode()
 
 
 def test_minted_token_authenticates_as_a_bootstrapper_without_certificate_rights(kube_control_plane):
@@ -64,7 +86,9 @@ def test_minted_token_authenticates_as_a_bootstrapper_without_certificate_rights
     wrong = _as_token(cluster, f"{token_id}.{'0' * 16}", "get", "--raw", "/api", check=False)
     assert wrong.returncode != 0 and b"Unauthorized" in wrong.stderr
 
-    posted = _as_token(cluster, token, "create", "-f", "-", stdin=_kubelet_csr_manifest(f"csr-{token_id}", "worker-7"), check=False)
+    posted = _as_token(
+        cluster, token, "create", "-f", "-", stdin=_kubelet_csr_manifest(f"csr-{token_id}", "worker-7"), check=False
+    )
     assert posted.returncode != 0 and b"forbidden" in posted.stderr.lower()
 
 
@@ -78,7 +102,9 @@ def test_token_cleaner_removes_an_expired_token(kube_control_plane):
         if cluster.kubectl("-n", "kube-system", "get", "secret", secret, check=False).returncode != 0:
             break
         time.sleep(0.5)
-    assert cluster.kubectl("-n", "kube-system", "get", "secret", secret, check=False).returncode != 0, "expired token still there"
+    assert cluster.kubectl("-n", "kube-system", "get", "secret", secret, check=False).returncode != 0, (
+        "expired token still there"
+    )
     assert _as_token(cluster, token, "get", "--raw", "/api", check=False).returncode != 0
 
 
@@ -88,22 +114,45 @@ def kubelet_kubeconfig(kube_control_plane):
     cluster = kube_control_plane
     key = ec.generate_private_key(ec.SECP256R1())
     csr = x509.CertificateSigningRequestBuilder().subject_name(kubelet_subject("worker-9")).sign(key, hashes.SHA256())
-    certificate = ClusterPki.load(str(cluster.pki)).sign_kubelet_client(csr.public_key(), "worker-9", datetime.datetime.now(datetime.timezone.utc))
+    certificate = ClusterPki.load(str(cluster.pki)).sign_kubelet_client(
+        csr.public_key(), "worker-9", datetime.datetime.now(datetime.timezone.utc)
+    )
     (cluster.root / "worker-9.crt").write_bytes(certificate)
     key_path = cluster.root / "worker-9.key"
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     key_path.chmod(0o600)
     kubeconfig = cluster.root / "worker-9.conf"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")}}],
-        "users": [{"name": "u", "user": {"client-certificate": str(cluster.root / "worker-9.crt"), "client-key": str(key_path)}}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [
+                    {
+                        "name": "k",
+                        "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")},
+                    }
+                ],
+                "users": [
+                    {
+                        "name": "u",
+                        "user": {"client-certificate": str(cluster.root / "worker-9.crt"), "client-key": str(key_path)},
+                    }
+                ],
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            }
+        )
+    )
     return kubeconfig
 
 
 def _node(name: str) -> bytes:
-    return json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}).encode()
+    return json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
+    ).encode()
 
 
 def test_kubelet_certificate_passes_node_authorizer_for_its_own_node_only(kube_control_plane, kubelet_kubeconfig):
@@ -126,7 +175,8 @@ def test_kubelet_certificate_passes_node_authorizer_for_its_own_node_only(kube_c
         "list ConfigMaps": as_kubelet("get", "configmaps", "-A"),
     }
     assert {what: done.returncode for what, done in refused.items()} == {what: 1 for what in refused}
-    assert all(b"Forbidden" in done.stderr or b"forbidden" in done.stderr for done in refused.values()), \
-        {what: done.stderr for what, done in refused.items()}
+    assert all(b"Forbidden" in done.stderr or b"forbidden" in done.stderr for done in refused.values()), {
+        what: done.stderr for what, done in refused.items()
+    }
     labels = json.loads(cluster.kubectl("get", "node", "cp-other", "-o", "json").stdout)["metadata"]["labels"]
     assert "example.com/hijacked" not in labels

@@ -24,7 +24,10 @@ def test_first_claim_creates_the_binding_and_a_second_ek_gets_the_holder():
     mine = _binding("a")
     assert asyncio.run(bindings.claim(mine)) == mine
     stored = api.configmaps[f"confidential-kubernetes-disk-{DISK}"]
-    assert stored["metadata"]["labels"] == {"confidential.kubernetes/disk-binding": "v1"} and stored["data"]["ek"] == "a" * 64
+    assert (
+        stored["metadata"]["labels"] == {"confidential.kubernetes/disk-binding": "v1"}
+        and stored["data"]["ek"] == "a" * 64
+    )
     assert asyncio.run(bindings.claim(_binding("b"))) == mine
     assert asyncio.run(bindings.all_bindings()) == [mine]
     assert all(call[0] in ("create", "get") for call in api.calls)

@@ -9,13 +9,29 @@ import os
 
 import pytest
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy, PcrRule, dump_policy
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
+    MeasurementPolicy,
+    PcrRule,
+    dump_policy,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import (
-    MAX_CONFIG_BYTES, ConfigError, PolicyWatcher, load_config, load_root_secrets, read_private_file)
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    PolicyWatcher,
+    load_config,
+    load_root_secrets,
+    read_private_file,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
 
-REQUIRED = {"tls_cert": "/etc/cks/tls.crt", "tls_key": "/etc/cks/tls.key", "secrets_file": "/etc/cks/secrets.json",
-            "policy_file": "/etc/cks/policy.json", "api_server_endpoint": "10.0.0.1:6443", "kubernetes_version": "v1.33.4"}
+REQUIRED = {
+    "tls_cert": "/etc/cks/tls.crt",
+    "tls_key": "/etc/cks/tls.key",
+    "secrets_file": "/etc/cks/secrets.json",
+    "policy_file": "/etc/cks/policy.json",
+    "api_server_endpoint": "10.0.0.1:6443",
+    "kubernetes_version": "v1.33.4",
+}
 
 
 def _config_file(tmp_path, settings, suffix="yml"):
@@ -27,9 +43,18 @@ def _config_file(tmp_path, settings, suffix="yml"):
 def test_defaults(tmp_path):
     config = load_config(_config_file(tmp_path, REQUIRED))
     assert (config.listen, config.verifier_id, config.pki_dir, config.admin_kubeconfig, config.nonce_ttl) == (
-        "0.0.0.0:9290", "confidential.kubernetes/joinservice", "/etc/kubernetes/pki", "/etc/kubernetes/admin.conf", 60.0)
+        "0.0.0.0:9290",
+        "confidential.kubernetes/joinservice",
+        "/etc/kubernetes/pki",
+        "/etc/kubernetes/admin.conf",
+        60.0,
+    )
     assert (config.enrolment_file, config.bindings_file, config.pool_workers, config.pool_name_prefix) == (
-        "/etc/confidential-kubernetes/node-enrolment.json", "/etc/confidential-kubernetes/disk-bindings.json", False, "pool")
+        "/etc/confidential-kubernetes/node-enrolment.json",
+        "/etc/confidential-kubernetes/disk-bindings.json",
+        False,
+        "pool",
+    )
 
 
 def test_empty_ek_ca_file_and_kubernetes_version_mean_none(tmp_path):
@@ -50,27 +75,30 @@ def test_yaml_is_read(tmp_path):
     assert (config.nonce_ttl, config.listen) == (30, "[::]:9290")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"tls_cert": None}, "lacks required setting"),
-    ({"tsl_cert": "/x"}, "unknown setting"),
-    ({"api_server_endpoint": "10.0.0.1"}, "must be host:port"),
-    ({"api_server_endpoint": "10.0.0.1:99999"}, "must be host:port"),
-    ({"nonce_ttl": "60"}, "nonce_ttl"),
-    ({"nonce_ttl": True}, "nonce_ttl"),
-    ({"max_registrations": 0}, "max_registrations"),
-    ({"listen": "9290"}, "address:port"),
-    ({"pool_workers": "yes"}, "pool_workers"),
-    ({"pool_name_prefix": "Pool_"}, "pool_name_prefix"),
-    ({"pool_name_prefix": "p" * 42}, "pool_name_prefix"),
-    ({"nonce_rate": -1}, "nonce_rate"),
-    ({"max_connections": 0}, "max_connections"),
-    ({"max_connections_per_client": 0}, "max_connections_per_client"),
-    ({"client_ipv6_prefix": 0}, "client_ipv6_prefix"),
-    ({"client_ipv6_prefix": 129}, "client_ipv6_prefix"),
-    ({"first_rpc_timeout": -1}, "first_rpc_timeout"),
-    ({"worker_processes": -1}, "worker_processes"),
-    ({"worker_processes": True}, "worker_processes"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"tls_cert": None}, "lacks required setting"),
+        ({"tsl_cert": "/x"}, "unknown setting"),
+        ({"api_server_endpoint": "10.0.0.1"}, "must be host:port"),
+        ({"api_server_endpoint": "10.0.0.1:99999"}, "must be host:port"),
+        ({"nonce_ttl": "60"}, "nonce_ttl"),
+        ({"nonce_ttl": True}, "nonce_ttl"),
+        ({"max_registrations": 0}, "max_registrations"),
+        ({"listen": "9290"}, "address:port"),
+        ({"pool_workers": "yes"}, "pool_workers"),
+        ({"pool_name_prefix": "Pool_"}, "pool_name_prefix"),
+        ({"pool_name_prefix": "p" * 42}, "pool_name_prefix"),
+        ({"nonce_rate": -1}, "nonce_rate"),
+        ({"max_connections": 0}, "max_connections"),
+        ({"max_connections_per_client": 0}, "max_connections_per_client"),
+        ({"client_ipv6_prefix": 0}, "client_ipv6_prefix"),
+        ({"client_ipv6_prefix": 129}, "client_ipv6_prefix"),
+        ({"first_rpc_timeout": -1}, "first_rpc_timeout"),
+        ({"worker_processes": -1}, "worker_processes"),
+        ({"worker_processes": True}, "worker_processes"),
+    ],
+)
 def test_bad_settings_are_named(tmp_path, change, message):
     settings = dict(REQUIRED, **{k: v for k, v in change.items() if v is not None})
     for key in [k for k, v in change.items() if v is None]:
@@ -87,7 +115,10 @@ def test_config_that_is_not_a_mapping(tmp_path):
 
 
 def _secrets(tmp_path, mode=0o600, **override):
-    values = {name: base64.b64encode(bytes([fill]) * 32).decode() for name, fill in (("master_key", 1), ("master_salt", 2), ("measurement_salt", 3))}
+    values = {
+        name: base64.b64encode(bytes([fill]) * 32).decode()
+        for name, fill in (("master_key", 1), ("master_salt", 2), ("measurement_salt", 3))
+    }
     values.update(override)
     path = tmp_path / "secrets.json"
     path.write_text(json.dumps(values))
@@ -97,7 +128,11 @@ def _secrets(tmp_path, mode=0o600, **override):
 
 def test_root_secrets_load(tmp_path):
     secrets = load_root_secrets(_secrets(tmp_path))
-    assert (secrets.master_key, secrets.master_salt, secrets.measurement_salt) == (b"\x01" * 32, b"\x02" * 32, b"\x03" * 32)
+    assert (secrets.master_key, secrets.master_salt, secrets.measurement_salt) == (
+        b"\x01" * 32,
+        b"\x02" * 32,
+        b"\x03" * 32,
+    )
     assert "\\x01" not in repr(secrets)
 
 
@@ -107,7 +142,9 @@ def test_root_secrets_readable_by_others_refuse_to_start(tmp_path, mode):
         load_root_secrets(_secrets(tmp_path, mode))
 
 
-@pytest.mark.parametrize("override, message", [({"master_key": "not base64!"}, "not base64"), ({"master_salt": "AAAA"}, "32 bytes")])
+@pytest.mark.parametrize(
+    "override, message", [({"master_key": "not base64!"}, "not base64"), ({"master_salt": "AAAA"}, "32 bytes")]
+)
 def test_malformed_root_secrets(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
         load_root_secrets(_secrets(tmp_path, **override))
@@ -180,7 +217,9 @@ def test_unreadable_policy_at_start_is_a_config_error(tmp_path):
 def test_a_configuration_or_private_file_larger_than_its_limit_is_refused_naming_it(tmp_path):
     path = tmp_path / "joinservice.yaml"
     path.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
-    with pytest.raises(ConfigError, match=f"^join service configuration {path} is larger than {MAX_CONFIG_BYTES} bytes$"):
+    with pytest.raises(
+        ConfigError, match=f"^join service configuration {path} is larger than {MAX_CONFIG_BYTES} bytes$"
+    ):
         load_config(str(path))
     secret = tmp_path / "secret"
     secret.write_bytes(b"k" * 33)

@@ -8,7 +8,11 @@ import os
 
 import pytest
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.credential import ProofError, activation_proof, proof_matches
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.credential import (
+    ProofError,
+    activation_proof,
+    proof_matches,
+)
 
 SECRET = bytes(range(32))
 NONCE = bytes(range(32, 64))

@@ -14,8 +14,13 @@ PACKAGE = Path("plugins/module_utils/_join")
 
 
 def _run(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(root / "scripts" / "gen-proto.sh"), *args], capture_output=True, text=True, check=False,
-                          env=dict(os.environ, PYTHON=sys.executable))
+    return subprocess.run(
+        ["bash", str(root / "scripts" / "gen-proto.sh"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, PYTHON=sys.executable),
+    )
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -42,7 +47,9 @@ def test_drift_is_reported_and_regeneration_fixes_it(tmp_path):
     assert result.returncode == 1 and "out of date" in result.stderr
     assert _run(root).returncode == 0
     assert _run(root, "--check").returncode == 0
-    assert "from . import joinservice_pb2 as joinservice__pb2" in (root / PACKAGE / "joinservice_pb2_grpc.py").read_text()
+    assert (
+        "from . import joinservice_pb2 as joinservice__pb2" in (root / PACKAGE / "joinservice_pb2_grpc.py").read_text()
+    )
 
 
 def test_generation_is_reproducible(tmp_path):

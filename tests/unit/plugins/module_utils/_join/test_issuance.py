@@ -8,12 +8,19 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import tpm2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import issuance
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import PolicyWatcher, load_root_secrets
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import (
+    PolicyWatcher,
+    load_root_secrets,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.crypto import Checked, CheckRequest, Refusal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import TicketIssuer
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import BindingMirror, EnrolmentWatcher, NodeRegistry
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
+    BindingMirror,
+    EnrolmentWatcher,
+    NodeRegistry,
+)
 
 from join_harness import API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeApi
 
@@ -29,17 +36,36 @@ def waiting(join_lab, monkeypatch):
     monotonic, wall = Clock(), Clock()
     api = FakeApi()
     policy = PolicyWatcher(str(join_lab.policy_file), join_lab.log, interval=0)
-    registry = NodeRegistry(EnrolmentWatcher(str(join_lab.enrolment_file), join_lab.log, interval=0),
-                            BindingMirror(str(join_lab.dir / "disk-bindings.json")), [], None)
+    registry = NodeRegistry(
+        EnrolmentWatcher(str(join_lab.enrolment_file), join_lab.log, interval=0),
+        BindingMirror(str(join_lab.dir / "disk-bindings.json")),
+        [],
+        None,
+    )
     nonces = MacNonces(ttl=60, clock=wall)
-    issuer = TicketIssuer(load_root_secrets(str(join_lab.secrets_file)), ClusterPki.load(str(join_lab.pki_dir)), policy.current, [],
-                          api.minter(), nonces, registry, api.bindings(), API_SERVER, K8S_VERSION, "verifier", clock=monotonic)
+    issuer = TicketIssuer(
+        load_root_secrets(str(join_lab.secrets_file)),
+        ClusterPki.load(str(join_lab.pki_dir)),
+        policy.current,
+        [],
+        api.minter(),
+        nonces,
+        registry,
+        api.bindings(),
+        API_SERVER,
+        K8S_VERSION,
+        "verifier",
+        clock=monotonic,
+    )
 
     def challenge(client: str | None = None) -> bytes:
         nonce = issuer.issue_nonce()
         check = CheckRequest(policy.current(), "join", b"", nonce, "", False, DISK_UUID, b"")
-        issuer.accept(check, Checked(1, [], b"", identity, None, b"", os.urandom(32), tpm2.Credential(b"blob", b"seed")),
-                      client if client is not None else nonce.hex())
+        issuer.accept(
+            check,
+            Checked(1, [], b"", identity, None, b"", os.urandom(32), tpm2.Credential(b"blob", b"seed")),
+            client if client is not None else nonce.hex(),
+        )
         return nonce
 
     def advance(seconds: float) -> None:
@@ -60,7 +86,11 @@ def test_challenges_waiting_are_capped_and_expired_ones_make_room(waiting):
     advance(TTL / 2 + 1)
     third = challenge()
     assert issuer.pending() == 2
-    for nonce, reason in ((first, "activation-unknown"), (second, "credential-activation"), (third, "credential-activation")):
+    for nonce, reason in (
+        (first, "activation-unknown"),
+        (second, "credential-activation"),
+        (third, "credential-activation"),
+    ):
         with pytest.raises(Refusal) as refused:
             issuer.take(nonce, b"not the proof")
         assert refused.value.reason == reason
@@ -94,7 +124,9 @@ def test_challenges_of_one_client_are_capped(waiting, monkeypatch):
     issuer._by_slot.clear()
     with pytest.raises(Refusal) as refused:
         challenge("10.0.0.9")
-    assert (refused.value.code, refused.value.reason) == ("RESOURCE_EXHAUSTED", "busy") and "of this client" in str(refused.value)
+    assert (refused.value.code, refused.value.reason) == ("RESOURCE_EXHAUSTED", "busy") and "of this client" in str(
+        refused.value
+    )
     challenge("10.0.0.10")
     assert issuer.pending() == 4
 

@@ -7,19 +7,22 @@ import pytest
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.limits import PeerLimiter, peer_key
 
 
-@pytest.mark.parametrize("peer, key", [
-    ("ipv4:10.0.0.5:4711", "10.0.0.5"),
-    ("ipv6:[2001:db8::1]:4711", "2001:db8::/64"),
-    ("ipv6:[2001:db8::ffff:1]:1", "2001:db8::/64"),
-    ("ipv6:[::ffff:127.0.0.1]:50000", "127.0.0.1"),
-    ("ipv6:[fe80::1%eth0]:1", "fe80::/64"),
-    # What gRPC reports (brackets percent-encoded): the port must not stay in the key.
-    ("ipv6:%5B::1%5D:50312", "::/64"),
-    ("ipv6:%5B2001:db8::7%5D:4711", "2001:db8::/64"),
-    ("ipv6:%5B::ffff:10.0.0.5%5D:4711", "10.0.0.5"),
-    ("ipv6:%5Bfe80::1%25eth0%5D:1", "fe80::/64"),
-    ("unix:/run/x.sock", "unix:/run/x.sock"),
-])
+@pytest.mark.parametrize(
+    "peer, key",
+    [
+        ("ipv4:10.0.0.5:4711", "10.0.0.5"),
+        ("ipv6:[2001:db8::1]:4711", "2001:db8::/64"),
+        ("ipv6:[2001:db8::ffff:1]:1", "2001:db8::/64"),
+        ("ipv6:[::ffff:127.0.0.1]:50000", "127.0.0.1"),
+        ("ipv6:[fe80::1%eth0]:1", "fe80::/64"),
+        # What gRPC reports (brackets percent-encoded): the port must not stay in the key.
+        ("ipv6:%5B::1%5D:50312", "::/64"),
+        ("ipv6:%5B2001:db8::7%5D:4711", "2001:db8::/64"),
+        ("ipv6:%5B::ffff:10.0.0.5%5D:4711", "10.0.0.5"),
+        ("ipv6:%5Bfe80::1%25eth0%5D:1", "fe80::/64"),
+        ("unix:/run/x.sock", "unix:/run/x.sock"),
+    ],
+)
 def test_peer_keys(peer, key):
     assert peer_key(peer) == key
 

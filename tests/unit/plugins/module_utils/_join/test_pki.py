@@ -11,7 +11,13 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import NameOID
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import (
-    ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr)
+    ClusterPki,
+    PkiError,
+    RequestError,
+    check_disk_uuid,
+    check_node_name,
+    load_kubelet_csr,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas
 
 from join_harness import make_cluster_pki, make_csr
@@ -22,8 +28,22 @@ def test_dns1123_node_names_are_accepted(name):
     assert check_node_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "Worker-1", "worker_1", "-worker", "worker-", "worker..1", "worker/1", "x" * 254, "wörker",
-                                  "worker 1", "worker-1\n"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "Worker-1",
+        "worker_1",
+        "-worker",
+        "worker-",
+        "worker..1",
+        "worker/1",
+        "x" * 254,
+        "wörker",
+        "worker 1",
+        "worker-1\n",
+    ],
+)
 def test_other_node_names_are_refused(name):
     with pytest.raises(RequestError) as err:
         check_node_name(name)
@@ -34,8 +54,17 @@ def test_disk_uuid_is_normalised_to_lower_case():
     assert check_disk_uuid("0D3B1C4E-9F2A-4E57-8A61-2F4C9B7D5E13") == "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13"
 
 
-@pytest.mark.parametrize("value", ["", "0d3b1c4e9f2a4e578a612f4c9b7d5e13", "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e1", "{0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13}",
-                                   "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13\n", "../../etc/passwd"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "0d3b1c4e9f2a4e578a612f4c9b7d5e13",
+        "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e1",
+        "{0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13}",
+        "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13\n",
+        "../../etc/passwd",
+    ],
+)
 def test_malformed_disk_uuids_are_refused(value):
     with pytest.raises(RequestError) as err:
         check_disk_uuid(value)
@@ -46,10 +75,20 @@ def _subject(*attributes):
     return x509.Name([x509.NameAttribute(oid, value) for oid, value in attributes])
 
 
-@pytest.mark.parametrize("key", [rsa.generate_private_key(65537, 2048), ec.generate_private_key(ec.SECP256R1()),
-                                 ec.generate_private_key(ec.SECP384R1())], ids=["RSA-2048", "P-256", "P-384"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        rsa.generate_private_key(65537, 2048),
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP384R1()),
+    ],
+    ids=["RSA-2048", "P-256", "P-384"],
+)
 def test_strong_keys_are_accepted(key):
-    assert load_kubelet_csr(make_csr("worker-1", key), "worker-1").subject.rfc4514_string() == "CN=system:node:worker-1,O=system:nodes"
+    assert (
+        load_kubelet_csr(make_csr("worker-1", key), "worker-1").subject.rfc4514_string()
+        == "CN=system:node:worker-1,O=system:nodes"
+    )
 
 
 def test_subject_attribute_order_does_not_matter():
@@ -63,26 +102,68 @@ def _tampered_csr() -> bytes:
     return x509.load_der_x509_csr(bytes(der)).public_bytes(serialization.Encoding.PEM)
 
 
-@pytest.mark.parametrize("case, csr, reason", [
-    ("RSA-1024", lambda: make_csr("worker-1", rsa.generate_private_key(65537, 1024)), "csr-key"),
-    ("P-521", lambda: make_csr("worker-1", ec.generate_private_key(ec.SECP521R1())), "csr-key"),
-    ("Ed25519", lambda: x509.CertificateSigningRequestBuilder().subject_name(_subject(
-        (NameOID.ORGANIZATION_NAME, "system:nodes"), (NameOID.COMMON_NAME, "system:node:worker-1"))).sign(
-        ed25519.Ed25519PrivateKey.generate(), None).public_bytes(serialization.Encoding.PEM), "csr-key"),
-    ("another node", lambda: make_csr("worker-2"), "csr-subject"),
-    ("no group", lambda: make_csr("worker-1", subject=_subject((NameOID.COMMON_NAME, "system:node:worker-1"))), "csr-subject"),
-    ("masters group", lambda: make_csr("worker-1", subject=_subject(
-        (NameOID.ORGANIZATION_NAME, "system:masters"), (NameOID.COMMON_NAME, "system:node:worker-1"))), "csr-subject"),
-    ("extra group", lambda: make_csr("worker-1", subject=_subject(
-        (NameOID.ORGANIZATION_NAME, "system:nodes"), (NameOID.ORGANIZATION_NAME, "system:masters"),
-        (NameOID.COMMON_NAME, "system:node:worker-1"))), "csr-subject"),
-    ("extra OU", lambda: make_csr("worker-1", subject=_subject(
-        (NameOID.ORGANIZATION_NAME, "system:nodes"), (NameOID.ORGANIZATIONAL_UNIT_NAME, "x"),
-        (NameOID.COMMON_NAME, "system:node:worker-1"))), "csr-subject"),
-    ("tampered signature", _tampered_csr, "csr-signature"),
-    ("not PEM", lambda: b"hello", "csr-malformed"),
-    ("too large", lambda: b"A" * 20000, "csr-malformed"),
-])
+@pytest.mark.parametrize(
+    "case, csr, reason",
+    [
+        ("RSA-1024", lambda: make_csr("worker-1", rsa.generate_private_key(65537, 1024)), "csr-key"),
+        ("P-521", lambda: make_csr("worker-1", ec.generate_private_key(ec.SECP521R1())), "csr-key"),
+        (
+            "Ed25519",
+            lambda: (
+                x509.CertificateSigningRequestBuilder()
+                .subject_name(
+                    _subject((NameOID.ORGANIZATION_NAME, "system:nodes"), (NameOID.COMMON_NAME, "system:node:worker-1"))
+                )
+                .sign(ed25519.Ed25519PrivateKey.generate(), None)
+                .public_bytes(serialization.Encoding.PEM)
+            ),
+            "csr-key",
+        ),
+        ("another node", lambda: make_csr("worker-2"), "csr-subject"),
+        (
+            "no group",
+            lambda: make_csr("worker-1", subject=_subject((NameOID.COMMON_NAME, "system:node:worker-1"))),
+            "csr-subject",
+        ),
+        (
+            "masters group",
+            lambda: make_csr(
+                "worker-1",
+                subject=_subject(
+                    (NameOID.ORGANIZATION_NAME, "system:masters"), (NameOID.COMMON_NAME, "system:node:worker-1")
+                ),
+            ),
+            "csr-subject",
+        ),
+        (
+            "extra group",
+            lambda: make_csr(
+                "worker-1",
+                subject=_subject(
+                    (NameOID.ORGANIZATION_NAME, "system:nodes"),
+                    (NameOID.ORGANIZATION_NAME, "system:masters"),
+                    (NameOID.COMMON_NAME, "system:node:worker-1"),
+                ),
+            ),
+            "csr-subject",
+        ),
+        (
+            "extra OU",
+            lambda: make_csr(
+                "worker-1",
+                subject=_subject(
+                    (NameOID.ORGANIZATION_NAME, "system:nodes"),
+                    (NameOID.ORGANIZATIONAL_UNIT_NAME, "x"),
+                    (NameOID.COMMON_NAME, "system:node:worker-1"),
+                ),
+            ),
+            "csr-subject",
+        ),
+        ("tampered signature", _tampered_csr, "csr-signature"),
+        ("not PEM", lambda: b"hello", "csr-malformed"),
+        ("too large", lambda: b"A" * 20000, "csr-malformed"),
+    ],
+)
 def test_bad_csrs_are_refused_with_their_reason(case, csr, reason):
     with pytest.raises(RequestError) as err:
         load_kubelet_csr(csr(), "worker-1")
@@ -99,10 +180,14 @@ def _ecdsa_cluster_pki(pki_dir) -> x509.Certificate:
     return x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
 
 
-@pytest.mark.parametrize("make_pki, signature_oid", [
-    (_rsa_cluster_pki, x509.SignatureAlgorithmOID.RSA_WITH_SHA256),
-    (_ecdsa_cluster_pki, x509.SignatureAlgorithmOID.ECDSA_WITH_SHA256),
-], ids=["RSA-2048 CA", "ECDSA-P256 CA"])
+@pytest.mark.parametrize(
+    "make_pki, signature_oid",
+    [
+        (_rsa_cluster_pki, x509.SignatureAlgorithmOID.RSA_WITH_SHA256),
+        (_ecdsa_cluster_pki, x509.SignatureAlgorithmOID.ECDSA_WITH_SHA256),
+    ],
+    ids=["RSA-2048 CA", "ECDSA-P256 CA"],
+)
 def test_kubelet_client_certificate(tmp_path, make_pki, signature_oid):
     ca_cert = make_pki(tmp_path)
     pki = ClusterPki.load(str(tmp_path))

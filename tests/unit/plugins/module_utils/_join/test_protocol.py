@@ -12,7 +12,13 @@ import pytest
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import (
-    CONTROL_PLANE_FILE_MODES, ControlPlaneFile, JoinTicket, ProtocolError, RecoverHandOver, RejoinTicket)
+    CONTROL_PLANE_FILE_MODES,
+    ControlPlaneFile,
+    JoinTicket,
+    ProtocolError,
+    RecoverHandOver,
+    RejoinTicket,
+)
 
 SECRETS = RootSecrets(bytes(range(32)), bytes(range(32, 64)), bytes(range(64, 96)))
 MEASUREMENT_SECRET = SECRETS.measurement_secret()
@@ -41,16 +47,20 @@ def _old_join_payload(control_plane: bool) -> dict:
     """As issuance.TicketIssuer.reserve_join and JoinCrypto.seal_ticket built it before the types."""
     payload = _old_identity_payload()
     files = PKI if control_plane else {}
-    payload.update({
-        "node_name": "cp-2" if control_plane else "worker-1",
-        "control_plane": control_plane,
-        "api_server_endpoint": "10.0.0.10:6443",
-        "bootstrap_token": "abcdef.0123456789abcdef",
-        "ca_cert_hashes": ["sha256:" + "ab" * 32],
-        "ca_crt": "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
-        "control_plane_files": {name: {"content": _b64(content), "mode": f"{mode:04o}"} for name, (content, mode) in files.items()},
-        "kubernetes_version": "v1.34.4",
-    })
+    payload.update(
+        {
+            "node_name": "cp-2" if control_plane else "worker-1",
+            "control_plane": control_plane,
+            "api_server_endpoint": "10.0.0.10:6443",
+            "bootstrap_token": "abcdef.0123456789abcdef",
+            "ca_cert_hashes": ["sha256:" + "ab" * 32],
+            "ca_crt": "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
+            "control_plane_files": {
+                name: {"content": _b64(content), "mode": f"{mode:04o}"} for name, (content, mode) in files.items()
+            },
+            "kubernetes_version": "v1.34.4",
+        }
+    )
     if control_plane:
         payload["cluster_secrets"] = SECRETS.to_document()
     payload = dict(payload, kubelet_client_crt="-----BEGIN CERTIFICATE-----\nkubelet\n-----END CERTIFICATE-----\n")
@@ -64,13 +74,21 @@ def _old_bytes(payload: dict) -> bytes:
 
 def _join_ticket(control_plane: bool) -> JoinTicket:
     return JoinTicket(
-        node_name="cp-2" if control_plane else "worker-1", control_plane=control_plane, cluster_id=CLUSTER_ID,
-        measurement_secret=MEASUREMENT_SECRET, measurement_salt=SECRETS.measurement_salt, state_disk_key=DISK_KEY,
-        api_server_endpoint="10.0.0.10:6443", bootstrap_token="abcdef.0123456789abcdef",
-        ca_cert_hashes=("sha256:" + "ab" * 32,), ca_crt="-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
+        node_name="cp-2" if control_plane else "worker-1",
+        control_plane=control_plane,
+        cluster_id=CLUSTER_ID,
+        measurement_secret=MEASUREMENT_SECRET,
+        measurement_salt=SECRETS.measurement_salt,
+        state_disk_key=DISK_KEY,
+        api_server_endpoint="10.0.0.10:6443",
+        bootstrap_token="abcdef.0123456789abcdef",
+        ca_cert_hashes=("sha256:" + "ab" * 32,),
+        ca_crt="-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
         kubelet_client_crt="-----BEGIN CERTIFICATE-----\nkubelet\n-----END CERTIFICATE-----\n",
         control_plane_files=tuple(ControlPlaneFile(n, c, m) for n, (c, m) in PKI.items()) if control_plane else (),
-        kubernetes_version="v1.34.4", cluster_secrets=SECRETS if control_plane else None)
+        kubernetes_version="v1.34.4",
+        cluster_secrets=SECRETS if control_plane else None,
+    )
 
 
 def _rejoin_ticket() -> RejoinTicket:
@@ -82,10 +100,20 @@ MESSAGES = {
     "control-plane join ticket": (lambda: _join_ticket(True), lambda: _old_bytes(_old_join_payload(True))),
     "rejoin ticket": (_rejoin_ticket, lambda: _old_bytes(_old_identity_payload())),
     # As _ticket.recover.RecoverHandOver.to_bytes wrote it before the types.
-    "recover hand-over": (lambda: RecoverHandOver.for_disk(SECRETS, DISK_UUID.upper()), lambda: json.dumps({
-        "version": 1, "flow": "recover", "disk_uuid": DISK_UUID, "state_disk_key": _b64(DISK_KEY),
-        "measurement_secret": _b64(MEASUREMENT_SECRET), "measurement_salt": _b64(SECRETS.measurement_salt)},
-        sort_keys=True).encode()),
+    "recover hand-over": (
+        lambda: RecoverHandOver.for_disk(SECRETS, DISK_UUID.upper()),
+        lambda: json.dumps(
+            {
+                "version": 1,
+                "flow": "recover",
+                "disk_uuid": DISK_UUID,
+                "state_disk_key": _b64(DISK_KEY),
+                "measurement_secret": _b64(MEASUREMENT_SECRET),
+                "measurement_salt": _b64(SECRETS.measurement_salt),
+            },
+            sort_keys=True,
+        ).encode(),
+    ),
 }
 
 
@@ -177,12 +205,18 @@ def test_a_field_of_the_wrong_type_is_refused_by_name(field_name, value):
 
 
 CONTROL_PLANE_FILE_FAULTS = {
-    "a file no ticket carries": ({"kubelet.key": {"content": "", "mode": "0600"}}, "kubelet.key",
-                                 "unexpected control-plane file 'kubelet.key'"),
+    "a file no ticket carries": (
+        {"kubelet.key": {"content": "", "mode": "0600"}},
+        "kubelet.key",
+        "unexpected control-plane file 'kubelet.key'",
+    ),
     "a mode that is not octal": ({"ca.key": {"content": "", "mode": "600"}}, "ca.key.mode", "octal mode"),
     "content not base64": ({"ca.key": {"content": "%%", "mode": "0600"}}, "ca.key.content", "is not base64"),
-    "an entry with more": ({"ca.key": {"content": "", "mode": "0600", "owner": "root"}}, "ca.key",
-                           "exactly 'content' and 'mode'"),
+    "an entry with more": (
+        {"ca.key": {"content": "", "mode": "0600", "owner": "root"}},
+        "ca.key",
+        "exactly 'content' and 'mode'",
+    ),
 }
 
 

@@ -17,8 +17,17 @@ from cryptography.x509.oid import NameOID
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import ConfigError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.registry import (
-    Binding, BindingMirror, Enrolment, EnrolmentWatcher, NodeIdentity, NodeRegistry, RegistryError, RegistryRefusal, dump_enrolment,
-    parse_enrolment)
+    Binding,
+    BindingMirror,
+    Enrolment,
+    EnrolmentWatcher,
+    NodeIdentity,
+    NodeRegistry,
+    RegistryError,
+    RegistryRefusal,
+    dump_enrolment,
+    parse_enrolment,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import public_key_digest
 
 DISK_A = "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13"
@@ -33,10 +42,17 @@ def _name(common_name):
 
 def _ca():
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    certificate = (x509.CertificateBuilder().subject_name(_name("EK CA")).issuer_name(_name("EK CA")).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number()).not_valid_before(NOW - datetime.timedelta(days=1))
-                   .not_valid_after(NOW + datetime.timedelta(days=30))
-                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(_name("EK CA"))
+        .issuer_name(_name("EK CA"))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_after(NOW + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     return certificate, key
 
 
@@ -49,10 +65,16 @@ class Tpm:
         self.certificate = None
         if ca is not None:
             ca_cert, ca_key = ca
-            self.certificate = (x509.CertificateBuilder().subject_name(_name("ek")).issuer_name(ca_cert.subject)
-                                .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
-                                .not_valid_before(NOW - datetime.timedelta(days=1)).not_valid_after(NOW + datetime.timedelta(days=30))
-                                .sign(ca_key, hashes.SHA256())).public_bytes(serialization.Encoding.DER)
+            self.certificate = (
+                x509.CertificateBuilder()
+                .subject_name(_name("ek"))
+                .issuer_name(ca_cert.subject)
+                .public_key(self.key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(NOW - datetime.timedelta(days=1))
+                .not_valid_after(NOW + datetime.timedelta(days=30))
+                .sign(ca_key, hashes.SHA256())
+            ).public_bytes(serialization.Encoding.DER)
 
     def node(self) -> NodeIdentity:
         return NodeIdentity(self.identity, self.certificate)
@@ -93,7 +115,12 @@ def test_enrolled_node_gets_its_name_and_role_and_binds_its_first_disk(tmp_path)
     registry.enrol(cp, "cp-1", control_plane=True)
     registry.enrol(worker, "worker-1")
     granted = registry.grant(cp, control_plane=True, disk=DISK_A)
-    assert (granted.node_name, granted.control_plane, granted.source, granted.bind.disk_uuid) == ("cp-1", True, "enrolled", DISK_A)
+    assert (granted.node_name, granted.control_plane, granted.source, granted.bind.disk_uuid) == (
+        "cp-1",
+        True,
+        "enrolled",
+        DISK_A,
+    )
     assert registry.grant(worker, name="worker-1", disk=DISK_B.upper()).disk_uuid == DISK_B
     # Once bound, the same disk is granted again and nothing new is bound.
     assert registry.grant(worker, disk=DISK_B).bind is None
@@ -104,7 +131,9 @@ def test_enrolled_node_gets_its_name_and_role_and_binds_its_first_disk(tmp_path)
 def test_enrolled_worker_asking_for_the_control_plane_role_is_refused(tmp_path):
     registry, worker = Registry(tmp_path), Tpm()
     registry.enrol(worker, "worker-1")
-    assert "enrolled as worker worker-1" in _refused("role-not-granted", lambda: registry.grant(worker, control_plane=True))
+    assert "enrolled as worker worker-1" in _refused(
+        "role-not-granted", lambda: registry.grant(worker, control_plane=True)
+    )
 
 
 def test_a_node_asking_for_another_name_is_refused(tmp_path):
@@ -122,11 +151,17 @@ def test_another_nodes_disk_is_refused_by_join_and_by_rejoin(tmp_path):
     registry.grant(owner, disk=DISK_A)
     for disk in (DISK_A, DISK_C):
         for flow in ("join", "rejoin"):
-            assert "bound to another node's TPM" in _refused("disk-not-granted", lambda: registry.grant(thief, flow=flow, disk=disk))
+            assert "bound to another node's TPM" in _refused(
+                "disk-not-granted", lambda: registry.grant(thief, flow=flow, disk=disk)
+            )
     # A fresh node with no disk bound gets no rejoin at all.
-    assert "no state disk is bound" in _refused("disk-not-granted", lambda: registry.grant(thief, flow="rejoin", disk=DISK_B))
+    assert "no state disk is bound" in _refused(
+        "disk-not-granted", lambda: registry.grant(thief, flow="rejoin", disk=DISK_B)
+    )
     # The owner may not switch disks either.
-    assert f"bound to this TPM is {DISK_A}" in _refused("disk-not-granted", lambda: registry.grant(owner, flow="rejoin", disk=DISK_B))
+    assert f"bound to this TPM is {DISK_A}" in _refused(
+        "disk-not-granted", lambda: registry.grant(owner, flow="rejoin", disk=DISK_B)
+    )
 
 
 def test_a_node_enrolled_afresh_binds_its_new_disk_and_keeps_the_old_one_from_others(tmp_path):
@@ -189,7 +224,9 @@ def test_pool_rule_names_a_worker_after_its_ek_and_never_makes_a_control_plane(t
     registry.enrol(member, "worker-1")
     granted = registry.grant(pooled, disk=DISK_B)
     assert (granted.node_name, granted.control_plane, granted.source) == (f"pool-{pooled.identity[:10]}", False, "pool")
-    assert "never as a control plane" in _refused("role-not-granted", lambda: registry.grant(pooled, control_plane=True, disk=DISK_B))
+    assert "never as a control plane" in _refused(
+        "role-not-granted", lambda: registry.grant(pooled, control_plane=True, disk=DISK_B)
+    )
     _refused("name-not-granted", lambda: registry.grant(pooled, name="worker-1", disk=DISK_B))
     assert registry.grant(pooled, name=granted.node_name, flow="rejoin", disk=DISK_B).bind is None
 
@@ -199,7 +236,9 @@ def test_pool_rule_admits_only_ek_certificates_of_the_ek_ca(tmp_path):
     registry, member = Registry(tmp_path, "pool", [ca[0]]), Tpm()
     registry.enrol(member, "worker-1")
     foreign, uncertified = Tpm(other_ca), Tpm()
-    assert "does not certify its EK under the configured EK CA" in _refused("not-enrolled", lambda: registry.grant(foreign))
+    assert "does not certify its EK under the configured EK CA" in _refused(
+        "not-enrolled", lambda: registry.grant(foreign)
+    )
     assert "carries no EK certificate" in _refused("not-enrolled", lambda: registry.grant(uncertified))
     # Another TPM's genuine certificate does not make this EK a pool member.
     borrowed = NodeIdentity(uncertified.identity, Tpm(ca).certificate)
@@ -225,22 +264,43 @@ def test_enrolment_changes_are_picked_up_and_a_bad_one_is_refused_and_reported(t
     assert registry.watcher.rejected_digest and registry.watcher.rejected_digest != good
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d["nodes"].append(dict(d["nodes"][0], node_name="other")), "EK .* is enrolled twice"),
-    (lambda d: d["nodes"].append(dict(d["nodes"][0], ek="b" * 64)), "node name worker-1 is enrolled twice"),
-    (lambda d: d["nodes"].append({"ek": "b" * 64, "node_name": "w2", "role": "worker", "disk_uuid": DISK_B}), "disk UUID .* enrolled twice"),
-    (lambda d: d["nodes"][0].update(role="admin"), "role 'admin'"),
-    (lambda d: d["nodes"][0].update(ek="A" * 64), "ek 'A+' is not valid"),
-    (lambda d: d["nodes"][0].update(node_name="Worker_1"), "not a DNS-1123"),
-    (lambda d: d["nodes"][0].update(node_name="n" * 60), "too long for a kubelet certificate"),
-    (lambda d: d["nodes"][0].update(disk_uuid="not-a-uuid"), "not a UUID"),
-    (lambda d: d["nodes"][0].update(secret="x"), "unknown field"),
-    (lambda d: d.update(version=2), "version 1"),
-    (lambda d: d["nodes"][0].update(ek_certificate="!!"), "not a readable DER certificate"),
-], ids=["EK twice", "name twice", "disk twice", "role", "EK format", "name format", "name length", "disk UUID", "unknown field",
-        "version", "certificate"])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d["nodes"].append(dict(d["nodes"][0], node_name="other")), "EK .* is enrolled twice"),
+        (lambda d: d["nodes"].append(dict(d["nodes"][0], ek="b" * 64)), "node name worker-1 is enrolled twice"),
+        (
+            lambda d: d["nodes"].append({"ek": "b" * 64, "node_name": "w2", "role": "worker", "disk_uuid": DISK_B}),
+            "disk UUID .* enrolled twice",
+        ),
+        (lambda d: d["nodes"][0].update(role="admin"), "role 'admin'"),
+        (lambda d: d["nodes"][0].update(ek="A" * 64), "ek 'A+' is not valid"),
+        (lambda d: d["nodes"][0].update(node_name="Worker_1"), "not a DNS-1123"),
+        (lambda d: d["nodes"][0].update(node_name="n" * 60), "too long for a kubelet certificate"),
+        (lambda d: d["nodes"][0].update(disk_uuid="not-a-uuid"), "not a UUID"),
+        (lambda d: d["nodes"][0].update(secret="x"), "unknown field"),
+        (lambda d: d.update(version=2), "version 1"),
+        (lambda d: d["nodes"][0].update(ek_certificate="!!"), "not a readable DER certificate"),
+    ],
+    ids=[
+        "EK twice",
+        "name twice",
+        "disk twice",
+        "role",
+        "EK format",
+        "name format",
+        "name length",
+        "disk UUID",
+        "unknown field",
+        "version",
+        "certificate",
+    ],
+)
 def test_malformed_enrolments_are_refused_naming_the_entry(change, message):
-    document = {"version": 1, "nodes": [{"ek": "a" * 64, "node_name": "worker-1", "role": "worker", "disk_uuid": DISK_B}]}
+    document = {
+        "version": 1,
+        "nodes": [{"ek": "a" * 64, "node_name": "worker-1", "role": "worker", "disk_uuid": DISK_B}],
+    }
     change(document)
     with pytest.raises(RegistryError, match=message):
         parse_enrolment(json.dumps(document).encode(), "node enrolment test")
@@ -249,11 +309,21 @@ def test_malformed_enrolments_are_refused_naming_the_entry(change, message):
 def test_enrolled_certificate_must_certify_the_enrolled_ek():
     ca = _ca()
     tpm, other = Tpm(ca), Tpm()
-    entry = {"ek": other.identity, "node_name": "worker-1", "role": "worker", "ek_certificate": base64.b64encode(tpm.certificate).decode()}
+    entry = {
+        "ek": other.identity,
+        "node_name": "worker-1",
+        "role": "worker",
+        "ek_certificate": base64.b64encode(tpm.certificate).decode(),
+    }
     with pytest.raises(RegistryError, match="certifies another key"):
         parse_enrolment(json.dumps({"version": 1, "nodes": [entry]}).encode(), "node enrolment test")
     entry["ek"] = tpm.identity
-    assert parse_enrolment(json.dumps({"version": 1, "nodes": [entry]}).encode(), "test").by_ek[tpm.identity].ek_certificate == tpm.certificate
+    assert (
+        parse_enrolment(json.dumps({"version": 1, "nodes": [entry]}).encode(), "test")
+        .by_ek[tpm.identity]
+        .ek_certificate
+        == tpm.certificate
+    )
 
 
 def test_binding_mirror_survives_a_restart_and_is_written_0600(tmp_path):
@@ -269,12 +339,18 @@ def test_binding_mirror_survives_a_restart_and_is_written_0600(tmp_path):
 
 def test_binding_mirror_finds_an_eks_bindings_after_each_change(tmp_path):
     mirror = BindingMirror(str(tmp_path / "disk-bindings.json"))
-    first, second, other = (Binding(DISK_A, "a" * 64, "worker-1"), Binding(DISK_B, "a" * 64, "worker-1"), Binding(DISK_C, "b" * 64, "worker-2"))
+    first, second, other = (
+        Binding(DISK_A, "a" * 64, "worker-1"),
+        Binding(DISK_B, "a" * 64, "worker-1"),
+        Binding(DISK_C, "b" * 64, "worker-2"),
+    )
     mirror.record(first)
     mirror.record(other)
     assert (mirror.of_ek("a" * 64), mirror.of_ek("b" * 64), mirror.of_ek("c" * 64)) == ([first], [other], [])
     mirror.record(second)
-    assert sorted(mirror.of_ek("a" * 64), key=lambda b: b.disk_uuid) == sorted([first, second], key=lambda b: b.disk_uuid)
+    assert sorted(mirror.of_ek("a" * 64), key=lambda b: b.disk_uuid) == sorted(
+        [first, second], key=lambda b: b.disk_uuid
+    )
     assert mirror.replace([other]) and (mirror.of_ek("a" * 64), mirror.of_ek("b" * 64)) == ([], [other])
     assert BindingMirror(mirror.path).of_ek("b" * 64) == [other]
 
@@ -295,9 +371,17 @@ def test_a_node_that_joined_since_its_enrolment_changes_nothing(tmp_path):
     before = Enrolment(ek="ab" * 32, node_name="worker-0", control_plane=False)
     changed, first = merge_enrolment(path, [before])
     assert changed
-    joined = Enrolment(ek="ab" * 32, node_name="worker-0", control_plane=False, disk_uuid="22900c07-6ff1-4ef1-b5ed-0216ebff066d")
+    joined = Enrolment(
+        ek="ab" * 32, node_name="worker-0", control_plane=False, disk_uuid="22900c07-6ff1-4ef1-b5ed-0216ebff066d"
+    )
     assert merge_enrolment(path, [joined]) == (False, first)
     # A changed role is a new enrolment all the same.
-    changed, _content = merge_enrolment(path, [Enrolment(ek="ab" * 32, node_name="worker-0", control_plane=True,
-                                                         disk_uuid="22900c07-6ff1-4ef1-b5ed-0216ebff066d")])
+    changed, _content = merge_enrolment(
+        path,
+        [
+            Enrolment(
+                ek="ab" * 32, node_name="worker-0", control_plane=True, disk_uuid="22900c07-6ff1-4ef1-b5ed-0216ebff066d"
+            )
+        ],
+    )
     assert changed

@@ -25,14 +25,34 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto im
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, open_ticket, prove_activation, request_ticket
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import (
+    JoinError,
+    open_ticket,
+    prove_activation,
+    request_ticket,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import CONTROL_PLANE_FILES, JoinTicket
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import (
+    CONTROL_PLANE_FILES,
+    JoinTicket,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import ca_cert_hash
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import cluster_id_of
 
-from join_harness import (API_SERVER, DISK_UUID, K8S_VERSION, Clock, FakeApi, activate, assert_refused, evidence_for, join_request,
-                          join_with_client, make_csr, wait_for)
+from join_harness import (
+    API_SERVER,
+    DISK_UUID,
+    K8S_VERSION,
+    Clock,
+    FakeApi,
+    activate,
+    assert_refused,
+    evidence_for,
+    join_request,
+    join_with_client,
+    make_csr,
+    wait_for,
+)
 
 
 def test_valid_join_returns_a_ticket_the_client_opens(join_lab):
@@ -66,7 +86,9 @@ def test_kubelet_certificate_chains_to_the_cluster_ca_with_the_node_identity(joi
     assert certificate.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
     assert len(list(certificate.subject)) == 2
     assert certificate.public_key().public_numbers() == node_key.public_key().public_numbers()
-    assert certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])
+    assert certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == x509.ExtendedKeyUsage(
+        [ExtendedKeyUsageOID.CLIENT_AUTH]
+    )
     usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value
     assert usage.digital_signature and usage.key_encipherment and not usage.key_cert_sign
     assert not certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
@@ -79,8 +101,18 @@ def test_control_plane_join_carries_the_pki_files_with_modes(join_lab):
     service = join_lab.start("pcrs-only")
     payload = join_with_client(join_lab, service, "cp-2", control_plane=True)
     files = payload.control_plane_files
-    assert sorted(f.path for f in files) == sorted(["ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key",
-                                                    "etcd/ca.crt", "etcd/ca.key"])
+    assert sorted(f.path for f in files) == sorted(
+        [
+            "ca.crt",
+            "ca.key",
+            "sa.key",
+            "sa.pub",
+            "front-proxy-ca.crt",
+            "front-proxy-ca.key",
+            "etcd/ca.crt",
+            "etcd/ca.key",
+        ]
+    )
     for entry in files:
         assert entry.content == (join_lab.pki_dir / entry.path).read_bytes()
         assert entry.mode == (0o600 if entry.path.endswith(".key") else 0o644)
@@ -127,11 +159,18 @@ def test_a_challenge_is_answered_once(join_lab):
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        challenge = stub.IssueJoinTicket(join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes()))
-        proof = prove_activation(join_lab.swtpm.tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce)
+        challenge = stub.IssueJoinTicket(
+            join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes())
+        )
+        proof = prove_activation(
+            join_lab.swtpm.tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce
+        )
         stub.ActivateTicket(pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof))
-        assert_refused(lambda: stub.ActivateTicket(pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof)),
-                       grpc.StatusCode.FAILED_PRECONDITION, "activation-unknown")
+        assert_refused(
+            lambda: stub.ActivateTicket(pb2.ActivateTicketRequest(nonce=nonce, activation_proof=proof)),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "activation-unknown",
+        )
     assert len(service.minter.tokens) == 1
 
 
@@ -156,11 +195,19 @@ def test_malformed_evidence_is_an_invalid_argument(join_lab):
     assert service.minter.tokens == []
 
 
-@pytest.mark.parametrize("field, value, reason", [
-    ("node_name", "Worker_1", "node-name"),
-    ("disk_uuid", "not-a-uuid", "disk-uuid"),
-    ("kubelet_csr", b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n", "csr-malformed"),
-], ids=["node name not DNS-1123", "disk UUID", "CSR garbage"])
+@pytest.mark.parametrize(
+    "field, value, reason",
+    [
+        ("node_name", "Worker_1", "node-name"),
+        ("disk_uuid", "not-a-uuid", "disk-uuid"),
+        (
+            "kubelet_csr",
+            b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+            "csr-malformed",
+        ),
+    ],
+    ids=["node name not DNS-1123", "disk UUID", "CSR garbage"],
+)
 def test_bad_request_fields_are_invalid_arguments(join_lab, field, value, reason):
     service = join_lab.start("pcrs-only")
     stub, channel = join_lab.stub(service)
@@ -178,7 +225,9 @@ def test_second_concurrent_control_plane_join_is_aborted(join_lab, other_swtpm):
     join_lab.enrol(other_swtpm.tcti, "cp-3", control_plane=True)
     service = join_lab.start("pcrs-only", api=FakeApi(gate=gate, gated=("cp-2",)))
     first = {}
-    worker = threading.Thread(target=lambda: first.update(payload=join_with_client(join_lab, service, "cp-2", control_plane=True)))
+    worker = threading.Thread(
+        target=lambda: first.update(payload=join_with_client(join_lab, service, "cp-2", control_plane=True))
+    )
     worker.start()
     try:
         assert service.minter.entered.wait(10)
@@ -212,7 +261,9 @@ def test_aborted_control_plane_join_is_retried_by_the_client(join_lab, other_swt
         gate.set()
         time.sleep(0.2)
 
-    payload = join_with_client(join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=5, backoff=0.05, sleep=sleep)
+    payload = join_with_client(
+        join_lab, service, "cp-3", control_plane=True, tcti=other_swtpm.tcti, attempts=5, backoff=0.05, sleep=sleep
+    )
     worker.join(30)
     assert payload.control_plane_files and len(sleeps) >= 1
 
@@ -227,7 +278,9 @@ def test_health_reports_serving_and_what_is_loaded(join_lab):
         assert health.enrolment_digest == hashlib.sha256(join_lab.enrolment_file.read_bytes()).hexdigest()
         assert (health.policy_error, health.enrolment_error) == ("", "")
         good = join_lab.policy_file.read_bytes()
-        join_lab.policy_file.write_text('{"version": 1, "hash_algorithm": "sha256", "pcrs": {"4": {"allowed": ["zz"]}}}')
+        join_lab.policy_file.write_text(
+            '{"version": 1, "hash_algorithm": "sha256", "pcrs": {"4": {"allowed": ["zz"]}}}'
+        )
         rejected = stub.Health(pb2.HealthRequest())
         assert rejected.policy_digest == health.policy_digest
         assert rejected.policy_rejected_digest == hashlib.sha256(join_lab.policy_file.read_bytes()).hexdigest()
@@ -240,8 +293,16 @@ def test_health_reports_serving_and_what_is_loaded(join_lab):
 def test_rejoin_gives_disk_key_and_measurement_secret_only(join_lab):
     join_lab.enrol(join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID)
     service = join_lab.start("pcrs-only")
-    payload = request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID.upper(), flow="rejoin")
-    assert sorted(json.loads(payload.to_bytes())) == ["cluster_id", "measurement_salt", "measurement_secret", "state_disk_key", "version"]
+    payload = request_ticket(
+        [service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID.upper(), flow="rejoin"
+    )
+    assert sorted(json.loads(payload.to_bytes())) == [
+        "cluster_id",
+        "measurement_salt",
+        "measurement_secret",
+        "state_disk_key",
+        "version",
+    ]
     secrets = join_lab.secrets
     assert payload.state_disk_key == derive.state_disk_key(secrets["master_key"], secrets["master_salt"], DISK_UUID)
     assert service.minter.tokens == []
@@ -249,7 +310,9 @@ def test_rejoin_gives_disk_key_and_measurement_secret_only(join_lab):
     with issuer.Tpm(join_lab.swtpm.tcti) as tpm:
         tpm.pcr_event(15, service.issuer.cluster_id)
         assert tpm.read_pcrs("sha256", (15,))[15] == node_lock_mark(service.issuer.cluster_id)
-    assert request_ticket([service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID, flow="rejoin")
+    assert request_ticket(
+        [service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID, flow="rejoin"
+    )
     with pytest.raises(JoinError) as err:
         join_with_client(join_lab, service)
     assert err.value.reason == "pcr-policy" and "already a member of this cluster" in str(err.value)
@@ -282,8 +345,15 @@ def test_client_gets_its_ticket_across_a_service_restart(join_lab):
 
     def join():
         try:
-            result["payload"] = join_with_client(join_lab, first, "worker-1", attempts=8, backoff=0.2, timeout=10,
-                                                 sleep=lambda seconds: (sleeps.append(seconds), time.sleep(seconds)))
+            result["payload"] = join_with_client(
+                join_lab,
+                first,
+                "worker-1",
+                attempts=8,
+                backoff=0.2,
+                timeout=10,
+                sleep=lambda seconds: (sleeps.append(seconds), time.sleep(seconds)),
+            )
         except JoinError as exc:
             result["error"] = exc
 
@@ -306,7 +376,9 @@ def test_client_gets_its_ticket_across_a_service_restart(join_lab):
 def test_graceful_shutdown_finishes_the_join_in_flight(join_lab, other_swtpm):
     service = join_lab.start("pcrs-only", api=FakeApi(delay=1.5), drain_delay=0.5)
     result = {}
-    client = threading.Thread(target=lambda: result.update(payload=join_with_client(join_lab, service, "worker-1", attempts=1)))
+    client = threading.Thread(
+        target=lambda: result.update(payload=join_with_client(join_lab, service, "worker-1", attempts=1))
+    )
     client.start()
     assert service.minter.entered.wait(10)
     stopper = threading.Thread(target=service.shutdown, args=(30,))
@@ -332,15 +404,22 @@ def test_no_secret_in_the_logs(join_lab, other_swtpm):
     join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
     join_lab.enrol(other_swtpm.tcti, "cp-2", control_plane=True)
     service = join_lab.start("ek-certificate")
-    payloads = [join_with_client(join_lab, service, "worker-1"),
-                join_with_client(join_lab, service, "cp-2", control_plane=True, tcti=other_swtpm.tcti)]
+    payloads = [
+        join_with_client(join_lab, service, "worker-1"),
+        join_with_client(join_lab, service, "cp-2", control_plane=True, tcti=other_swtpm.tcti),
+    ]
     with pytest.raises(JoinError):
         join_with_client(join_lab, service, "worker-3", csr=make_csr("worker-4"))
     text = join_lab.log_stream.getvalue()
     assert '"result": "issued"' in text and '"result": "refused"' in text
     forbidden = [value for name, value in join_lab.secrets.items()]
     for payload in payloads:
-        forbidden += [payload.bootstrap_token, payload.bootstrap_token.split(".")[1], payload.state_disk_key, payload.measurement_secret]
+        forbidden += [
+            payload.bootstrap_token,
+            payload.bootstrap_token.split(".")[1],
+            payload.state_disk_key,
+            payload.measurement_secret,
+        ]
         forbidden += [entry.content for entry in payload.control_plane_files if entry.path.endswith(".key")]
         secrets = payload.cluster_secrets
         forbidden += [secrets.master_key, secrets.master_salt, secrets.measurement_salt] if secrets else []
@@ -353,23 +432,39 @@ def test_no_secret_in_the_logs(join_lab, other_swtpm):
 def test_client_tries_the_next_endpoint_when_one_is_down(join_lab):
     service = join_lab.start("pcrs-only")
     sleeps = []
-    payload = request_ticket(["127.0.0.1:1", service.endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
-                             kubelet_csr_pem=make_csr("worker-1"), sleep=sleeps.append)
+    payload = request_ticket(
+        ["127.0.0.1:1", service.endpoint],
+        join_lab.ca_pem,
+        join_lab.swtpm.tcti,
+        "worker-1",
+        disk_uuid=DISK_UUID,
+        kubelet_csr_pem=make_csr("worker-1"),
+        sleep=sleeps.append,
+    )
     assert isinstance(payload, JoinTicket) and sleeps == []
 
 
 def test_client_gives_up_after_bounded_attempts_with_growing_backoff(join_lab):
     sleeps = []
     with pytest.raises(JoinError) as err:
-        request_ticket(["127.0.0.1:1"], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
-                       kubelet_csr_pem=make_csr("worker-1"), attempts=4, backoff=1.0, sleep=sleeps.append)
+        request_ticket(
+            ["127.0.0.1:1"],
+            join_lab.ca_pem,
+            join_lab.swtpm.tcti,
+            "worker-1",
+            disk_uuid=DISK_UUID,
+            kubelet_csr_pem=make_csr("worker-1"),
+            attempts=4,
+            backoff=1.0,
+            sleep=sleeps.append,
+        )
     assert err.value.code == "UNAVAILABLE" and "after 4 attempt(s)" in str(err.value)
     # The message names where it asked and what to check next.
     assert "over 127.0.0.1:1; last failure:" in str(err.value)
     assert "systemctl status confidential-joinservice" in str(err.value) and "join_attempts" in str(err.value)
     assert len(sleeps) == 3
     for attempt, seconds in enumerate(sleeps):
-        assert 0.5 * 2 ** attempt <= seconds <= 2 ** attempt
+        assert 0.5 * 2**attempt <= seconds <= 2**attempt
 
 
 def test_client_stops_at_the_total_time_budget(join_lab):
@@ -379,8 +474,19 @@ def test_client_stops_at_the_total_time_budget(join_lab):
         now[0] += seconds
 
     with pytest.raises(JoinError):
-        request_ticket(["127.0.0.1:1"], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
-                       kubelet_csr_pem=make_csr("worker-1"), attempts=100, backoff=10, total_timeout=25, sleep=sleep, clock=lambda: now[0])
+        request_ticket(
+            ["127.0.0.1:1"],
+            join_lab.ca_pem,
+            join_lab.swtpm.tcti,
+            "worker-1",
+            disk_uuid=DISK_UUID,
+            kubelet_csr_pem=make_csr("worker-1"),
+            attempts=100,
+            backoff=10,
+            total_timeout=25,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
     assert now[0] <= 25
 
 
@@ -420,11 +526,19 @@ def test_client_requires_the_cluster_ca(join_lab):
 
 def test_client_refuses_a_service_whose_certificate_the_cluster_ca_did_not_issue(join_lab):
     from join_harness import make_ca
+
     service = join_lab.start("pcrs-only")
     other_ca = make_ca("someone-else")[0].public_bytes(serialization.Encoding.PEM)
     with pytest.raises(JoinError) as err:
-        request_ticket([service.endpoint], other_ca, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
-                       kubelet_csr_pem=make_csr("worker-1"), attempts=1)
+        request_ticket(
+            [service.endpoint],
+            other_ca,
+            join_lab.swtpm.tcti,
+            "worker-1",
+            disk_uuid=DISK_UUID,
+            kubelet_csr_pem=make_csr("worker-1"),
+            attempts=1,
+        )
     assert err.value.code == "UNAVAILABLE"
     assert service.minter.tokens == []
 
@@ -434,36 +548,57 @@ def _daemon(join_lab, **overrides):
     import subprocess
     import sys
     from dataclasses import asdict
+
     settings = asdict(join_lab.config(0, **overrides))
     path = join_lab.dir / "joinservice.json"
     path.write_text(json.dumps(settings))
     collections = [p for p in sys.path if p.endswith("collections")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(collections))
-    return subprocess.Popen([sys.executable, "-m", "ansible_collections.confidential.kubernetes.plugins.module_utils._join.service",
-                             "--config", str(path)], stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ansible_collections.confidential.kubernetes.plugins.module_utils._join.service",
+            "--config",
+            str(path),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def test_daemon_serves_and_exits_0_on_sigterm(join_lab):
     import json
     import signal
+
     join_lab.write_policy("pcrs-only")
     join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
     # Stands in for kubectl on this host (no cluster here): creates (a bootstrap-token Secret or a disk-binding ConfigMap on
     # stdin) succeed, listings are empty, anything else fails.
     kubectl = join_lab.dir / "kubectl"
-    kubectl.write_text('#!/bin/sh\ncase "$1 $2" in\n'
-                       '"create --filename=-") grep -Eq \'"token-secret": "[a-z0-9]{16}"|"kind": "ConfigMap"\' || exit 4; echo created ;;\n'
-                       '"get configmaps") echo \'{"items": []}\' ;;\n'
-                       '"get secrets"|"get nodes"|"get certificatesigningrequests") ;;\n'
-                       '*) exit 3 ;;\nesac\n')
+    kubectl.write_text(
+        '#!/bin/sh\ncase "$1 $2" in\n'
+        '"create --filename=-") grep -Eq \'"token-secret": "[a-z0-9]{16}"|"kind": "ConfigMap"\' || exit 4; echo created ;;\n'
+        '"get configmaps") echo \'{"items": []}\' ;;\n'
+        '"get secrets"|"get nodes"|"get certificatesigningrequests") ;;\n'
+        "*) exit 3 ;;\nesac\n"
+    )
     kubectl.chmod(0o755)
     process = _daemon(join_lab, kubectl_binary=str(kubectl))
     try:
         started = json.loads(process.stderr.readline())
         assert (started["event"], started["result"]) == ("start", "serving"), started
         endpoint = f"127.0.0.1:{started['port']}"
-        payload = request_ticket([endpoint], join_lab.ca_pem, join_lab.swtpm.tcti, "worker-1", disk_uuid=DISK_UUID,
-                                 kubelet_csr_pem=make_csr("worker-1"), attempts=1)
+        payload = request_ticket(
+            [endpoint],
+            join_lab.ca_pem,
+            join_lab.swtpm.tcti,
+            "worker-1",
+            disk_uuid=DISK_UUID,
+            kubelet_csr_pem=make_csr("worker-1"),
+            attempts=1,
+        )
         assert isinstance(payload, JoinTicket) and payload.bootstrap_token
     except JoinError:
         process.kill()
@@ -478,6 +613,7 @@ def test_daemon_serves_and_exits_0_on_sigterm(join_lab):
 
 def test_daemon_refuses_to_start_with_secrets_readable_by_others(join_lab):
     import json
+
     join_lab.write_policy("pcrs-only")
     os.chmod(join_lab.secrets_file, 0o644)
     process = _daemon(join_lab)
@@ -486,7 +622,9 @@ def test_daemon_refuses_to_start_with_secrets_readable_by_others(join_lab):
     assert failure["result"] == "failed" and "chmod 600" in failure["msg"]
 
 
-@pytest.mark.parametrize("key", [b"\x01" * 16, b"\xff" * (1184 + 32)], ids=["no suite of that length", "not an ML-KEM key"])
+@pytest.mark.parametrize(
+    "key", [b"\x01" * 16, b"\xff" * (1184 + 32)], ids=["no suite of that length", "not an ML-KEM key"]
+)
 def test_evidence_bound_to_an_unusable_key_is_refused_before_any_token(join_lab, key):
     service = join_lab.start("pcrs-only")
     stub, channel = join_lab.stub(service)
@@ -502,8 +640,12 @@ def test_user_data_without_a_request_digest_is_refused(join_lab):
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        request = join_request(join_lab.swtpm.tcti, nonce, b"", evidence=evidence_for(join_lab.swtpm.tcti, nonce, b"\x01" * 32))
-        error = assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "request-binding")
+        request = join_request(
+            join_lab.swtpm.tcti, nonce, b"", evidence=evidence_for(join_lab.swtpm.tcti, nonce, b"\x01" * 32)
+        )
+        error = assert_refused(
+            lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "request-binding"
+        )
     assert "request digest" in error.details() and service.minter.tokens == []
 
 
@@ -524,6 +666,7 @@ def test_token_registration_failure_is_retryable_and_leaves_nothing_usable(join_
 def test_control_plane_slot_is_held_until_released(join_lab, other_swtpm):
     """The issuer without gRPC: the slot a control-plane join takes is free again only after release()."""
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import JoinRequest, Refusal
+
     join_lab.enrol(join_lab.swtpm.tcti, "cp-2", control_plane=True)
     join_lab.enrol(other_swtpm.tcti, "cp-3", control_plane=True)
     service = join_lab.start("pcrs-only")
@@ -534,7 +677,9 @@ def test_control_plane_slot_is_held_until_released(join_lab, other_swtpm):
         csr = make_csr(node_name)
         request = join_request(tcti, nonce, EphemeralKey.generate().public_bytes(), node_name, True, csr)
         challenge = issuer_under_test.begin_join(JoinRequest(request.evidence, nonce, node_name, True, csr, DISK_UUID))
-        return issuer_under_test.take(nonce, prove_activation(tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce))
+        return issuer_under_test.take(
+            nonce, prove_activation(tcti, challenge.credential_blob, challenge.credential_encrypted_seed, nonce)
+        )
 
     first = issuer_under_test.prepare_join(pending(join_lab.swtpm.tcti, "cp-2"))
     with pytest.raises(Refusal) as err:
@@ -549,8 +694,11 @@ def test_control_plane_slot_is_held_until_released(join_lab, other_swtpm):
     assert service.minter.tokens == []
 
 
-@pytest.mark.parametrize("body, problem", [(b"\xff\xff\xff", "Wire format was corrupt"), (b"\x1a\x02\xc3\x28", "bad UTF-8")],
-                         ids=["corrupt wire format", "node name not UTF-8"])
+@pytest.mark.parametrize(
+    "body, problem",
+    [(b"\xff\xff\xff", "Wire format was corrupt"), (b"\x1a\x02\xc3\x28", "bad UTF-8")],
+    ids=["corrupt wire format", "node name not UTF-8"],
+)
 def test_request_that_is_no_protobuf_message_is_malformed(join_lab, body, problem):
     """Found by the security suite: grpc answered such a body with UNKNOWN 'Unexpected DecodeError', and nothing was logged."""
     service = join_lab.start("pcrs-only")
@@ -626,7 +774,9 @@ def test_a_binding_race_between_control_planes_is_settled_by_the_api(join_lab, o
     join_lab.enrol(other_swtpm.tcti, "worker-2")
     api = FakeApi()
     first = join_lab.start("pcrs-only", api=api, registry_sync_interval=3600)
-    second = join_lab.start(None, api=api, bindings_file=str(tmp_path / "cp2-bindings.json"), registry_sync_interval=3600)
+    second = join_lab.start(
+        None, api=api, bindings_file=str(tmp_path / "cp2-bindings.json"), registry_sync_interval=3600
+    )
     join_with_client(join_lab, first)
     assert second.issuer.registry.mirror.get(DISK_UUID) is None
     with pytest.raises(JoinError) as err:
@@ -647,13 +797,26 @@ def test_no_binding_is_made_while_the_api_is_unreachable(join_lab):
 
 def test_health_check_fails_with_the_services_load_error_and_passes_once_it_loaded(join_lab, capsys):
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join import health
+
     service = join_lab.start("pcrs-only")
     ca = join_lab.dir / "ca.crt"
     ca.write_bytes(join_lab.ca_pem)
-    argv = ["--endpoint", service.endpoint, "--ca", str(ca), "--timeout", "10", "--policy-file", str(join_lab.policy_file),
-            "--enrolment-file", str(join_lab.enrolment_file)]
+    argv = [
+        "--endpoint",
+        service.endpoint,
+        "--ca",
+        str(ca),
+        "--timeout",
+        "10",
+        "--policy-file",
+        str(join_lab.policy_file),
+        "--enrolment-file",
+        str(join_lab.enrolment_file),
+    ]
     assert health.main(argv) == 0
-    join_lab.policy_file.write_text('{"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only", "pcrs": {"99": {"allowed": []}}}')
+    join_lab.policy_file.write_text(
+        '{"version": 1, "hash_algorithm": "sha256", "ak_trust": "pcrs-only", "pcrs": {"99": {"allowed": []}}}'
+    )
     assert health.main(argv) == 1
     error = capsys.readouterr().err
     assert "refused the policy file that was pushed" in error and "measurement policy" in error and "99" in error
@@ -661,15 +824,20 @@ def test_health_check_fails_with_the_services_load_error_and_passes_once_it_load
     assert health.main(argv) == 0
 
 
-def test_joins_are_verified_signed_and_sealed_in_worker_processes_that_get_no_key_in_their_command_line_and_stop_with_it(join_lab):
+def test_joins_are_verified_signed_and_sealed_in_worker_processes_that_get_no_key_in_their_command_line_and_stop_with_it(
+    join_lab,
+):
     service = join_lab.start("pcrs-only", worker_processes=2)
     payload = join_with_client(join_lab, service, "worker-1")
     pids = service.workers.pids()
     assert len(pids) == 2 and os.getpid() not in pids
     assert [e["worker_processes"] for e in join_lab.logs() if e["event"] == "start"] == [2]
     x509.load_pem_x509_certificate(payload.kubelet_client_crt.encode()).verify_directly_issued_by(
-        x509.load_pem_x509_certificate((join_lab.pki_dir / "ca.crt").read_bytes()))
-    key_lines = [line for line in (join_lab.pki_dir / "ca.key").read_bytes().splitlines() if not line.startswith(b"-----")]
+        x509.load_pem_x509_certificate((join_lab.pki_dir / "ca.crt").read_bytes())
+    )
+    key_lines = [
+        line for line in (join_lab.pki_dir / "ca.key").read_bytes().splitlines() if not line.startswith(b"-----")
+    ]
     for pid in pids:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             command_line = handle.read()
@@ -685,11 +853,14 @@ def test_without_worker_processes_the_event_loop_verifies_signs_seals_and_refuse
     assert service.workers.pids() == []
     assert [e["worker_processes"] for e in join_lab.logs() if e["event"] == "start"] == [0]
     x509.load_pem_x509_certificate(payload.kubelet_client_crt.encode()).verify_directly_issued_by(
-        x509.load_pem_x509_certificate((join_lab.pki_dir / "ca.crt").read_bytes()))
+        x509.load_pem_x509_certificate((join_lab.pki_dir / "ca.crt").read_bytes())
+    )
     stub, channel = join_lab.stub(service)
     with channel:
         nonce = stub.GetNonce(pb2.GetNonceRequest()).nonce
-        request = join_request(join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes(), csr=make_csr("worker-2"))
+        request = join_request(
+            join_lab.swtpm.tcti, nonce, EphemeralKey.generate().public_bytes(), csr=make_csr("worker-2")
+        )
         assert_refused(lambda: stub.IssueJoinTicket(request), grpc.StatusCode.PERMISSION_DENIED, "csr-subject")
     assert [t for n, t in service.minter.tokens] == [payload.bootstrap_token]
 
@@ -718,12 +889,25 @@ def test_a_dead_worker_costs_one_request_and_the_pool_is_started_again(join_lab)
     assert service.workers.pids() and pid not in service.workers.pids()
 
 
-@pytest.mark.parametrize("flow,document,named", [
-    ("rejoin", {"version": 1, "cluster_id": "00" * 32, "measurement_secret": "", "measurement_salt": "", "state_disk_key": "",
-                "bootstrap_token": "abcdef.0123456789abcdef"}, "unknown field\\(s\\): bootstrap_token"),
-    ("join", {"version": 1, "cluster_id": "00" * 32}, "lacks field\\(s\\): node_name, control_plane"),
-    ("join", {"version": 2}, "not a version 1 join ticket"),
-])
+@pytest.mark.parametrize(
+    "flow,document,named",
+    [
+        (
+            "rejoin",
+            {
+                "version": 1,
+                "cluster_id": "00" * 32,
+                "measurement_secret": "",
+                "measurement_salt": "",
+                "state_disk_key": "",
+                "bootstrap_token": "abcdef.0123456789abcdef",
+            },
+            "unknown field\\(s\\): bootstrap_token",
+        ),
+        ("join", {"version": 1, "cluster_id": "00" * 32}, "lacks field\\(s\\): node_name, control_plane"),
+        ("join", {"version": 2}, "not a version 1 join ticket"),
+    ],
+)
 def test_the_client_refuses_a_ticket_that_is_not_its_flows_type(flow, document, named):
     """A ticket that opens but is not what the flow's type says never reaches the node's lock, disk or files."""
     key = EphemeralKey.generate()

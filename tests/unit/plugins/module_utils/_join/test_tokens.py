@@ -10,7 +10,11 @@ import os
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import (
-    TOKEN_PATTERN, KubectlTokenMinter, TokenMintError, generate_token)
+    TOKEN_PATTERN,
+    KubectlTokenMinter,
+    TokenMintError,
+    generate_token,
+)
 
 NOW = datetime.datetime(2026, 11, 21, 10, 0, 0, tzinfo=datetime.timezone.utc)
 
@@ -40,20 +44,34 @@ def test_the_secret_kubeadm_would_make_goes_to_kubectl_on_stdin():
     assert argv == ["kubectl", "create", "--filename=-", "--kubeconfig=/etc/kubernetes/admin.conf"]
     token_id, token_secret = token.split(".")
     assert json.loads(stdin) == {
-        "apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "bootstrap.kubernetes.io/token",
         "metadata": {"name": f"bootstrap-token-{token_id}", "namespace": "kube-system"},
-        "stringData": {"token-id": token_id, "token-secret": token_secret, "expiration": "2026-11-21T10:15:00Z",
-                       "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true",
-                       "auth-extra-groups": "system:bootstrappers:kubeadm:default-node-token",
-                       "description": "confidential.kubernetes join of worker-1"}}
+        "stringData": {
+            "token-id": token_id,
+            "token-secret": token_secret,
+            "expiration": "2026-11-21T10:15:00Z",
+            "usage-bootstrap-authentication": "true",
+            "usage-bootstrap-signing": "true",
+            "auth-extra-groups": "system:bootstrappers:kubeadm:default-node-token",
+            "description": "confidential.kubernetes join of worker-1",
+        },
+    }
 
 
 def test_failure_message_masks_the_token():
     class EchoingMinter(KubectlTokenMinter):
         async def _run_command(self, argv, stdin):
             secret = json.loads(stdin)["stringData"]
-            return 1, "", (f"Error from server: token {secret['token-id']}.{secret['token-secret']} "
-                           f"(secret {secret['token-secret']}): connection refused")
+            return (
+                1,
+                "",
+                (
+                    f"Error from server: token {secret['token-id']}.{secret['token-secret']} "
+                    f"(secret {secret['token-secret']}): connection refused"
+                ),
+            )
 
     with pytest.raises(TokenMintError) as err:
         asyncio.run(EchoingMinter().mint(generate_token(), "worker-1"))
@@ -71,7 +89,9 @@ def _script(tmp_path, body: str) -> str:
 def test_the_token_is_on_kubectls_stdin_and_never_on_its_argv(tmp_path):
     # The child records its own /proc/<pid>/cmdline (what any local user can read) and what it got on stdin.
     cmdline, received = tmp_path / "cmdline", tmp_path / "stdin"
-    minter = KubectlTokenMinter(binary=_script(tmp_path, f"tr '\\0' ' ' < /proc/$$/cmdline > {cmdline}\ncat > {received}\n"))
+    minter = KubectlTokenMinter(
+        binary=_script(tmp_path, f"tr '\\0' ' ' < /proc/$$/cmdline > {cmdline}\ncat > {received}\n")
+    )
     token = generate_token()
     asyncio.run(minter.mint(token, "worker-1"))
     argv_seen = cmdline.read_text()
@@ -124,16 +144,28 @@ class AnsweringMinter(KubectlTokenMinter):
 
 def _live(token_id: str, node: str, issued: datetime.datetime = NOW):
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import LiveToken
+
     return LiveToken(token_id, node, issued)
 
 
 def test_a_token_counts_as_used_once_its_node_registered_after_it_or_its_csr_was_approved():
-    minter = AnsweringMinter({
-        ("get", "nodes"): (0, "worker-1\t2026-11-21T10:03:00Z\nold-node\t2025-01-01T00:00:00Z\n", ""),
-        ("get", "certificatesigningrequests"): (0, "system:bootstrap:cccccc\tApproved\nsystem:bootstrap:dddddd\t\n", ""),
-    })
-    tokens = [_live("aaaaaa", "worker-1"), _live("bbbbbb", "old-node"), _live("cccccc", "worker-3"), _live("dddddd", "worker-4"),
-              _live("eeeeee", "worker-5")]
+    minter = AnsweringMinter(
+        {
+            ("get", "nodes"): (0, "worker-1\t2026-11-21T10:03:00Z\nold-node\t2025-01-01T00:00:00Z\n", ""),
+            ("get", "certificatesigningrequests"): (
+                0,
+                "system:bootstrap:cccccc\tApproved\nsystem:bootstrap:dddddd\t\n",
+                "",
+            ),
+        }
+    )
+    tokens = [
+        _live("aaaaaa", "worker-1"),
+        _live("bbbbbb", "old-node"),
+        _live("cccccc", "worker-3"),
+        _live("dddddd", "worker-4"),
+        _live("eeeeee", "worker-5"),
+    ]
     # A Node older than its token is from an earlier membership; a CSR not approved yet does not count.
     assert asyncio.run(minter.registered(tokens)) == ["aaaaaa", "cccccc"]
     assert [argv[1:3] for argv in minter.calls] == [["get", "nodes"], ["get", "certificatesigningrequests"]]
@@ -142,17 +174,29 @@ def test_a_token_counts_as_used_once_its_node_registered_after_it_or_its_csr_was
 def test_retiring_deletes_the_secret_through_the_same_seam():
     minter = AnsweringMinter({})
     asyncio.run(minter.retire("aaaaaa"))
-    assert minter.calls == [["kubectl", "delete", "secret", "bootstrap-token-aaaaaa", "--namespace=kube-system", "--ignore-not-found",
-                             "--kubeconfig=/etc/kubernetes/admin.conf"]]
+    assert minter.calls == [
+        [
+            "kubectl",
+            "delete",
+            "secret",
+            "bootstrap-token-aaaaaa",
+            "--namespace=kube-system",
+            "--ignore-not-found",
+            "--kubeconfig=/etc/kubernetes/admin.conf",
+        ]
+    ]
 
 
 def test_live_tokens_are_those_this_service_family_registered():
     import base64
+
     ours = base64.b64encode(b"confidential.kubernetes join of worker-1").decode()
     theirs = base64.b64encode(b"kubeadm init token").decode()
-    listing = (f"bootstrap-token-aaaaaa\t{ours}\t2026-11-21T10:00:00Z\n"
-               f"bootstrap-token-bbbbbb\t{theirs}\t2026-11-21T10:00:00Z\n"
-               "bootstrap-token-cccccc\tnot base64!\t2026-11-21T10:00:00Z\n")
+    listing = (
+        f"bootstrap-token-aaaaaa\t{ours}\t2026-11-21T10:00:00Z\n"
+        f"bootstrap-token-bbbbbb\t{theirs}\t2026-11-21T10:00:00Z\n"
+        "bootstrap-token-cccccc\tnot base64!\t2026-11-21T10:00:00Z\n"
+    )
     minter = AnsweringMinter({("get", "secrets"): (0, listing, "")})
     assert asyncio.run(minter.live()) == [_live("aaaaaa", "worker-1")]
 
@@ -164,9 +208,11 @@ def test_a_failed_deletion_is_reported_without_a_token():
 
 
 def test_a_node_that_existed_already_counts_once_its_kubelet_reported_after_the_token():
-    nodes = ("worker-1\t2025-01-01T00:00:00Z\t2026-11-21T10:00:05Z\n"
-             "worker-2\t2025-01-01T00:00:00Z\t2026-11-21T09:59:00Z\n"
-             "worker-3\t2025-01-01T00:00:00Z\t\n")
+    nodes = (
+        "worker-1\t2025-01-01T00:00:00Z\t2026-11-21T10:00:05Z\n"
+        "worker-2\t2025-01-01T00:00:00Z\t2026-11-21T09:59:00Z\n"
+        "worker-3\t2025-01-01T00:00:00Z\t\n"
+    )
     minter = AnsweringMinter({("get", "nodes"): (0, nodes, "")})
     tokens = [_live("aaaaaa", "worker-1"), _live("bbbbbb", "worker-2"), _live("cccccc", "worker-3")]
     # worker-2's last report is older than its token (an earlier membership), worker-3 never reported.

@@ -25,10 +25,16 @@ KEY = ec.generate_private_key(ec.SECP256R1())
 def _certificate(name: str, days: float) -> x509.Certificate:
     """A certificate that expires ``days`` from now (negative: expired), issued a year before."""
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    return (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(KEY.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - datetime.timedelta(days=400)).not_valid_after(NOW + datetime.timedelta(days=days))
-            .sign(KEY, hashes.SHA256()))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(KEY.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(days=400))
+        .not_valid_after(NOW + datetime.timedelta(days=days))
+        .sign(KEY, hashes.SHA256())
+    )
 
 
 def _pem(certificate: x509.Certificate) -> bytes:
@@ -41,8 +47,15 @@ def _kubeconfig(certificate: x509.Certificate | None = None, certificate_file: s
         user["client-certificate-data"] = base64.b64encode(_pem(certificate)).decode()
     if certificate_file is not None:
         user["client-certificate"] = certificate_file
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [],
-                           "users": [{"name": "kubernetes-admin", "user": user}]})
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [],
+            "contexts": [],
+            "users": [{"name": "kubernetes-admin", "user": user}],
+        }
+    )
 
 
 def _tree(root: Path, days: dict[str, float], default: float = 300) -> tuple[Path, Path]:
@@ -128,12 +141,15 @@ def test_a_kubeconfig_with_its_certificate_in_a_file_beside_it(tmp_path):
     assert _report(kubernetes, kubelet)["expired"] == [str(kubernetes / "admin.conf")]
 
 
-@pytest.mark.parametrize("content, words", [
-    (b"not a certificate", "holds no readable PEM certificate"),
-    (_kubeconfig().encode(), "its user has no client certificate"),
-    (b"users: []", "is not a kubeconfig with a user"),
-    (b"users: [{user: {client-certificate-data: '!!'}}]", "client-certificate-data is not base64"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"not a certificate", "holds no readable PEM certificate"),
+        (_kubeconfig().encode(), "its user has no client certificate"),
+        (b"users: []", "is not a kubeconfig with a user"),
+        (b"users: [{user: {client-certificate-data: '!!'}}]", "client-certificate-data is not base64"),
+    ],
+)
 def test_an_unreadable_file_fails_naming_it(tmp_path, content, words):
     kubernetes, kubelet = _tree(tmp_path, {})
     name = "pki/apiserver.crt" if content == b"not a certificate" else "controller-manager.conf"

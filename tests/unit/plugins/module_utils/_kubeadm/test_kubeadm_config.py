@@ -10,7 +10,13 @@ import pytest
 import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    InitOptions, JoinOptions, config_api_version, render_init_config, render_join_config, skip_phases)
+    InitOptions,
+    JoinOptions,
+    config_api_version,
+    render_init_config,
+    render_join_config,
+    skip_phases,
+)
 
 import control_plane
 
@@ -19,34 +25,120 @@ _NODE_REGISTRATION = {"name", "criSocket", "taints", "kubeletExtraArgs", "ignore
 _COMPONENT = {"extraArgs", "extraVolumes"}
 UPSTREAM_FIELDS = {
     "v1beta2": {
-        "InitConfiguration": {"apiVersion", "kind", "bootstrapTokens", "nodeRegistration", "localAPIEndpoint", "certificateKey"},
-        "ClusterConfiguration": {"apiVersion", "kind", "etcd", "networking", "kubernetesVersion", "controlPlaneEndpoint",
-                                 "apiServer", "controllerManager", "scheduler", "dns", "certificatesDir", "imageRepository",
-                                 "useHyperKubeImage", "featureGates", "clusterName"},
+        "InitConfiguration": {
+            "apiVersion",
+            "kind",
+            "bootstrapTokens",
+            "nodeRegistration",
+            "localAPIEndpoint",
+            "certificateKey",
+        },
+        "ClusterConfiguration": {
+            "apiVersion",
+            "kind",
+            "etcd",
+            "networking",
+            "kubernetesVersion",
+            "controlPlaneEndpoint",
+            "apiServer",
+            "controllerManager",
+            "scheduler",
+            "dns",
+            "certificatesDir",
+            "imageRepository",
+            "useHyperKubeImage",
+            "featureGates",
+            "clusterName",
+        },
         "JoinConfiguration": {"apiVersion", "kind", "nodeRegistration", "caCertPath", "discovery", "controlPlane"},
         "nodeRegistration": _NODE_REGISTRATION,
         "apiServer": _COMPONENT | {"certSANs", "timeoutForControlPlane"},
     },
     "v1beta3": {
-        "InitConfiguration": {"apiVersion", "kind", "bootstrapTokens", "nodeRegistration", "localAPIEndpoint", "certificateKey",
-                              "skipPhases", "patches"},
-        "ClusterConfiguration": {"apiVersion", "kind", "etcd", "networking", "kubernetesVersion", "controlPlaneEndpoint",
-                                 "apiServer", "controllerManager", "scheduler", "dns", "certificatesDir", "imageRepository",
-                                 "featureGates", "clusterName"},
-        "JoinConfiguration": {"apiVersion", "kind", "nodeRegistration", "caCertPath", "discovery", "controlPlane",
-                              "skipPhases", "patches"},
+        "InitConfiguration": {
+            "apiVersion",
+            "kind",
+            "bootstrapTokens",
+            "nodeRegistration",
+            "localAPIEndpoint",
+            "certificateKey",
+            "skipPhases",
+            "patches",
+        },
+        "ClusterConfiguration": {
+            "apiVersion",
+            "kind",
+            "etcd",
+            "networking",
+            "kubernetesVersion",
+            "controlPlaneEndpoint",
+            "apiServer",
+            "controllerManager",
+            "scheduler",
+            "dns",
+            "certificatesDir",
+            "imageRepository",
+            "featureGates",
+            "clusterName",
+        },
+        "JoinConfiguration": {
+            "apiVersion",
+            "kind",
+            "nodeRegistration",
+            "caCertPath",
+            "discovery",
+            "controlPlane",
+            "skipPhases",
+            "patches",
+        },
         "nodeRegistration": _NODE_REGISTRATION | {"imagePullPolicy"},
         "apiServer": _COMPONENT | {"certSANs", "timeoutForControlPlane"},
     },
     "v1beta4": {
-        "InitConfiguration": {"apiVersion", "kind", "bootstrapTokens", "dryRun", "nodeRegistration", "localAPIEndpoint",
-                              "certificateKey", "skipPhases", "patches", "timeouts"},
-        "ClusterConfiguration": {"apiVersion", "kind", "etcd", "networking", "kubernetesVersion", "controlPlaneEndpoint",
-                                 "apiServer", "controllerManager", "scheduler", "dns", "proxy", "certificatesDir",
-                                 "imageRepository", "featureGates", "clusterName", "encryptionAlgorithm",
-                                 "certificateValidityPeriod", "caCertificateValidityPeriod"},
-        "JoinConfiguration": {"apiVersion", "kind", "dryRun", "nodeRegistration", "caCertPath", "discovery", "controlPlane",
-                              "skipPhases", "patches", "timeouts"},
+        "InitConfiguration": {
+            "apiVersion",
+            "kind",
+            "bootstrapTokens",
+            "dryRun",
+            "nodeRegistration",
+            "localAPIEndpoint",
+            "certificateKey",
+            "skipPhases",
+            "patches",
+            "timeouts",
+        },
+        "ClusterConfiguration": {
+            "apiVersion",
+            "kind",
+            "etcd",
+            "networking",
+            "kubernetesVersion",
+            "controlPlaneEndpoint",
+            "apiServer",
+            "controllerManager",
+            "scheduler",
+            "dns",
+            "proxy",
+            "certificatesDir",
+            "imageRepository",
+            "featureGates",
+            "clusterName",
+            "encryptionAlgorithm",
+            "certificateValidityPeriod",
+            "caCertificateValidityPeriod",
+        },
+        "JoinConfiguration": {
+            "apiVersion",
+            "kind",
+            "dryRun",
+            "nodeRegistration",
+            "caCertPath",
+            "discovery",
+            "controlPlane",
+            "skipPhases",
+            "patches",
+            "timeouts",
+        },
         "nodeRegistration": _NODE_REGISTRATION | {"imagePullPolicy", "imagePullSerial"},
         "apiServer": _COMPONENT | {"certSANs"},
     },
@@ -56,18 +148,36 @@ TOKEN = "abcdef.0123456789abcdef"
 
 
 def full_init_options() -> InitOptions:
-    return InitOptions(node_name="cp-0", advertise_address="10.77.0.10", control_plane_endpoint="10.77.0.10:6443",
-                       kubernetes_version="v1.20.2", cluster_name="lab", cert_sans=["10.77.0.10"], pod_subnet="10.244.0.0/16",
-                       service_subnet="10.96.0.0/12", cri_socket="unix:///run/containerd/containerd.sock",
-                       api_server_extra_args={"audit-log-maxage": "7"}, controller_manager_extra_args={"v": "2"},
-                       scheduler_extra_args={"v": "2"}, kubelet_extra_args={"node-ip": "10.77.0.10"},
-                       kubelet_config={"cgroupDriver": "systemd"}, skip_phases=["addon/kube-proxy"])
+    return InitOptions(
+        node_name="cp-0",
+        advertise_address="10.77.0.10",
+        control_plane_endpoint="10.77.0.10:6443",
+        kubernetes_version="v1.20.2",
+        cluster_name="lab",
+        cert_sans=["10.77.0.10"],
+        pod_subnet="10.244.0.0/16",
+        service_subnet="10.96.0.0/12",
+        cri_socket="unix:///run/containerd/containerd.sock",
+        api_server_extra_args={"audit-log-maxage": "7"},
+        controller_manager_extra_args={"v": "2"},
+        scheduler_extra_args={"v": "2"},
+        kubelet_extra_args={"node-ip": "10.77.0.10"},
+        kubelet_config={"cgroupDriver": "systemd"},
+        skip_phases=["addon/kube-proxy"],
+    )
 
 
-@pytest.mark.parametrize("kubeadm_version, api_version", [
-    ("v1.20.2", "v1beta2"), ("v1.21.14", "v1beta2"), ("v1.22.0", "v1beta3"), ("v1.30.9", "v1beta3"),
-    ("v1.31.0", "v1beta4"), ("v1.34.2", "v1beta4"),
-])
+@pytest.mark.parametrize(
+    "kubeadm_version, api_version",
+    [
+        ("v1.20.2", "v1beta2"),
+        ("v1.21.14", "v1beta2"),
+        ("v1.22.0", "v1beta3"),
+        ("v1.30.9", "v1beta3"),
+        ("v1.31.0", "v1beta4"),
+        ("v1.34.2", "v1beta4"),
+    ],
+)
 def test_config_api_follows_the_kubeadm_version(kubeadm_version, api_version):
     assert config_api_version(kubeadm_version) == api_version
     assert config_api_version(kubeadm_version, "v1beta3") == "v1beta3"
@@ -77,9 +187,21 @@ def test_config_api_follows_the_kubeadm_version(kubeadm_version, api_version):
 def test_rendering_uses_upstream_field_names_only(api_version):
     fields = UPSTREAM_FIELDS[api_version]
     init, cluster, kubelet = yaml.safe_load_all(render_init_config(full_init_options(), api_version))
-    join = yaml.safe_load(render_join_config(JoinOptions("10.77.0.10:6443", [PIN], node_name="cp-1", control_plane=True,
-                                                         advertise_address="10.77.0.11", kubelet_extra_args={"v": "2"},
-                                                         skip_phases=["preflight"]), api_version, TOKEN))
+    join = yaml.safe_load(
+        render_join_config(
+            JoinOptions(
+                "10.77.0.10:6443",
+                [PIN],
+                node_name="cp-1",
+                control_plane=True,
+                advertise_address="10.77.0.11",
+                kubelet_extra_args={"v": "2"},
+                skip_phases=["preflight"],
+            ),
+            api_version,
+            TOKEN,
+        )
+    )
     for document in (init, cluster, join):
         assert document["apiVersion"] == f"kubeadm.k8s.io/{api_version}"
         assert set(document) <= fields[document["kind"]], set(document) - fields[document["kind"]]
@@ -87,7 +209,11 @@ def test_rendering_uses_upstream_field_names_only(api_version):
     assert set(join["nodeRegistration"]) <= fields["nodeRegistration"]
     assert set(cluster["apiServer"]) <= fields["apiServer"]
     assert kubelet["kind"] == "KubeletConfiguration" and kubelet["cgroupDriver"] == "systemd"
-    assert join["discovery"]["bootstrapToken"] == {"apiServerEndpoint": "10.77.0.10:6443", "token": TOKEN, "caCertHashes": [PIN]}
+    assert join["discovery"]["bootstrapToken"] == {
+        "apiServerEndpoint": "10.77.0.10:6443",
+        "token": TOKEN,
+        "caCertHashes": [PIN],
+    }
     if api_version == "v1beta4":
         assert cluster["apiServer"]["extraArgs"] == [{"name": "audit-log-maxage", "value": "7"}]
     else:
@@ -95,10 +221,15 @@ def test_rendering_uses_upstream_field_names_only(api_version):
 
 
 def test_phases_to_skip_are_flags_before_v1beta3():
-    assert skip_phases("v1beta2", ["addon/kube-proxy", "preflight"]) == ([], ["--skip-phases=addon/kube-proxy,preflight"])
+    assert skip_phases("v1beta2", ["addon/kube-proxy", "preflight"]) == (
+        [],
+        ["--skip-phases=addon/kube-proxy,preflight"],
+    )
     assert skip_phases("v1beta3", ["addon/kube-proxy"]) == (["addon/kube-proxy"], [])
     assert skip_phases("v1beta2", []) == ([], [])
-    join = yaml.safe_load(render_join_config(JoinOptions("10.77.0.10:6443", [PIN], control_plane=True), "v1beta3", TOKEN))
+    join = yaml.safe_load(
+        render_join_config(JoinOptions("10.77.0.10:6443", [PIN], control_plane=True), "v1beta3", TOKEN)
+    )
     assert join["skipPhases"] == ["control-plane-prepare/download-certs"]
 
 
@@ -111,24 +242,35 @@ def test_real_kubeadm_1_20_reads_the_rendering_without_an_unknown_field(tmp_path
     assert api_version == "v1beta2"
     config = tmp_path / "init.yaml"
     config.write_text(render_init_config(full_init_options(), api_version))
-    loaded = subprocess.run([kubeadm, "config", "images", "list", "--config", str(config)], capture_output=True, text=True, check=False)
+    loaded = subprocess.run(
+        [kubeadm, "config", "images", "list", "--config", str(config)], capture_output=True, text=True, check=False
+    )
     assert loaded.returncode == 0, loaded.stderr
     assert "unknown field" not in loaded.stderr and "strict.go" not in loaded.stderr, loaded.stderr
     assert "k8s.gcr.io/kube-apiserver:v1.20.2" in loaded.stdout.split()
     # The same documents as v1beta3, which kubeadm 1.20 does not know, are refused.
     config.write_text(render_init_config(full_init_options(), "v1beta3"))
-    refused = subprocess.run([kubeadm, "config", "images", "list", "--config", str(config)], capture_output=True, text=True, check=False)
+    refused = subprocess.run(
+        [kubeadm, "config", "images", "list", "--config", str(config)], capture_output=True, text=True, check=False
+    )
     assert refused.returncode != 0 and 'is registered for version "kubeadm.k8s.io/v1beta3"' in refused.stderr
 
 
 def test_kubeadm_inits_own_tokens_are_deleted_with_or_without_a_description():
     """kubeadm 1.20 gives its 24 h token no description, later ones a fixed one; the join service's carry a node name."""
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import DEFAULT_TOKEN_DESCRIPTION, Kubeadm
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
+        DEFAULT_TOKEN_DESCRIPTION,
+        Kubeadm,
+    )
 
-    listed = "\n".join(json.dumps(token) for token in (
-        {"token": "aaaaaa.0123456789abcdef", "usages": ["authentication"]},
-        {"token": "bbbbbb.0123456789abcdef", "description": DEFAULT_TOKEN_DESCRIPTION},
-        {"token": "cccccc.0123456789abcdef", "description": "confidential.kubernetes join of worker-0"}))
+    listed = "\n".join(
+        json.dumps(token)
+        for token in (
+            {"token": "aaaaaa.0123456789abcdef", "usages": ["authentication"]},
+            {"token": "bbbbbb.0123456789abcdef", "description": DEFAULT_TOKEN_DESCRIPTION},
+            {"token": "cccccc.0123456789abcdef", "description": "confidential.kubernetes join of worker-0"},
+        )
+    )
     deleted = []
 
     class Scripted(Kubeadm):
@@ -157,11 +299,25 @@ def test_token_certificate_bindings_are_deleted_where_present_and_only_reported_
             return 0, "", ""
 
     kubeadm = Scripted("/usr/local/bin/kubeadm")
-    assert kubeadm.revoke_token_certificate_rights("/etc/kubernetes/admin.conf", check_mode) == ["kubeadm:node-autoapprove-bootstrap"]
+    assert kubeadm.revoke_token_certificate_rights("/etc/kubernetes/admin.conf", check_mode) == [
+        "kubeadm:node-autoapprove-bootstrap"
+    ]
     deletes = [argv for argv in calls if argv[2] == "delete"]
     assert all(argv[:2] == ["/usr/local/bin/kubectl", "--kubeconfig=/etc/kubernetes/admin.conf"] for argv in calls)
-    assert deletes == ([] if check_mode else [["/usr/local/bin/kubectl", "--kubeconfig=/etc/kubernetes/admin.conf", "delete",
-                                               "clusterrolebinding", "kubeadm:node-autoapprove-bootstrap", "--ignore-not-found"]])
+    assert deletes == (
+        []
+        if check_mode
+        else [
+            [
+                "/usr/local/bin/kubectl",
+                "--kubeconfig=/etc/kubernetes/admin.conf",
+                "delete",
+                "clusterrolebinding",
+                "kubeadm:node-autoapprove-bootstrap",
+                "--ignore-not-found",
+            ]
+        ]
+    )
 
 
 def test_a_failed_binding_lookup_fails_with_kubectls_words():
@@ -171,5 +327,7 @@ def test_a_failed_binding_lookup_fails_with_kubectls_words():
         def _run_command(self, argv, stdin=None):
             return 1, "", "The connection to the server 10.0.0.1:6443 was refused"
 
-    with pytest.raises(KubeadmError, match="reading ClusterRoleBinding kubeadm:node-autoapprove-bootstrap failed .*was refused"):
+    with pytest.raises(
+        KubeadmError, match="reading ClusterRoleBinding kubeadm:node-autoapprove-bootstrap failed .*was refused"
+    ):
         Unreachable().revoke_token_certificate_rights("/etc/kubernetes/admin.conf")

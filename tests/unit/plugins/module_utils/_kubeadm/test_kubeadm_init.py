@@ -13,12 +13,26 @@ import pytest
 import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
-    ADMIN_CONF, CA_CERT, DEFAULT_TOKEN_DESCRIPTION, INIT_RECORD, InitOptions, Kubeadm, KubeadmError, ca_cert_hash)
+    ADMIN_CONF,
+    CA_CERT,
+    DEFAULT_TOKEN_DESCRIPTION,
+    INIT_RECORD,
+    InitOptions,
+    Kubeadm,
+    KubeadmError,
+    ca_cert_hash,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_ca
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.init import InitRun, check_before_init, initialise
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.init import (
+    InitRun,
+    check_before_init,
+    initialise,
+)
 
 CA_PEM = make_ca("kubernetes")[0]
-OPTIONS = InitOptions(advertise_address="10.77.0.10", control_plane_endpoint="10.77.0.10:6443", pod_subnet="10.244.0.0/16")
+OPTIONS = InitOptions(
+    advertise_address="10.77.0.10", control_plane_endpoint="10.77.0.10:6443", pod_subnet="10.244.0.0/16"
+)
 
 
 class Scripted(Kubeadm):
@@ -47,7 +61,7 @@ class Scripted(Kubeadm):
         return 0, "", ""
 
     def ran(self, *words: str) -> bool:
-        return any(argv[1:1 + len(words)] == list(words) for argv in self.commands)
+        return any(argv[1 : 1 + len(words)] == list(words) for argv in self.commands)
 
 
 @pytest.fixture
@@ -149,4 +163,5 @@ def _with_kubelet(run_command):
         if argv[0] == "/usr/bin/kubelet":
             return 0, "Kubernetes v1.31.0\n", ""
         return run_command(argv, stdin)
+
     return run

@@ -13,8 +13,14 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import JoinOptions, Kubeadm
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.preflight import (
-    PreflightError, check_installed, check_kubelet_skew, join_preflight, max_kubelet_skew, parse_version,
-    render_join_preflight_config)
+    PreflightError,
+    check_installed,
+    check_kubelet_skew,
+    join_preflight,
+    max_kubelet_skew,
+    parse_version,
+    render_join_preflight_config,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.versions import check_cluster_version
 
@@ -23,8 +29,15 @@ import yaml
 REAL_KUBEADM = Path(os.environ.get("CK_KUBERNETES_BIN", "/var/tmp/k8s-prebuilt/bin")) / "kubeadm"
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("v1.20.2", (1, 20, 2)), ("1.34.4", (1, 34, 4)), ("Kubernetes v1.20.2\n", (1, 20, 2)), ("v1.31.0-rc.1", (1, 31, 0))])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("v1.20.2", (1, 20, 2)),
+        ("1.34.4", (1, 34, 4)),
+        ("Kubernetes v1.20.2\n", (1, 20, 2)),
+        ("v1.31.0-rc.1", (1, 31, 0)),
+    ],
+)
 def test_versions_are_read_from_every_form_the_tools_print(text, expected):
     assert parse_version(text, "x") == expected
 
@@ -46,21 +59,24 @@ def test_no_kubernetes_version_means_no_equality_check():
     check_installed("", {"kubeadm": "v1.34.4", "kubelet": "Kubernetes v1.20.2"})
 
 
-@pytest.mark.parametrize("kubelet, cluster, allowed", [
-    ("v1.20.2", "v1.20.2", True),
-    ("v1.20.5", "v1.20.2", True),  # the policy counts minor versions
-    ("v1.18.0", "v1.20.2", True),
-    ("v1.17.9", "v1.20.2", False),  # three minors older: 1.20 allows two
-    ("v1.21.0", "v1.20.2", False),  # newer than the API server
-    ("v1.25.0", "v1.27.0", True),
-    ("v1.24.0", "v1.27.0", False),  # three older before API server 1.28
-    ("v1.25.0", "v1.28.0", True),  # three older from 1.28, for a kubelet from 1.25
-    ("v1.24.0", "v1.27.0", False),
-    ("v1.31.4", "v1.34.4", True),
-    ("v1.30.9", "v1.34.4", False),
-    ("v1.35.0", "v1.34.4", False),
-    ("v2.0.0", "v1.34.4", False),
-])
+@pytest.mark.parametrize(
+    "kubelet, cluster, allowed",
+    [
+        ("v1.20.2", "v1.20.2", True),
+        ("v1.20.5", "v1.20.2", True),  # the policy counts minor versions
+        ("v1.18.0", "v1.20.2", True),
+        ("v1.17.9", "v1.20.2", False),  # three minors older: 1.20 allows two
+        ("v1.21.0", "v1.20.2", False),  # newer than the API server
+        ("v1.25.0", "v1.27.0", True),
+        ("v1.24.0", "v1.27.0", False),  # three older before API server 1.28
+        ("v1.25.0", "v1.28.0", True),  # three older from 1.28, for a kubelet from 1.25
+        ("v1.24.0", "v1.27.0", False),
+        ("v1.31.4", "v1.34.4", True),
+        ("v1.30.9", "v1.34.4", False),
+        ("v1.35.0", "v1.34.4", False),
+        ("v2.0.0", "v1.34.4", False),
+    ],
+)
 def test_kubelet_skew_policy(kubelet, cluster, allowed):
     if allowed:
         check_kubelet_skew(kubelet, cluster)
@@ -85,8 +101,14 @@ def test_ticket_version_check_refuses_with_a_ticket_error_and_skips_what_is_unkn
 
 
 def test_join_preflight_configuration_has_no_token_and_no_endpoint(tmp_path):
-    options = JoinOptions(api_server_endpoint=None, ca_cert_hashes=None, node_name="cp-1", control_plane=True,
-                          advertise_address="10.0.0.2", cri_socket="unix:///run/containerd/containerd.sock")
+    options = JoinOptions(
+        api_server_endpoint=None,
+        ca_cert_hashes=None,
+        node_name="cp-1",
+        control_plane=True,
+        advertise_address="10.0.0.2",
+        cri_socket="unix:///run/containerd/containerd.sock",
+    )
     document = yaml.safe_load(render_join_preflight_config(options, "v1beta3", str(tmp_path / "placeholder")))
     assert document["discovery"] == {"file": {"kubeConfigPath": str(tmp_path / "placeholder")}}
     assert document["controlPlane"] == {"localAPIEndpoint": {"advertiseAddress": "10.0.0.2", "bindPort": 6443}}
@@ -104,19 +126,36 @@ def test_real_kubeadm_join_preflight_reaches_discovery_without_a_token():
     """With every check made non-fatal (this host is no node), kubeadm gets to discovery and fails on the placeholder
     file, which the preflight counts as passed: the configuration names no endpoint, so there is nothing to dial."""
     kubeadm = _real_kubeadm()
-    join_preflight(kubeadm, JoinOptions(api_server_endpoint=None, ca_cert_hashes=None, node_name="preflight-test"), "v1beta2", ["all"])
+    join_preflight(
+        kubeadm,
+        JoinOptions(api_server_endpoint=None, ca_cert_hashes=None, node_name="preflight-test"),
+        "v1beta2",
+        ["all"],
+    )
 
 
 def test_real_kubeadm_join_preflight_failing_before_discovery_is_reported():
     kubeadm = _real_kubeadm()
     with pytest.raises(PreflightError, match="kubeadm's join preflight failed .*the node was not locked"):
-        join_preflight(kubeadm, JoinOptions(api_server_endpoint=None, ca_cert_hashes=None, node_name="Not_A_Node_Name"), "v1beta2",
-                       ["all"])
+        join_preflight(
+            kubeadm,
+            JoinOptions(api_server_endpoint=None, ca_cert_hashes=None, node_name="Not_A_Node_Name"),
+            "v1beta2",
+            ["all"],
+        )
 
 
 def test_real_kubeadm_join_preflight_checks_fail_on_this_host_without_ignores():
     kubeadm = _real_kubeadm()
     if shutil.which("crictl") or os.path.exists("/etc/kubernetes/kubelet.conf"):
         pytest.skip("this host looks like a Kubernetes node")
-    with pytest.raises(PreflightError, match=r"the node was not locked: error execution phase preflight: \[preflight\] Some fatal errors occurred"):
-        join_preflight(kubeadm, JoinOptions(api_server_endpoint=None, ca_cert_hashes=None, node_name="preflight-test"), "v1beta2", [])
+    with pytest.raises(
+        PreflightError,
+        match=r"the node was not locked: error execution phase preflight: \[preflight\] Some fatal errors occurred",
+    ):
+        join_preflight(
+            kubeadm,
+            JoinOptions(api_server_endpoint=None, ca_cert_hashes=None, node_name="preflight-test"),
+            "v1beta2",
+            [],
+        )

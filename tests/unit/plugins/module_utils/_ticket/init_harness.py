@@ -14,7 +14,12 @@ from cryptography.x509.oid import NameOID
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import Tpm
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets
-from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import ADMIN_CONF, CA_CERT, Kubeadm, ca_cert_hash
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
+    ADMIN_CONF,
+    CA_CERT,
+    Kubeadm,
+    ca_cert_hash,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.init import init_state
 
@@ -26,9 +31,17 @@ def make_ca_pem() -> bytes:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     return certificate.public_bytes(serialization.Encoding.PEM)
 
 
@@ -64,4 +77,6 @@ class InitialisedNode:
         self.write(SECRETS, json.dumps(secrets.to_document()).encode(), mode)
 
     def state(self, cluster_id: str | None = "this"):
-        return init_state(self.cluster_id if cluster_id == "this" else cluster_id, self.lock(), self.kubeadm, self.secrets_file)
+        return init_state(
+            self.cluster_id if cluster_id == "this" else cluster_id, self.lock(), self.kubeadm, self.secrets_file
+        )

@@ -22,7 +22,13 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm i
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError, boot
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import (
-    FRESH, MEMBER, PENDING, REBOOTED, JoinSettings, NodeJoin)
+    FRESH,
+    MEMBER,
+    PENDING,
+    REBOOTED,
+    JoinSettings,
+    NodeJoin,
+)
 
 FAST_PBKDF = {"pbkdf_memory": 32768, "pbkdf_iterations": 4}
 
@@ -65,21 +71,45 @@ class Node:
         self.tcti = join_lab.swtpm.tcti
         self.boot_id = "boot-1"
         self.settings = JoinSettings(
-            endpoints=[service.endpoint], cluster_ca=join_lab.ca_pem.decode(), node_name="worker-1",
-            state_disk=dict(device=str(self.device), state="formatted", name="ck-test", mount_path=str(self.dir / "mnt"), **FAST_PBKDF),
-            tcti=self.tcti, attempts=2, timeout=10, total_timeout=30, token_file=str(self.dir / "run" / "join-token"),
-            lock_record=str(self.dir / "lib" / "nodelock.json"), join_record=str(self.dir / "etc" / "join.json"),
-            secrets_file=str(self.dir / "etc" / "cluster-secrets.json"))
+            endpoints=[service.endpoint],
+            cluster_ca=join_lab.ca_pem.decode(),
+            node_name="worker-1",
+            state_disk=dict(
+                device=str(self.device),
+                state="formatted",
+                name="ck-test",
+                mount_path=str(self.dir / "mnt"),
+                **FAST_PBKDF,
+            ),
+            tcti=self.tcti,
+            attempts=2,
+            timeout=10,
+            total_timeout=30,
+            token_file=str(self.dir / "run" / "join-token"),
+            lock_record=str(self.dir / "lib" / "nodelock.json"),
+            join_record=str(self.dir / "etc" / "join.json"),
+            secrets_file=str(self.dir / "etc" / "cluster-secrets.json"),
+        )
         self.kubeadm = RecordingKubeadm(str(self.root))
         self.log_stream = io.StringIO()
 
     def joining(self) -> NodeJoin:
         tcti, boot_id = self.tcti, self.boot_id
-        return NodeJoin(self.settings, NodeLock(lambda: Tpm(tcti), self.settings.lock_record, boot_id=lambda: boot_id), str(self.root))
+        return NodeJoin(
+            self.settings,
+            NodeLock(lambda: Tpm(tcti), self.settings.lock_record, boot_id=lambda: boot_id),
+            str(self.root),
+        )
 
     def config(self) -> boot.BootConfig:
-        kubeadm = {"binary_path": "kubeadm", "ignore_preflight_errors": [], "config_api_version": "auto",
-                   "cri_socket": None, "kubelet_extra_args": {}, "skip_phases": []}
+        kubeadm = {
+            "binary_path": "kubeadm",
+            "ignore_preflight_errors": [],
+            "config_api_version": "auto",
+            "cri_socket": None,
+            "kubelet_extra_args": {},
+            "skip_phases": [],
+        }
         status_file = str(self.dir / "run" / "boot-status.json")
         return boot.BootConfig(self.settings, kubeadm, None, 6443, status_file=status_file, wait_interval=0.01)
 
@@ -88,8 +118,13 @@ class Node:
             return json.load(handle)
 
     def run(self, sleep=None) -> str:
-        return boot.run(self.config(), StructuredLog(self.log_stream), self.joining(), self.kubeadm,
-                        **({"sleep": sleep} if sleep else {}))
+        return boot.run(
+            self.config(),
+            StructuredLog(self.log_stream),
+            self.joining(),
+            self.kubeadm,
+            **({"sleep": sleep} if sleep else {}),
+        )
 
     def reboot(self, start_swtpm) -> None:
         self.settings.tcti = self.tcti = start_swtpm("lab").tcti
@@ -100,12 +135,21 @@ class Node:
             return tpm.read_pcrs("sha256", (15,))[15].hex()
 
     def disk_key(self) -> bytes:
-        uuid = subprocess.run(["cryptsetup", "luksUUID", str(self.device)], capture_output=True, text=True, check=True).stdout.strip()
+        uuid = subprocess.run(
+            ["cryptsetup", "luksUUID", str(self.device)], capture_output=True, text=True, check=True
+        ).stdout.strip()
         return derive.state_disk_key(self.lab.secrets["master_key"], self.lab.secrets["master_salt"], uuid)
 
     def key_opens(self, key: bytes) -> bool:
-        return subprocess.run(["cryptsetup", "open", "--test-passphrase", "--key-file=-", str(self.device)], input=key,
-                              capture_output=True, check=False).returncode == 0
+        return (
+            subprocess.run(
+                ["cryptsetup", "open", "--test-passphrase", "--key-file=-", str(self.device)],
+                input=key,
+                capture_output=True,
+                check=False,
+            ).returncode
+            == 0
+        )
 
     def logs(self) -> list[dict]:
         return [json.loads(line) for line in self.log_stream.getvalue().splitlines()]
@@ -136,7 +180,7 @@ def test_fresh_node_joins_once_and_is_then_a_member(node, join_lab):
     [(name, token)] = node.service.minter.tokens
     assert name == "worker-1" and f"token: {token}" in node.kubeadm.configs[0]
     assert all(token not in " ".join(argv) for argv in node.kubeadm.calls), "the token never reaches kubeadm's argv"
-    kubelet_pem = (node.root / "var/lib/kubelet/pki/kubelet-client-current.pem")
+    kubelet_pem = node.root / "var/lib/kubelet/pki/kubelet-client-current.pem"
     assert kubelet_pem.stat().st_mode & 0o777 == 0o600
     assert json.loads(open(node.settings.join_record, encoding="utf-8").read())["cluster_id"] == cluster_id.hex()
     # The next boot (same boot here: PCR 15 still marked) changes nothing and asks for nothing.
@@ -161,9 +205,17 @@ def test_rebooted_member_rejoins_with_no_token_and_no_second_kubeadm_join(node, 
     assert len(node.kubeadm.calls) == calls, "a rejoin runs no kubeadm"
     assert node.key_opens(disk_key)
     rejoin = node.logs()[-1]
-    assert (rejoin["event"], rejoin["result"], rejoin["pcr15_state"], rejoin["state_disk"]["keyed"]) == ("rejoin", "rejoined", "marked", True)
+    assert (rejoin["event"], rejoin["result"], rejoin["pcr15_state"], rejoin["state_disk"]["keyed"]) == (
+        "rejoin",
+        "rejoined",
+        "marked",
+        True,
+    )
     served = [entry for entry in join_lab.logs() if entry["event"] == "rejoin"]
-    assert [(entry["result"], entry["node_name"]) for entry in served] == [("challenged", "worker-1"), ("issued", "worker-1")]
+    assert [(entry["result"], entry["node_name"]) for entry in served] == [
+        ("challenged", "worker-1"),
+        ("issued", "worker-1"),
+    ]
     assert node.run() == MEMBER
 
 
@@ -262,7 +314,10 @@ def test_join_and_rejoin_without_the_cluster_ca_are_refused_and_nothing_changes(
     with pytest.raises(TicketError, match="cluster_ca is empty: a join needs the cluster CA"):
         node.joining().join()
     assert node.service.minter.tokens == [] and not os.path.exists(node.settings.lock_record)
-    assert not node.key_opens(b"") and subprocess.run(["cryptsetup", "isLuks", str(node.device)], check=False).returncode != 0
+    assert (
+        not node.key_opens(b"")
+        and subprocess.run(["cryptsetup", "isLuks", str(node.device)], check=False).returncode != 0
+    )
     node.settings.cluster_ca = node.lab.ca_pem.decode()
     node.run()
     node.reboot(start_swtpm)
@@ -322,10 +377,19 @@ def test_rejoin_ticket_of_another_cluster_is_refused_before_anything_changes(nod
 def _config_file(tmp_path, node, **changes) -> str:
     ca = tmp_path / "cluster-ca.crt"
     ca.write_bytes(node.lab.ca_pem)
-    document = {"endpoints": node.settings.endpoints, "cluster_ca_file": str(ca), "node_name": "worker-1", "tcti": node.tcti,
-                "state_disk": node.settings.state_disk, "attempts": 1, "total_timeout": 20,
-                "token_file": node.settings.token_file, "lock_record": node.settings.lock_record,
-                "join_record": node.settings.join_record, "kubeadm": {"binary_path": "/nonexistent/kubeadm"}}
+    document = {
+        "endpoints": node.settings.endpoints,
+        "cluster_ca_file": str(ca),
+        "node_name": "worker-1",
+        "tcti": node.tcti,
+        "state_disk": node.settings.state_disk,
+        "attempts": 1,
+        "total_timeout": 20,
+        "token_file": node.settings.token_file,
+        "lock_record": node.settings.lock_record,
+        "join_record": node.settings.join_record,
+        "kubeadm": {"binary_path": "/nonexistent/kubeadm"},
+    }
     document.update(changes)
     path = tmp_path / "join.yml"
     path.write_text(yaml.safe_dump(document))
@@ -341,16 +405,19 @@ def test_config_file_gives_the_join_settings(tmp_path, node):
     assert boot.load_config(_config_file(tmp_path, node, node_name=None)).settings.node_name == ""
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"endpoint": ["x:1"]}, "unknown setting"),
-    ({"endpoints": []}, "endpoints must list"),
-    ({"state_disk": {"state": "formatted"}}, "state_disk.device"),
-    ({"state_disk": {"device": "/dev/vdb", "state": "gone"}}, "state_disk.state must be one of"),
-    ({"attempts": "eight"}, "attempts"),
-    ({"control_plane": True}, "advertise_address"),
-    ({"kubeadm": {"binary": "kubeadm"}}, "kubeadm.binary"),
-    ({"cluster_ca_file": "/nonexistent/ca.crt"}, "cluster_ca_file"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"endpoint": ["x:1"]}, "unknown setting"),
+        ({"endpoints": []}, "endpoints must list"),
+        ({"state_disk": {"state": "formatted"}}, "state_disk.device"),
+        ({"state_disk": {"device": "/dev/vdb", "state": "gone"}}, "state_disk.state must be one of"),
+        ({"attempts": "eight"}, "attempts"),
+        ({"control_plane": True}, "advertise_address"),
+        ({"kubeadm": {"binary": "kubeadm"}}, "kubeadm.binary"),
+        ({"cluster_ca_file": "/nonexistent/ca.crt"}, "cluster_ca_file"),
+    ],
+)
 def test_unusable_config_is_refused_naming_the_setting(tmp_path, node, changes, message):
     with pytest.raises(boot.BootConfigError, match=message):
         boot.load_config(_config_file(tmp_path, node, **changes))
@@ -377,7 +444,9 @@ def test_tampered_node_exits_1_with_the_reason_on_the_last_line(tmp_path, node, 
 def test_kubelet_newer_than_the_tickets_cluster_version_is_refused_before_the_lock(node):
     """The join service's ticket names v1.33.4: a kubelet of 1.34 may not join, and the node stays unlocked."""
     node.settings.kubelet_version = "Kubernetes v1.34.0"
-    with pytest.raises(TicketError, match=r"kubelet is v1\.34\.0, newer than the cluster's API server \(v1\.33\.4\).*not locked"):
+    with pytest.raises(
+        TicketError, match=r"kubelet is v1\.34\.0, newer than the cluster's API server \(v1\.33\.4\).*not locked"
+    ):
         node.joining().join()
     assert node.pcr15() == "00" * 32 and not os.path.exists(node.settings.lock_record)
     assert not os.path.exists(node.settings.token_file) and not os.path.exists(node.settings.join_record)
@@ -386,9 +455,12 @@ def test_kubelet_newer_than_the_tickets_cluster_version_is_refused_before_the_lo
     assert os.path.exists(node.settings.lock_record) and node.pcr15() != "00" * 32
 
 
-def test_pool_node_without_a_name_joins_under_the_name_derived_from_its_ek(tmp_path, join_lab, other_swtpm, monkeypatch):
+def test_pool_node_without_a_name_joins_under_the_name_derived_from_its_ek(
+    tmp_path, join_lab, other_swtpm, monkeypatch
+):
     """The boot-time join of an autoscaled node: no name configured; the registry's pool rule names it, kubeadm uses that name."""
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.request import ek_identity
+
     monkeypatch.setattr(luks, "INITIAL_KEY_DIR", str(tmp_path / "initial-keys"))
     join_lab.enrol(other_swtpm.tcti, "worker-2")
     service = join_lab.start("pcrs-only", pool_workers=True, pool_name_prefix="pool")

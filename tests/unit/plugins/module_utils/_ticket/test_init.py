@@ -35,21 +35,40 @@ def _remove(node, absolute):
 
 # Each case breaks one thing the init leaves behind; the node must then get the whole hand-over, and say why.
 CASES = {
-    "no cluster secrets on the controller yet": (lambda node: None, None, "the controller holds no cluster secrets yet"),
+    "no cluster secrets on the controller yet": (
+        lambda node: None,
+        None,
+        "the controller holds no cluster secrets yet",
+    ),
     "another cluster's secrets on the controller": (lambda node: None, "ab" * 32, "the node is locked for cluster"),
-    "kubeadm init never wrote admin.conf": (lambda node: _remove(node, ADMIN_CONF), "this", "has not written the admin kubeconfig"),
+    "kubeadm init never wrote admin.conf": (
+        lambda node: _remove(node, ADMIN_CONF),
+        "this",
+        "has not written the admin kubeconfig",
+    ),
     "kubeadm init interrupted (no completion record)": (
-        lambda node: _remove(node, "/etc/kubernetes/confidential-kubernetes-init.done"), "this", "kubeadm init did not run to the end"),
+        lambda node: _remove(node, "/etc/kubernetes/confidential-kubernetes-init.done"),
+        "this",
+        "kubeadm init did not run to the end",
+    ),
     "completion recorded for another cluster CA": (
-        lambda node: node.kubeadm.record_init_completed("sha256:" + "0" * 64), "this", "kubeadm init did not run to the end"),
-    "cluster CA unreadable": (lambda node: node.write(CA_CERT, b"not a certificate"), "this", "the cluster CA cannot be read"),
-    "root secrets not kept": (
-        lambda node: _remove(node, SECRETS), "this", "the node keeps no root secrets"),
+        lambda node: node.kubeadm.record_init_completed("sha256:" + "0" * 64),
+        "this",
+        "kubeadm init did not run to the end",
+    ),
+    "cluster CA unreadable": (
+        lambda node: node.write(CA_CERT, b"not a certificate"),
+        "this",
+        "the cluster CA cannot be read",
+    ),
+    "root secrets not kept": (lambda node: _remove(node, SECRETS), "this", "the node keeps no root secrets"),
     "root secrets readable by others": (lambda node: node.keep(node.secrets, 0o644), "this", "not 0600"),
     "root secrets of another cluster": (
-        lambda node: node.keep(RootSecrets(os.urandom(32), os.urandom(32), os.urandom(32))), "this", "are those of cluster"),
-    "root secrets malformed": (
-        lambda node: node.write(SECRETS, b'{"master_key": 1}', 0o600), "this", "master_key"),
+        lambda node: node.keep(RootSecrets(os.urandom(32), os.urandom(32), os.urandom(32))),
+        "this",
+        "are those of cluster",
+    ),
+    "root secrets malformed": (lambda node: node.write(SECRETS, b'{"master_key": 1}', 0o600), "this", "master_key"),
     "lock record malformed": (lambda node: open(node.lock_record, "w").write("{"), "this", "lock record"),
 }
 

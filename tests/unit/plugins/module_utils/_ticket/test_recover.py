@@ -15,7 +15,11 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import seal
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import ProtocolError
-from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import TicketError, cluster_id_of, recover as recovering
+from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
+    TicketError,
+    cluster_id_of,
+    recover as recovering,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket.join import MEMBER, REBOOTED
 from test_boot import _cluster_id, node  # noqa: F401  # pylint: disable=unused-import
 
@@ -98,18 +102,28 @@ def test_rebooted_node_whose_boot_time_join_does_not_wait_is_not_handed_anything
 def test_hand_over_carries_the_disk_key_and_measurement_secret_only(join_lab):
     hand_over = recovering.RecoverHandOver.for_disk(_secrets(join_lab), "0A1B2C3D-0000-4000-8000-000000000000")
     document = json.loads(hand_over.to_bytes())
-    assert sorted(document) == ["disk_uuid", "flow", "measurement_salt", "measurement_secret", "state_disk_key",
-                                "version"]
+    assert sorted(document) == [
+        "disk_uuid",
+        "flow",
+        "measurement_salt",
+        "measurement_secret",
+        "state_disk_key",
+        "version",
+    ]
     assert document["disk_uuid"] == "0a1b2c3d-0000-4000-8000-000000000000"
-    secret_values = {base64.b64decode(document[name])
-                     for name in ("measurement_salt", "measurement_secret", "state_disk_key")}
+    secret_values = {
+        base64.b64decode(document[name]) for name in ("measurement_salt", "measurement_secret", "state_disk_key")
+    }
     assert join_lab.secrets["master_key"] not in secret_values and join_lab.secrets["master_salt"] not in secret_values
-    assert cluster_id_of(recovering.RecoverHandOver.from_bytes(json.dumps(document).encode())) == cluster_id_of(hand_over)
+    assert cluster_id_of(recovering.RecoverHandOver.from_bytes(json.dumps(document).encode())) == cluster_id_of(
+        hand_over
+    )
     with pytest.raises(ProtocolError, match="not a version 1 recover hand-over"):
         recovering.RecoverHandOver.from_bytes(json.dumps(dict(document, flow="rejoin")).encode())
 
 
 # ---- the controller's enrolment checks (recover_secrets)
+
 
 @pytest.fixture
 def enrolment(join_lab, other_swtpm):
@@ -123,11 +137,14 @@ def test_enrolled_control_plane_gets_its_enrolled_disk(join_lab, enrolment):
     assert bound == "11111111-1111-4111-8111-111111111111"
 
 
-@pytest.mark.parametrize("who, name, reason", [
-    ("worker-0", "worker-0", "not-a-control-plane"),
-    ("cp-0", "cp-1", "name-not-granted"),
-    ("nobody", "cp-0", "not-enrolled"),
-])
+@pytest.mark.parametrize(
+    "who, name, reason",
+    [
+        ("worker-0", "worker-0", "not-a-control-plane"),
+        ("cp-0", "cp-1", "name-not-granted"),
+        ("nobody", "cp-0", "not-enrolled"),
+    ],
+)
 def test_tpm_not_enrolled_as_this_control_plane_is_refused(join_lab, enrolment, who, name, reason):
     with pytest.raises(Refused) as refused:
         _bound_disk(str(join_lab.enrolment_file), enrolment.get(who, "ab" * 32), name)
@@ -142,10 +159,21 @@ def test_control_plane_enrolled_without_a_disk_is_refused(join_lab, enrolment):
 
 
 def _mirror(*bindings) -> str:
-    return json.dumps({"version": 1, "bindings": [
-        {"disk_uuid": disk, "ek": ek, "node_name": "cp-0", "enrolment_id": enrolment_id,
-         "bound_at": "2026-01-01T00:00:00Z"}
-        for ek, disk, enrolment_id in bindings]})
+    return json.dumps(
+        {
+            "version": 1,
+            "bindings": [
+                {
+                    "disk_uuid": disk,
+                    "ek": ek,
+                    "node_name": "cp-0",
+                    "enrolment_id": enrolment_id,
+                    "bound_at": "2026-01-01T00:00:00Z",
+                }
+                for ek, disk, enrolment_id in bindings
+            ],
+        }
+    )
 
 
 def test_control_plane_enrolled_before_its_join_gets_the_disk_the_other_mirrors_agree_on(join_lab):
