@@ -150,7 +150,7 @@ class ActionModule(ActionBase):
             return result
         result.update(
             changed=True,
-            cluster_id=hand_over.cluster_id().hex(),
+            cluster_id=secrets.cluster_id().hex(),
             disk_uuid=disk_uuid,
             sealed=base64.b64encode(sealed).decode(),
             verifier_id=params["verifier_id"],
