@@ -71,6 +71,9 @@ if [ "${SKIP_SANITY:-0}" != 1 ]; then
 fi
 
 if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
+  stage "quick start and day-2 drills on one 3 + 2 lab (tests/drills/run)"
+  tests/drills/run
+
   for scenario in extensions/molecule/*/; do
     stage "molecule test -s $(basename "$scenario") (lab scenario)"
     molecule test -s "$(basename "$scenario")"
@@ -78,9 +81,6 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
 
   stage "the collection as installed from its Galaxy tarball (site, idempotence, verify on the lab)"
   bash scripts/installed-collection.sh
-
-  stage "day-2 drills on one 3 + 2 lab (tests/drills/run)"
-  tests/drills/run
 
   stage "fault (kill -9) suite and secret hygiene suite on the lab (CI subset; tests/faults/run --full for every step)"
   tests/faults/run
