@@ -28,7 +28,8 @@ def _inventory(tmp_path: Path, tctis: dict[str, str]) -> Path:
                 "ansible_connection": "local",
                 "ansible_python_interpreter": sys.executable,
                 "confidential_node_python": sys.executable,
-                "confidential_measurement_policy_file": str(tmp_path / "measurement-policy.yml"),
+                # Beside the inventory, as the docs' worked example writes it (inventory_dir is the inventory's own).
+                "confidential_measurement_policy_file": "{{ inventory_dir }}/measurement-policy.yml",
             },
             "children": {"control_plane": {"hosts": hosts}, "cluster": {"children": {"control_plane": {}}}},
         }
