@@ -207,7 +207,8 @@ changes:
   returned: always
   type: list
   elements: str
-  sample: ["swapoff --all (active: /swapfile)", "systemctl mask dev-vda2.swap", "write /etc/sysctl.d/zz-confidential-kubernetes.conf", "sysctl net.ipv4.ip_forward = 1 (was 0)",
+  sample: ["swapoff --all (active: /swapfile)", "systemctl mask dev-vda2.swap",
+           "write /etc/sysctl.d/zz-confidential-kubernetes.conf", "sysctl net.ipv4.ip_forward = 1 (was 0)",
            "write /var/cache/confidential-kubernetes/artifacts/installed-5d1c0b.sha256"]
 architecture:
   description: The node's machine as Ansible's facts name it (C(ansible_architecture)).
