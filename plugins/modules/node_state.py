@@ -67,7 +67,8 @@ options:
       - So that nothing turns it on again at the next boot, also mask (C(systemctl mask)) every swap unit systemd knows
         (C(systemctl list-units --type=swap --all)) and the zram services C(zramswap.service) (Debian's zram-tools) and
         C(zram-config.service) (Ubuntu's zram-config), and mask systemd's zram-generator with a link to C(/dev/null) in
-        C(/etc/systemd/system-generators) where it is installed. A host without C(systemctl) has no units to mask.
+        C(/etc/systemd/system-generators) where it is installed. Where systemd cannot say (no C(systemctl), or a system
+        not booted with systemd) there are no units to mask.
     type: bool
     default: false
   fstab:

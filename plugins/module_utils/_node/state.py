@@ -320,20 +320,16 @@ class NodeState:
 
     def swap_units(self) -> list[str]:
         """The swap units systemd knows (fstab's, a generator's, a unit file's) and the zram services it has, that are
-        not masked: any of them would turn swap on again at the next boot. None where there is no systemd."""
-        code, out, err = self._run_command(
+        neither masked nor missing: any of them would turn swap on again at the next boot. None where systemd cannot
+        say (no systemctl, or a system not booted with systemd, such as an image build's chroot)."""
+        code, out, dummy = self._run_command(
             ["systemctl", "list-units", "--type=swap", "--all", "--plain", "--no-legend", "--full"]
         )
-        if code == 127:
-            return []
         if code != 0:
-            raise NodeStateError(f"systemctl list-units --type=swap failed (exit {code}): {err.strip()}")
-        # UNIT LOAD ACTIVE SUB DESCRIPTION
-        units = [
-            fields[0]
-            for fields in (line.split() for line in out.splitlines())
-            if len(fields) >= 2 and fields[1] != "masked"
-        ]
+            return []
+        # UNIT LOAD ACTIVE SUB DESCRIPTION, a failed unit's line after a bullet.
+        rows = ([field for field in line.split() if field not in ("●", "*")] for line in out.splitlines())
+        units = [fields[0] for fields in rows if len(fields) >= 2 and fields[1] not in ("masked", "not-found")]
         code, out, dummy = self._run_command(["systemctl", "show", "--property=Id,LoadState", "--", *ZRAM_SERVICES])
         if code == 0:
             for block in out.strip().split("\n\n"):

@@ -104,7 +104,17 @@ class Node:
             self.commands.pop()
             self.queries.append(argv)
             swaps = [name for name in self.units if name.endswith(".swap")]
-            return 0, "".join(f"{name} {self.units[name]} active active Swap\n" for name in swaps), ""
+            # A failed unit's line starts with a bullet, as systemctl prints it.
+            return (
+                0,
+                "".join(
+                    f"● {name} {self.units[name]} failed failed Swap\n"
+                    if name == "dev-sdb.swap"
+                    else f"{name} {self.units[name]} active active Swap\n"
+                    for name in swaps
+                ),
+                "",
+            )
         if argv[:3] == ["systemctl", "show", "--property=Id,LoadState"]:
             self.commands.pop()
             self.queries.append(argv)
@@ -584,7 +594,12 @@ def test_a_package_name_that_is_not_one_is_refused(node):
 
 def test_swap_units_and_zram_are_masked_so_that_swap_stays_off_after_a_reboot(node):
     """fstab's swap unit, a zram service and systemd's zram-generator would turn swap on again at the next boot."""
-    node.units = {"dev-vda2.swap": "loaded", "swapfile.swap": "masked", "zramswap.service": "loaded"}
+    node.units = {
+        "dev-vda2.swap": "loaded",
+        "swapfile.swap": "masked",
+        "dev-sdb.swap": "not-found",
+        "zramswap.service": "loaded",
+    }
     generator = node.root / "usr/lib/systemd/system-generators/zram-generator"
     generator.parent.mkdir(parents=True)
     generator.write_text("")
@@ -603,7 +618,7 @@ def test_swap_units_and_zram_are_masked_so_that_swap_stays_off_after_a_reboot(no
     assert done["changes"] == expected
     assert node.commands == [["swapoff", "--all"], ["systemctl", "mask", "--", "dev-vda2.swap", "zramswap.service"]]
     assert os.readlink(mask) == "/dev/null"
-    assert set(node.units.values()) == {"masked"}
+    assert set(node.units.values()) == {"masked", "not-found"}
     node.commands.clear()
     assert run_module(args)["changed"] is False and node.commands == []
 
@@ -615,12 +630,15 @@ def test_swap_units_and_zram_are_masked_so_that_swap_stays_off_after_a_reboot(no
     assert run_module(args)["changes"] == again and node.units["dev-zram0.swap"] == "masked"
 
 
-def test_a_host_without_systemctl_has_no_swap_units_to_mask(node, monkeypatch):
+@pytest.mark.parametrize(
+    "systemctl", [(127, "systemctl: not found"), (1, "System has not been booted with systemd as init system (PID 1).")]
+)
+def test_a_host_where_systemd_cannot_say_has_no_swap_units_to_mask(node, monkeypatch, systemctl):
     played = node.run
 
     def no_systemctl(argv):
         if argv[0] == "systemctl":
-            return 127, "", "systemctl: not found"
+            return systemctl[0], "", systemctl[1]
         return played(argv)
 
     monkeypatch.setattr(node, "run", no_systemctl)
