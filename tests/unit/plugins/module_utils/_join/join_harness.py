@@ -50,7 +50,10 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.requ
     request_digest,
 )
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import ApiStatusError, ApiUnavailable
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import (
+    ApiStatusError,
+    ApiUnavailable,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import ApiTokenMinter
 
 POLICY_PCRS = (0, 4, 8, 9)
@@ -192,7 +195,8 @@ class FakeApi:
     create/read/replace/delete/list/watch) as the API server would: bootstrap-token Secrets, disk-binding ConfigMaps,
     Nodes, CSRs. ``tokens`` records every token registered, ``retired`` every token ID deleted. Token registrations can
     be slowed down or held at a gate (for the nodes in ``gated``, or all); ``fail_bindings`` makes the API unreachable
-    for ConfigMaps, and ``withheld`` keeps a resource's changes from the watches. The real API server's answers to the same calls are tested in test_against_real_api.py."""
+    for ConfigMaps, and ``withheld`` keeps a resource's changes from the watches. The real API server's answers to the
+    same calls are tested in test_tokens.py, test_bindings.py and test_kubeapi.py."""
 
     host = "https://10.0.0.10:6443"
 
@@ -265,7 +269,9 @@ class FakeApi:
             body["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in body.pop("stringData").items()}
         store = self._store(resource)
         if name in store:
-            raise ApiStatusError(409, f'creating {resource} kube-system/{name}: HTTP 409: {resource} "{name}" already exists')
+            raise ApiStatusError(
+                409, f'creating {resource} kube-system/{name}: HTTP 409: {resource} "{name}" already exists'
+            )
         return self._put(resource, name, body)
 
     def _put(self, resource: str, name: str, body: dict) -> dict:
@@ -293,7 +299,9 @@ class FakeApi:
         self._reachable(resource, f"replacing {resource} kube-system/{name}")
         held = self._store(resource).get(name, {}).get("metadata", {}).get("resourceVersion")
         if held != body["metadata"].get("resourceVersion"):
-            raise ApiStatusError(409, f"replacing {resource} kube-system/{name}: HTTP 409: the object has been modified")
+            raise ApiStatusError(
+                409, f"replacing {resource} kube-system/{name}: HTTP 409: the object has been modified"
+            )
         return self._put(resource, name, json.loads(json.dumps(body)))
 
     async def delete(self, resource: str, name: str) -> bool:
