@@ -6,6 +6,7 @@ Unless a test enrols TPMs itself (``JoinLab.enrol``), ``start`` enrols the lab's
 
 from __future__ import annotations
 
+import _posixsubprocess
 import asyncio
 import base64
 import datetime
@@ -13,6 +14,7 @@ import io
 import ipaddress
 import json
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -355,6 +357,40 @@ class FakeApi:
 
     def close(self) -> None:
         """A service that used this API stopped; the API (and the other services' watches) stay."""
+
+
+class ProcessCounter:
+    """While entered, counts every process this Python process starts, whichever way: subprocess (asyncio's too) and
+    multiprocessing (fork_exec), posix_spawn, fork. ``started`` names the call of each."""
+
+    TARGETS = (
+        (subprocess, "_fork_exec"),
+        (_posixsubprocess, "fork_exec"),
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+        (os, "fork"),
+    )
+
+    def __init__(self):
+        self.started: list[str] = []
+        self._real: list[tuple] = []
+
+    def __enter__(self) -> "ProcessCounter":
+        for module, name in self.TARGETS:
+            real = getattr(module, name)
+
+            def counting(*args, _real=real, _name=name, **kwargs):
+                self.started.append(_name)
+                return _real(*args, **kwargs)
+
+            self._real.append((module, name, real))
+            setattr(module, name, counting)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for module, name, real in self._real:
+            setattr(module, name, real)
+        self._real.clear()
 
 
 class Clock:

@@ -3,10 +3,8 @@ error naming the endpoint, recovery when the API server restarts under joins, an
 
 from __future__ import annotations
 
-import _posixsubprocess
 import asyncio
 import json
-import os
 import subprocess
 import threading
 import time
@@ -18,7 +16,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.conf
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import ApiUnavailable, ClusterApi
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service
 
-from join_harness import join_with_client, wait_for
+from join_harness import ProcessCounter, join_with_client, wait_for
 
 # The restart test's bound: joins go on until this many succeeded after the API server is back, within RESTART_BOUND s.
 JOINS_AFTER_RESTART = 3
@@ -122,37 +120,15 @@ def test_the_service_recovers_when_the_api_server_restarts_under_joins(join_lab,
         cluster.kubectl("delete", "node", "worker-1", check=False)
 
 
-class ProcessCounter:
-    """Counts every process this Python process starts, whichever way: subprocess (asyncio's too) and multiprocessing
-    (fork_exec), posix_spawn, fork."""
-
-    def __init__(self, monkeypatch):
-        self.started: list[str] = []
-        for module, name in (
-            (subprocess, "_fork_exec"),
-            (_posixsubprocess, "fork_exec"),
-            (os, "posix_spawn"),
-            (os, "posix_spawnp"),
-            (os, "fork"),
-        ):
-            real = getattr(module, name)
-
-            def counting(*args, _real=real, _name=name, **kwargs):
-                self.started.append(_name)
-                return _real(*args, **kwargs)
-
-            monkeypatch.setattr(module, name, counting)
-
-
-def test_a_join_starts_no_process(join_lab, kube_control_plane, monkeypatch):
+def test_a_join_starts_no_process(join_lab, kube_control_plane):
     cluster = kube_control_plane
     service = join_lab.start("pcrs-only", api=ClusterApi.from_kubeconfig(str(cluster.admin_kubeconfig)))
     join_with_client(join_lab, service, attempts=1)  # the worker processes exist before the count
-    counter = ProcessCounter(monkeypatch)
     joins = 5
-    tokens = [join_with_client(join_lab, service, attempts=1).bootstrap_token for _ in range(joins)]
-    during_joins = list(counter.started)
-    # The counter does see a process started the ordinary way.
-    subprocess.run(["true"], check=True)
+    with ProcessCounter() as counter:
+        tokens = [join_with_client(join_lab, service, attempts=1).bootstrap_token for _ in range(joins)]
+        during_joins = list(counter.started)
+        # The counter does see a process started the ordinary way.
+        subprocess.run(["true"], check=True)
     assert (len(during_joins) / joins, counter.started) == (0, ["_fork_exec"])
     assert all(_secret_exists(cluster, token) for token in tokens)
