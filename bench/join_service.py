@@ -27,6 +27,16 @@ with as many joins, each activating the answer's credential on its swtpm (the sw
 its ticket; its service CPU per join is measured as the service's. floor / (floor + transport floor) is the most "per
 core" can reach with this transport on this machine: it says whether the target is within reach at all.
 
+--real-api: the same service against a real API server instead of the stand-in (tests/control_plane.py: etcd,
+kube-apiserver and kube-controller-manager v1.20.2 on loopback, started and stopped by the bench), through its one API
+client built from the control plane's admin kubeconfig; the cluster CA is that control plane's (ECDSA-P256, as
+kubeadm_init makes it). Beside the crypto and transport floors it measures the API floor: the API calls one join
+needs (registering its bootstrap-token Secret; a first join's binding objects are made once, before the levels) made
+by one persistent client alone, no service, in the same run. It counts the processes started during the levels and
+reads the service's RSS (its process, which also holds the bench's bookkeeping, and its workers) after the last level.
+Targets (issue 27): at the last level service CPU per join <= 1.25 x (crypto + transport + API floors), p99 < 150 ms,
+0 processes started per join.
+
 Target (issue 15, P2), the verdict at the last level: "per core" = joins per service CPU-second x floor >= 0.8 (the
 service spends at most 1.25x the floor per join, whatever else runs on the machine) and p99 < 150 ms. Beside it, so
 that nothing is hidden, the machine figure: tickets/s against 0.8 x all cores / floor, which a machine whose cores
@@ -67,6 +77,7 @@ import _figures  # noqa: E402
 
 import grpc  # noqa: E402
 
+import control_plane  # noqa: E402
 import join_harness  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
@@ -87,6 +98,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.cred
     activation_proof,
     proof_matches,
 )  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import ClusterApi  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, load_kubelet_csr  # noqa: E402
@@ -98,6 +110,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.requ
     request_digest,
 )  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service, grpc_server  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import ApiTokenMinter, generate_token  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas  # noqa: E402
 
 
@@ -327,6 +340,41 @@ def ecdsa_pki(pki_dir: Path) -> None:
     make_missing_cas(str(pki_dir), missing_cas(str(pki_dir)))
 
 
+def api_floor(kubeconfig: str, count: int) -> tuple[float, float]:
+    """CPU seconds of this process and wall seconds per join of the API calls one join needs (its bootstrap-token
+    Secret), made one after another by one persistent client alone: the service's own ApiTokenMinter on a ClusterApi
+    built once, from an event loop, as the service makes them."""
+
+    async def register() -> tuple[float, float]:
+        api = ClusterApi.from_kubeconfig(kubeconfig)
+        minter = ApiTokenMinter(api)
+        try:
+            for _warm in range(10):
+                await minter.mint(generate_token(), "api-floor")
+            gc.collect()
+            started, cpu = time.perf_counter(), time.process_time()
+            for _run in range(count):
+                await minter.mint(generate_token(), "api-floor")
+            return (time.process_time() - cpu) / count, (time.perf_counter() - started) / count
+        finally:
+            api.close()
+
+    return asyncio.run(register())
+
+
+def _rss_mib(pids: list[int]) -> float:
+    """Resident memory of ``pids`` (VmRSS), MiB."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
 def _load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
@@ -407,8 +455,9 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
 def measure(
     args, service, lab, swtpms, runner, pki: ClusterPki, policy, algorithm: str, levels: list[int]
 ) -> tuple[list[tuple], tuple, tuple]:
-    """Each level against ``service``: throughput, latencies, CPU, and the floor with ``pki``'s CA measured beside it; then
-    the transport floor at the last level, with ``service``'s answers; then the CPU-bound steps alone."""
+    """Each level against ``service``: throughput, latencies, CPU, processes started during it, RSS after it, and the
+    floor with ``pki``'s CA measured beside it; then the transport floor at the last level, with ``service``'s answers;
+    then the CPU-bound steps alone."""
     channel = grpc.secure_channel(f"127.0.0.1:{service.port}", grpc.ssl_channel_credentials(lab.ca_pem))
     stub = pb2_grpc.JoinServiceStub(channel)
     runner.apply(run_clients, (service.port, lab.ca_pem, service.issuer.verifier_id, prepare(stub, swtpms, 16), 4))
@@ -421,10 +470,12 @@ def measure(
         before = floor(swtpms[0], pki, policy, lab.secrets, 3000)
         pids = service.workers.pids()
         server_cpu = time.process_time() + _cpu_seconds(pids)
-        throughput, latencies, client_load = runner.apply(
-            run_clients, (service.port, lab.ca_pem, service.issuer.verifier_id, joins, clients)
-        )
+        with join_harness.ProcessCounter() as started:
+            throughput, latencies, client_load = runner.apply(
+                run_clients, (service.port, lab.ca_pem, service.issuer.verifier_id, joins, clients)
+            )
         server_load = (time.process_time() + _cpu_seconds(pids) - server_cpu) * throughput / len(latencies)
+        rss = (_rss_mib([os.getpid()]), _rss_mib(service.workers.pids()))
         level_floor = min(before, floor(swtpms[0], pki, policy, lab.secrets, 3000))
         latencies.sort()
         rows.append(
@@ -438,6 +489,8 @@ def measure(
                 latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
                 server_load,
                 client_load,
+                len(started.started),
+                rss,
             )
         )
     join = prepare(stub, swtpms, 1)[0]
@@ -468,6 +521,64 @@ class _InProcess:
         pass
 
 
+def real_api_verdict(bench_name: str, rows, transports, api_floors, levels, cluster) -> list[dict]:
+    """Issue 27's targets against the real API server, printed and as figures: at the last level service CPU per join
+    <= 1.25 x (crypto + transport + API floors) and p99 < 150 ms; processes started per join (every level) = 0; RSS."""
+    figures = []
+    print(
+        f"real API: kube-apiserver {control_plane.KUBERNETES_VERSION} with etcd and kube-controller-manager on loopback "
+        f"({cluster.server}); the service's one API client from its admin kubeconfig. API floor = the API calls of one join "
+        "(its bootstrap-token Secret) by one persistent client alone (ApiTokenMinter on one ClusterApi), CPU of this process"
+    )
+    for algorithm, clients, count, throughput, level_floor, _p50, p99, server_load, _client, started, rss in rows:
+        per_join = started / count
+        print(
+            f"{algorithm:>10} {clients:>3} client(s): processes started {started} in {count} joins, {per_join:g} per join"
+        )
+        figures.append(
+            _figures.figure(
+                bench_name, f"{clients} client(s): processes started per join", per_join, "", "= 0", per_join == 0
+            )
+        )
+        if clients != levels[-1]:
+            continue
+        api_cpu, api_wall = api_floors[algorithm]
+        transport = transports[algorithm][0]
+        service_cpu = server_load / throughput
+        floors = level_floor + transport + api_cpu
+        ratio = service_cpu / floors
+        print(
+            f"{algorithm:>10} {clients:>3} client(s): service CPU per join {service_cpu * 1e6:.0f} us vs floors crypto "
+            f"{level_floor * 1e6:.0f} + transport {transport * 1e6:.0f} + API {api_cpu * 1e6:.0f} us "
+            f"(API wall {api_wall * 1000:.1f} ms per join) = {floors * 1e6:.0f} us: {ratio:.2f}x (target <= 1.25: "
+            f"{'met' if ratio <= 1.25 else 'MISSED'}); p99 {p99 * 1000:.1f} ms (target < 150 ms: "
+            f"{'met' if p99 < 0.150 else 'MISSED'}); RSS: service process {rss[0]:.0f} MiB (with the bench's bookkeeping), "
+            f"workers {rss[1]:.0f} MiB"
+        )
+        label = f"{algorithm} CA, {clients} client(s)"
+        figures += [
+            _figures.figure(bench_name, f"{label}: service CPU per join", round(service_cpu * 1e6), "us"),
+            _figures.figure(bench_name, f"{label}: crypto floor", round(level_floor * 1e6), "us"),
+            _figures.figure(bench_name, f"{label}: transport floor", round(transport * 1e6), "us"),
+            _figures.figure(
+                bench_name, "API floor (one join's API calls, one client alone): CPU", round(api_cpu * 1e6), "us"
+            ),
+            _figures.figure(bench_name, "API floor: wall per join", round(api_wall * 1000, 2), "ms"),
+            _figures.figure(
+                bench_name,
+                f"{label}: service CPU / (crypto + transport + API floors)",
+                round(ratio, 2),
+                "",
+                "<= 1.25",
+                ratio <= 1.25,
+            ),
+            _figures.figure(bench_name, f"{label}: p99", round(p99 * 1000, 1), "ms", "< 150 ms", p99 < 0.150),
+            _figures.figure(bench_name, f"{label}: RSS of the service process", round(rss[0]), "MiB"),
+            _figures.figure(bench_name, f"{label}: RSS of its worker processes", round(rss[1]), "MiB"),
+        ]
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--joins", type=int, default=640, help="joins per concurrency level (default 640)")
@@ -480,8 +591,14 @@ def main() -> int:
         help=f"the service's worker_processes (default: the service's default, {ServiceConfig.worker_processes} here; "
         "0 = the CPU-bound steps in the event loop's thread)",
     )
+    parser.add_argument(
+        "--real-api",
+        action="store_true",
+        help="against a real API server (tests/control_plane.py) instead of the stand-in, with the API floor beside",
+    )
     _figures.add_option(parser)
     args = parser.parse_args()
+    bench_name = "join_service_real_api" if args.real_api else "join_service"
     levels = [int(v) for v in args.levels.split(",")]
     # A killed benchmark still stops its swtpm processes (the finally below).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -491,6 +608,7 @@ def main() -> int:
     manufactured = conftest.ManufacturedTpm(work / "tpm", work / "ek-ca")
     swtpms = []
     service = None
+    cluster = None
     try:
         swtpms = [conftest.SwtpmInstance(manufactured) for _i in range(SWTPMS)]
         lab = join_harness.JoinLab(work / "node", swtpms[0])
@@ -501,9 +619,17 @@ def main() -> int:
         # Real nodes are other machines: by default the clients run in a process of their own, so they do not
         # share the service's interpreter lock (--clients-in-process measures the other arrangement).
         runner = _InProcess() if args.clients_in_process else multiprocessing.get_context("spawn").Pool(1)
-        ecdsa_pki(work / "ecdsa-pki")
-        rows, capacities, transports = [], {}, {}
-        for algorithm, pki_dir in (("RSA-2048", lab.pki_dir), ("ECDSA-P256", work / "ecdsa-pki")):
+        if args.real_api:
+            cluster = control_plane.start_control_plane()
+            # The real cluster's CA signs the kubelet certificates; the service's API client uses its admin kubeconfig.
+            variants = (("ECDSA-P256", cluster.pki),)
+            real_api = {"admin_kubeconfig": str(cluster.admin_kubeconfig)}
+        else:
+            ecdsa_pki(work / "ecdsa-pki")
+            variants = (("RSA-2048", lab.pki_dir), ("ECDSA-P256", work / "ecdsa-pki"))
+            real_api = {}
+        rows, capacities, transports, api_floors = [], {}, {}, {}
+        for algorithm, pki_dir in variants:
             # The clients share one address: a real pool's nodes are as many addresses (the per-peer limits stay out of the way).
             # The policy and enrolment are looked at as often as a real service does (the tests' lab looks at every request).
             config = lab.config(
@@ -513,19 +639,20 @@ def main() -> int:
                 nonce_burst=1e6,
                 ticket_rate=1e6,
                 ticket_burst=1e6,
-                registration_check_interval=3600,
                 policy_check_interval=POLICY_CHECK_INTERVAL,
                 worker_processes=args.worker_processes,
+                **real_api,
             )
-            service = build_service(
-                config, lab.log, api.minter(), drain_delay=0.0, disk_bindings=api.bindings()
-            ).start()
+            service = build_service(config, lab.log, drain_delay=0.0, api=None if args.real_api else api).start()
             measured, capacities[algorithm], transports[algorithm] = measure(
                 args, service, lab, swtpms, runner, ClusterPki.load(str(pki_dir)), policy, algorithm, levels
             )
             rows += measured
             service.stop_now()
             service = None
+            if args.real_api:
+                # In the same run, right after the levels: the API calls of one join by one client alone.
+                api_floors[algorithm] = api_floor(str(cluster.admin_kubeconfig), max(200, args.joins // 2))
         runner.close()
         cores = os.cpu_count() or 1
         workers = args.worker_processes
@@ -559,7 +686,7 @@ def main() -> int:
         )
         figures = []
         rows_of = {row[0]: row for row in rows if row[1] == levels[-1]}
-        for algorithm, clients, count, throughput, level_floor, p50, p99, server_load, client_load in rows:
+        for algorithm, clients, count, throughput, level_floor, p50, p99, server_load, client_load, *_rest in rows:
             target = 0.8 * cores / level_floor
             last_level = clients == levels[-1]
             per_core = throughput * level_floor / max(server_load, 1e-9)
@@ -571,15 +698,15 @@ def main() -> int:
             )
             label = f"{algorithm} CA, {clients} client(s)"
             figures += [
-                _figures.figure("join_service", f"{label}: tickets/s", round(throughput, 1), "1/s"),
+                _figures.figure(bench_name, f"{label}: tickets/s", round(throughput, 1), "1/s"),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: joins per service CPU-second",
                     round(throughput / max(server_load, 1e-9)),
                     "1/s",
                 ),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: per core (joins per service CPU-second x floor)",
                     round(per_core, 2),
                     "",
@@ -587,14 +714,14 @@ def main() -> int:
                     per_core >= 0.8 if last_level else None,
                 ),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: throughput / (0.8 x {cores} cores / floor, {target:.0f}/s)",
                     round(throughput / target, 2),
                     "",
                 ),
-                _figures.figure("join_service", f"{label}: p50", round(p50 * 1000, 1), "ms"),
+                _figures.figure(bench_name, f"{label}: p50", round(p50 * 1000, 1), "ms"),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: p99",
                     round(p99 * 1000, 1),
                     "ms",
@@ -605,7 +732,7 @@ def main() -> int:
             if last_level:
                 figures.append(
                     _figures.figure(
-                        "join_service",
+                        bench_name,
                         f"floor per join, {algorithm} CA signs the kubelet certificate",
                         round(level_floor * 1e6),
                         "us",
@@ -617,9 +744,7 @@ def main() -> int:
             "measured as the service's. ceiling = floor / (floor + transport floor): the most per core can reach with this transport"
         )
         for algorithm, (transport, transport_p99) in transports.items():
-            _algorithm, clients, _count, throughput, level_floor, _p50, _p99, server_load, _client_load = rows_of[
-                algorithm
-            ]
+            clients, throughput, level_floor, server_load = (rows_of[algorithm][i] for i in (1, 3, 4, 7))
             service_cpu = server_load / throughput
             ceiling = level_floor / (level_floor + transport)
             print(
@@ -629,15 +754,15 @@ def main() -> int:
             )
             label = f"{algorithm} CA, {clients} client(s)"
             figures += [
-                _figures.figure("join_service", f"{label}: service CPU per join", round(service_cpu * 1e6), "us"),
+                _figures.figure(bench_name, f"{label}: service CPU per join", round(service_cpu * 1e6), "us"),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: transport floor (gRPC alone, fixed answers: service CPU per join)",
                     round(transport * 1e6),
                     "us",
                 ),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: per-core ceiling with this transport (floor / (floor + transport floor))",
                     round(ceiling, 2),
                     "",
@@ -657,23 +782,30 @@ def main() -> int:
                 f"event loop {main_cpu * 1e6:.0f} us, workers {workers_cpu * 1e6:.0f} us), {target:.0f}/s: ratio {pooled / target:.2f}"
             )
             figures += [
-                _figures.figure("join_service", f"{algorithm} CA: CPU-bound steps in one thread", round(inline), "1/s"),
+                _figures.figure(bench_name, f"{algorithm} CA: CPU-bound steps in one thread", round(inline), "1/s"),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{algorithm} CA: CPU-bound steps through the service ({workers} worker processes)",
                     round(pooled),
                     "1/s",
                 ),
             ]
+        if args.real_api:
+            figures += real_api_verdict(bench_name, rows, transports, api_floors, levels, cluster)
+            minted = "in the real API"
+        else:
+            minted = str(len(api.tokens))
         print(
             f"P2 target: at {levels[-1]} clients per core >= 0.8 (service CPU per join <= 1.25 x floor) and p99 < 150 ms; "
-            f"tokens minted: {len(api.tokens)}; bench time {time.perf_counter() - bench_started:.1f} s; load average after {_load()}"
+            f"tokens minted: {minted}; bench time {time.perf_counter() - bench_started:.1f} s; load average after {_load()}"
         )
         _figures.write(args.figures, figures)
         return 0
     finally:
         if service is not None:
             service.stop_now()
+        if cluster is not None:
+            control_plane.stop_control_plane(cluster)
         for instance in swtpms:
             instance.stop()
         shutil.rmtree(work, ignore_errors=True)
