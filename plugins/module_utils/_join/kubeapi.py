@@ -47,6 +47,7 @@ RETRY_WINDOW = 20.0
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # A watch is renewed this often (the server ends it), and the client gives up on a silent one a little later.
 WATCH_SECONDS = 240
+WATCH_BACKOFF_MIN = 0.2
 WATCH_BACKOFF_MAX = 5.0
 
 # resource -> (API group class, the client's name for one object, namespaced)
@@ -142,9 +143,8 @@ class ClusterApi:
         while True:
             attempts += 1
             try:
-                answer = method(*args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs)
-                data = answer.data
-                return json.loads(data) if data else {}
+                data = method(*args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs).data
+                break
             except ApiException as exc:
                 if exc.status == 0:  # TLS: a wrong CA or certificate does not heal by waiting
                     raise ApiUnavailable(
@@ -155,10 +155,6 @@ class ClusterApi:
                 cause = f"HTTP {exc.status}: {_api_words(exc)}"
             except urllib3.exceptions.HTTPError as exc:
                 cause = _transport_cause(exc)
-            except ValueError:
-                raise ApiUnavailable(
-                    f"the Kubernetes API at {self.host} answered {what} with something not JSON"
-                ) from None
             elapsed = time.monotonic() - started
             if self._closed or elapsed + delay > self.retry_window:
                 raise ApiUnavailable(
@@ -167,6 +163,10 @@ class ClusterApi:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+        try:
+            return json.loads(data) if data else {}
+        except ValueError:
+            raise ApiUnavailable(f"the Kubernetes API at {self.host} answered {what} with something not JSON") from None
 
     async def _run(self, what: str, verb: str, resource: str, *args, **kwargs) -> dict:
         method, scope = self._method(verb, resource)
@@ -240,6 +240,7 @@ class WatchedList:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._response = None
+        self._failing, self._delay = False, WATCH_BACKOFF_MIN
         self.synced = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"watch-{resource}", daemon=True)
 
@@ -259,29 +260,32 @@ class WatchedList:
             getattr(response, "shutdown", response.close)()
 
     def _run(self) -> None:
-        delay, failing = 0.2, False
         version = ""
         while not self._stopped.is_set():
             try:
                 if not version:
                     version = self._list()
                 version = self._follow(version)
-                delay, failing = 0.2, False
             except _Gone:
                 version = ""
             except ApiException as exc:
                 if exc.status == 410:
                     version = ""
                     continue
-                delay, failing = self._failed(exc, delay, failing)
+                self._failed(exc)
             except (ApiUnavailable, ApiStatusError, urllib3.exceptions.HTTPError, ValueError) as exc:
-                delay, failing = self._failed(exc, delay, failing)
+                self._failed(exc)
 
-    def _failed(self, exc: BaseException, delay: float, failing: bool) -> tuple[float, bool]:
-        if not failing and not self._stopped.is_set():
+    def _failed(self, exc: BaseException) -> None:
+        """Report the first failure of a streak, then wait (longer each time) before the next attempt."""
+        if not self._failing and not self._stopped.is_set():
             self._on_failure(f"watching {self.resource} failed: {_transport_cause(exc)}")
-        self._stopped.wait(delay)
-        return min(delay * 2, WATCH_BACKOFF_MAX), True
+        self._failing = True
+        self._stopped.wait(self._delay)
+        self._delay = min(self._delay * 2, WATCH_BACKOFF_MAX)
+
+    def _connected(self) -> None:
+        self._failing, self._delay = False, WATCH_BACKOFF_MIN
 
     def _list(self) -> str:
         listing = self._api.call(f"listing {self.resource}", self._list_call, **self._selectors)
@@ -292,6 +296,7 @@ class WatchedList:
                 kept[item["metadata"]["name"]] = summary
         with self._lock:
             self._items = kept
+        self._connected()
         self.synced.set()
         self._on_change()
         return listing["metadata"]["resourceVersion"]
@@ -308,6 +313,7 @@ class WatchedList:
             **self._selectors,
         )
         self._response = response
+        self._connected()
         try:
             if self._stopped.is_set():
                 return version
