@@ -102,7 +102,8 @@ class ClusterApi:
         self.request_timeout = request_timeout
         self.retry_window = retry_window
         self._client = api_client
-        self._groups = {name: getattr(k8s_client, name)(api_client) for name in {g for g, _, _ in RESOURCES.values()}}
+        groups = {group for group, _singular, _namespaced in RESOURCES.values()}
+        self._groups = {name: getattr(k8s_client, name)(api_client) for name in groups}
         self._executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="kubeapi")
         self._watches: list[WatchedList] = []
         self._closed = False
@@ -139,7 +140,7 @@ class ClusterApi:
     def call(self, what: str, method: Callable, *args, **kwargs) -> dict:
         """``method`` of the client with the JSON answer as a dict, retried while the API is away (synchronous)."""
         started = time.monotonic()
-        delay, attempts = 0.1, 0
+        delay, attempts, cause = 0.1, 0, ""
         while True:
             attempts += 1
             try:

@@ -90,7 +90,7 @@ def test_the_service_recovers_when_the_api_server_restarts_under_joins(join_lab,
         cluster.stop_api_server()
         time.sleep(4)
         back = time.monotonic() + cluster.start_api_server()
-        assert wait_for(lambda: sum(1 for at, _ in tickets if at > back) >= JOINS_AFTER_RESTART, RESTART_BOUND), (
+        assert wait_for(lambda: sum(1 for at, _token in tickets if at > back) >= JOINS_AFTER_RESTART, RESTART_BOUND), (
             refusals,
             join_lab.logs()[-5:],
         )
@@ -99,7 +99,7 @@ def test_the_service_recovers_when_the_api_server_restarts_under_joins(join_lab,
         joiner.join()
     # No node waited for ever, and every ticket handed out carries a token the API holds.
     assert refusals == [], refusals
-    assert all(_secret_exists(cluster, token) for _, token in tickets)
+    assert all(_secret_exists(cluster, token) for _at, token in tickets)
     failed = [
         e for e in join_lab.logs() if e.get("result") == "refused" and e.get("reason") in ("token-mint", "disk-binding")
     ]
@@ -112,7 +112,7 @@ def test_the_service_recovers_when_the_api_server_restarts_under_joins(join_lab,
         stdin=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "worker-1"}}).encode(),
     )
     try:
-        assert wait_for(lambda: not any(_secret_exists(cluster, token) for _, token in tickets), timeout=60)
+        assert wait_for(lambda: not any(_secret_exists(cluster, token) for _at, token in tickets), timeout=60)
         # (Tokens of other nodes, registered by earlier tests on this API server, are adopted and stay.)
         live = service.issuer.live_tokens
         assert wait_for(lambda: not any(t.node_name == "worker-1" for t in list(live.values())), timeout=10)
@@ -126,7 +126,7 @@ def test_a_join_starts_no_process(join_lab, kube_control_plane):
     join_with_client(join_lab, service, attempts=1)  # the worker processes exist before the count
     joins = 5
     with ProcessCounter() as counter:
-        tokens = [join_with_client(join_lab, service, attempts=1).bootstrap_token for _ in range(joins)]
+        tokens = [join_with_client(join_lab, service, attempts=1).bootstrap_token for _join in range(joins)]
         during_joins = list(counter.started)
         # The counter does see a process started the ordinary way.
         subprocess.run(["true"], check=True)

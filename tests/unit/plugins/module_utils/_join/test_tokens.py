@@ -81,7 +81,7 @@ def test_the_secret_kubeadm_would_make_is_registered_and_a_retry_of_it_is_no_err
 
 def test_a_token_id_held_by_another_secret_is_refused_without_the_token(kube_control_plane):
     token = generate_token()
-    other = f"{token.split('.')[0]}.{'0' * 16}"
+    other = f"{token.split('.', maxsplit=1)[0]}.{'0' * 16}"
     _run(kube_control_plane, lambda minter: minter.mint(other, "worker-1"))
     with pytest.raises(TokenMintError) as err:
         _run(kube_control_plane, lambda minter: minter.mint(token, "worker-1"))
@@ -110,14 +110,14 @@ def test_the_token_reaches_no_log_even_at_debug_level(kube_control_plane, caplog
     with caplog.at_level(logging.DEBUG):
         _run(kube_control_plane, lambda minter: minter.mint(token, "worker-1"))
         _run(kube_control_plane, lambda minter: minter.live())
-    assert _secret(kube_control_plane, token.split(".")[0]) is not None
+    assert _secret(kube_control_plane, token.split(".", maxsplit=1)[0]) is not None
     assert token.split(".")[1] not in caplog.text
     assert base64.b64encode(token.split(".")[1].encode()).decode() not in caplog.text
 
 
 def test_retiring_deletes_the_secret_and_a_second_retirement_is_no_error(kube_control_plane):
     token = generate_token()
-    token_id = token.split(".")[0]
+    token_id = token.split(".", maxsplit=1)[0]
 
     async def mint_retire_twice(minter):
         await minter.mint(token, "worker-1")
@@ -155,7 +155,7 @@ def test_a_failed_deletion_is_reported_without_a_token(kube_control_plane, tmp_p
     async def retire():
         api = ClusterApi.from_kubeconfig(str(kubeconfig))
         try:
-            await ApiTokenMinter(api).retire(token.split(".")[0])
+            await ApiTokenMinter(api).retire(token.split(".", maxsplit=1)[0])
         finally:
             api.close()
 
