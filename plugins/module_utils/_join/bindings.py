@@ -48,7 +48,8 @@ def manifest(binding: Binding, resource_version: str | None = None, name: str = 
 
 
 def disk_binding_of(configmap: dict) -> Binding | None:
-    """The disk binding a ConfigMap holds; None for an EK object or an unreadable one (only a valid binding grants a disk)."""
+    """The disk binding a ConfigMap holds; None for an EK object or an unreadable one (only a valid binding grants a
+    disk)."""
     name = str((configmap.get("metadata") or {}).get("name", ""))
     if not name.startswith(NAME_PREFIX):
         return None

@@ -113,8 +113,9 @@ class JoinServicer:
     They run on the service's event loop, which only dispatches: the CPU-bound part of a request (verify, make the
     credential, sign, seal) runs in the worker processes (``workers.py``; in the loop's own thread with
     ``worker_processes: 0``), and the API calls (token registration, disk bindings) are awaited on the one API client's
-    threads, so neither a slow API nor a burst of heavy requests stalls the loop that answers everyone else. All state (used nonces, pending
-    challenges, the control-plane slot, live tokens) stays in this one process: the workers compute, the loop decides.
+    threads, so neither a slow API nor a burst of heavy requests stalls the loop that answers everyone else. All state
+    (used nonces, pending challenges, the control-plane slot, live tokens) stays in this one process: the workers
+    compute, the loop decides.
     """
 
     def __init__(
@@ -387,7 +388,8 @@ def grpc_server(config: ServiceConfig, servicer, tls_cert_pem: bytes, tls_key_pe
 
 class JoinService:
     """The gRPC server (grpc.aio on an event loop thread of its own) around a TicketIssuer, with a draining shutdown and
-    the background tasks that retire used tokens and mirror the cluster's disk bindings (both driven by the API's watches).
+    the background tasks that retire used tokens and mirror the cluster's disk bindings (both driven by the API's
+    watches).
 
     ``start``, ``shutdown`` and ``stop_now`` are called from ordinary threads (main(), tests, the benchmark).
     """
@@ -526,7 +528,7 @@ class JoinService:
         except TokenMintError as exc:
             self._log.warning("token", result="not-adopted", msg=str(exc))
         while True:
-            # A change the watch saw, a token just registered, or a retirement to try again.
+            # A change the watch saw, or time to drop expired tokens and try a failed retirement again.
             try:
                 await asyncio.wait_for(changed.wait(), RETIRE_RECHECK)
             except asyncio.TimeoutError:

@@ -41,7 +41,7 @@ TOKEN_TYPE = "bootstrap.kubernetes.io/token"
 
 
 class TokenMintError(RuntimeError):
-    """A bootstrap token could not be registered or retired; the message carries the API's words with secrets masked."""
+    """A bootstrap token could not be registered or retired; the message has the API's words, secrets masked."""
 
 
 @dataclass(frozen=True)
