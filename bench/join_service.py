@@ -61,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,10 +147,12 @@ def prepare(stub, swtpms, count: int) -> list[tuple[bytes, bytes, bytes, str]]:
     """Joins as (serialised request, ephemeral private key, nonce, TCTI): picklable for the clients' process."""
     nonces = [stub.GetNonce(pb2.GetNonceRequest()).nonce for _i in range(count)]
     keys = [seal.EphemeralKey.generate() for _i in range(count)]
-    csrs = [join_harness.make_csr(NODE) for _i in range(count)]
+    # Join i is node i % len(swtpms): its TPM, its enrolled name, its disk.
+    nodes = [swtpms[index % len(swtpms)] for index in range(count)]
+    csrs = [join_harness.make_csr(node.node_name) for node in nodes]
     user_data = [
-        join_harness.bound_user_data(key.public_bytes(), "join", NODE, False, join_harness.DISK_UUID, csr)
-        for key, csr in zip(keys, csrs)
+        join_harness.bound_user_data(key.public_bytes(), "join", node.node_name, False, node.disk_uuid, csr)
+        for key, csr, node in zip(keys, csrs, nodes)
     ]
     evidence: dict[bytes, bytes] = {}
     workers = [
@@ -163,16 +166,16 @@ def prepare(stub, swtpms, count: int) -> list[tuple[bytes, bytes, bytes, str]]:
     for worker in workers:
         worker.join()
     joins = []
-    for index, (nonce, key, csr) in enumerate(zip(nonces, keys, csrs)):
+    for nonce, key, csr, node in zip(nonces, keys, csrs, nodes):
         request = pb2.IssueJoinTicketRequest(
             evidence=evidence[nonce],
             nonce=nonce,
-            node_name=NODE,
+            node_name=node.node_name,
             control_plane=False,
             kubelet_csr=csr,
-            disk_uuid=join_harness.DISK_UUID,
+            disk_uuid=node.disk_uuid,
         )
-        joins.append((request.SerializeToString(), key.private_bytes(), nonce, swtpms[index % len(swtpms)].tcti))
+        joins.append((request.SerializeToString(), key.private_bytes(), nonce, node.tcti))
     return joins
 
 
@@ -412,12 +415,19 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
     one join's input serves every call; no client, TPM or gRPC competes for the cores."""
     request = pb2.IssueJoinTicketRequest.FromString(prepare(stub, swtpms, 1)[0][0])
     check = CheckRequest(
-        policy, "join", request.evidence, request.nonce, NODE, False, join_harness.DISK_UUID, request.kubelet_csr
+        policy,
+        "join",
+        request.evidence,
+        request.nonce,
+        request.node_name,
+        False,
+        request.disk_uuid,
+        request.kubelet_csr,
     )
     checked = service.issuer.crypto.check(check)
     # A worker's ticket, padded to about 3 kB with its CA certificate's length (the kubelet certificate is signed in).
     ticket = JoinTicket(
-        NODE,
+        request.node_name,
         False,
         bytes(32),
         os.urandom(32),
@@ -437,7 +447,7 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
         "join",
         request.nonce,
         checked.kubelet_key,
-        NODE,
+        request.node_name,
         datetime.datetime.now(datetime.timezone.utc),
     )
     started = time.perf_counter()
@@ -467,7 +477,7 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
 
 
 def measure(
-    args, service, lab, swtpms, runner, pki: ClusterPki, policy, algorithm: str, levels: list[int]
+    args, service, lab, swtpms, copies, runner, pki: ClusterPki, policy, algorithm: str, levels: list[int]
 ) -> tuple[list[tuple], tuple, tuple]:
     """Each level against ``service``: throughput, latencies, CPU, processes started during it, RSS after it, and the
     floor with ``pki``'s CA measured beside it; then the transport floor at the last level, with ``service``'s answers;
@@ -515,7 +525,7 @@ def measure(
         service.issuer.verifier_id,
         real_answers(stub, join),
         join,
-        [s.tcti for s in swtpms],
+        [s.tcti for s in [swtpms[0], *copies]],
         max(args.joins, levels[-1]),
         levels[-1],
     )
@@ -623,16 +633,26 @@ def main() -> int:
     bench_started = time.perf_counter()
     load_before = _load()
     work = Path(tempfile.mkdtemp(prefix="ck-bench-join-"))
-    manufactured = conftest.ManufacturedTpm(work / "tpm", work / "ek-ca")
-    swtpms = []
+    swtpms, copies = [], []
     service = None
     cluster = None
     try:
-        swtpms = [conftest.SwtpmInstance(manufactured) for _i in range(SWTPMS)]
+        # As many nodes (TPMs, enrolled names, disks) as clients: a service keeps one challenge per EK and client
+        # address, and the clients share 127.0.0.1. The transport floor's clients use copies of the first node's TPM.
+        manufactured = [
+            conftest.ManufacturedTpm(work / f"tpm-{index}", work / "ek-ca") for index in range(max(SWTPMS, *levels))
+        ]
+        swtpms = [conftest.SwtpmInstance(tpm) for tpm in manufactured]
+        copies = [conftest.SwtpmInstance(manufactured[0]) for _i in range(SWTPMS - 1)]
+        for index, instance in enumerate(swtpms):
+            instance.node_name, instance.disk_uuid = f"{NODE}-{index}", str(uuid.UUID(int=index + 1))
+        for instance in copies:
+            instance.node_name, instance.disk_uuid = swtpms[0].node_name, swtpms[0].disk_uuid
         lab = join_harness.JoinLab(work / "node", swtpms[0])
         lab.log = StructuredLog(io.StringIO())
         policy = lab.write_policy("pcrs-only")
-        lab.enrol(swtpms[0].tcti, NODE)
+        for instance in swtpms:
+            lab.enrol(instance.tcti, instance.node_name)
         api = join_harness.FakeApi()
         # Real nodes are other machines: by default the clients run in a process of their own, so they do not
         # share the service's interpreter lock (--clients-in-process measures the other arrangement).
@@ -663,7 +683,7 @@ def main() -> int:
             )
             service = build_service(config, lab.log, drain_delay=0.0, api=None if args.real_api else api).start()
             measured, capacities[algorithm], transports[algorithm] = measure(
-                args, service, lab, swtpms, runner, ClusterPki.load(str(pki_dir)), policy, algorithm, levels
+                args, service, lab, swtpms, copies, runner, ClusterPki.load(str(pki_dir)), policy, algorithm, levels
             )
             rows += measured
             service.stop_now()
@@ -682,7 +702,8 @@ def main() -> int:
         )
         print(
             f"join service benchmark: {cores} CPU(s), {placement}, Python {sys.version.split()[0]}, grpcio {grpc.__version__}, "
-            f"policy pcrs-only, {SWTPMS} swtpm instance(s), clients {'in the service process' if args.clients_in_process else 'in their own process'}; "
+            f"policy pcrs-only, {len(swtpms)} nodes (a TPM each; the transport floor on {SWTPMS} copies of the first), "
+            f"clients {'in the service process' if args.clients_in_process else 'in their own process'}; "
             f"load average before {load_before}"
         )
         print(
@@ -825,7 +846,7 @@ def main() -> int:
             service.stop_now()
         if cluster is not None:
             control_plane.stop_control_plane(cluster)
-        for instance in swtpms:
+        for instance in swtpms + copies:
             instance.stop()
         shutil.rmtree(work, ignore_errors=True)
 
