@@ -677,6 +677,8 @@ def main() -> int:
                 nonce_burst=1e6,
                 ticket_rate=1e6,
                 ticket_burst=1e6,
+                # One address for all clients here: the gate's per-client connection cap (32) would refuse 64 of them.
+                max_connections_per_client=max(levels) + 8,
                 policy_check_interval=POLICY_CHECK_INTERVAL,
                 worker_processes=args.worker_processes,
                 **real_api,
