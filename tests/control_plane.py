@@ -59,6 +59,7 @@ class ControlPlane:
     api_port: int
     bin: Path
     processes: dict = field(default_factory=dict)
+    argvs: dict = field(default_factory=dict)
 
     @property
     def pki(self) -> Path:
@@ -88,7 +89,8 @@ class ControlPlane:
         return done.stdout.decode()
 
     def _start(self, name: str, argv: list[str]) -> None:
-        log = open(self.root / f"{name}.log", "wb")  # pylint: disable=consider-using-with
+        self.argvs[name] = argv
+        log = open(self.root / f"{name}.log", "ab")  # pylint: disable=consider-using-with
         self.processes[name] = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
@@ -205,6 +207,28 @@ class ControlPlane:
             log = (self.root / "kube-controller-manager.log").read_text(errors="replace")[-1500:]
             raise RuntimeError(f"kube-controller-manager exited:\n{log}")
         return self
+
+    def stop_api_server(self) -> None:
+        """Stop kube-apiserver (SIGTERM, as a static pod's restart does); etcd and the controller-manager stay."""
+        process = self.processes["kube-apiserver"]
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+    def start_api_server(self) -> float:
+        """Start kube-apiserver again with the same flags on the same port; seconds until it is ready."""
+        started = time.monotonic()
+        self._start("kube-apiserver", self.argvs["kube-apiserver"])
+        deadline = started + READY_TIMEOUT
+        while not self._ready():
+            if self.processes["kube-apiserver"].poll() is not None or time.monotonic() > deadline:
+                log = (self.root / "kube-apiserver.log").read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"kube-apiserver did not become ready again:\n{log}")
+            time.sleep(0.2)
+        return time.monotonic() - started
 
     def stop(self) -> None:
         for process in self.processes.values():

@@ -272,7 +272,6 @@ def main() -> int:
                         port,
                         grace_period=GRACE_PERIOD,
                         policy_check_interval=0.5,
-                        registration_check_interval=5,
                         nonce_rate=1e6,
                         nonce_burst=1e6,
                         ticket_rate=1e6,
