@@ -12,6 +12,7 @@ No kubelet and no scheduler: pods stay Pending.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -72,6 +73,28 @@ class ControlPlane:
     @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
+
+    def user_kubeconfig(self, path: Path, user: dict) -> Path:
+        """A kubeconfig (0600) at ``path`` with this API server, its CA and ``user``'s credentials only."""
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "c",
+                    "clusters": [
+                        {
+                            "name": "k",
+                            "cluster": {"server": self.server, "certificate-authority": str(self.pki / "ca.crt")},
+                        }
+                    ],
+                    "users": [{"name": "u", "user": user}],
+                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                }
+            )
+        )
+        path.chmod(0o600)
+        return path
 
     def kubectl(
         self, *args: str, kubeconfig: Path | None = None, stdin: bytes | None = None, check: bool = True

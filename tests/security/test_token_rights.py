@@ -32,26 +32,7 @@ APPROVAL_WAIT = 5.0
 
 
 def _kubeconfig(cluster, name: str, user: dict):
-    path = cluster.root / f"{name}.conf"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [
-                    {
-                        "name": "k",
-                        "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")},
-                    }
-                ],
-                "users": [{"name": "u", "user": user}],
-                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-            }
-        )
-    )
-    path.chmod(0o600)
-    return path
+    return cluster.user_kubeconfig(cluster.root / f"{name}.conf", user)
 
 
 def _csr(name: str, node_name: str) -> bytes:

@@ -39,24 +39,7 @@ def mint(cluster, token: str, node_name: str, ttl: datetime.timedelta = datetime
 def _as_token(cluster, token: str, *args: str, stdin: bytes | None = None, check: bool = True):
     """kubectl with only the bootstrap token (and the CA) as credentials."""
     kubeconfig = cluster.root / f"token-{token.split('.', 1)[0]}.conf"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [
-                    {
-                        "name": "k",
-                        "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")},
-                    }
-                ],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-            }
-        )
-    )
-    kubeconfig.chmod(0o600)
+    cluster.user_kubeconfig(kubeconfig, {"token": token})
     return cluster.kubectl(*args, kubeconfig=kubeconfig, stdin=stdin, check=check)
 
 

@@ -134,23 +134,7 @@ def test_a_failed_deletion_is_reported_without_a_token(kube_control_plane, tmp_p
     token = generate_token()
     _run(cluster, lambda minter: minter.mint(token, "worker-1"))
     kubeconfig = tmp_path / "token.conf"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [
-                    {
-                        "name": "k",
-                        "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")},
-                    }
-                ],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-            }
-        )
-    )
+    cluster.user_kubeconfig(kubeconfig, {"token": token})
 
     async def retire():
         api = ClusterApi.from_kubeconfig(str(kubeconfig))
