@@ -366,11 +366,11 @@ def wait(status_file: str, sleep=time.sleep, stream=None) -> int:
     """The ExecStart of confidential-state-disk.service: returns 0 once the boot-time join has opened the state disk
     (the node is a member, or its kubeadm join is under way); until then waits, saying once why."""
     said = False
-    while _status(status_file) not in READY_STATES:
+    while (state := _status(status_file)) not in READY_STATES:
         if not said:
             (stream or sys.stderr).write(
                 "confidential-join: waiting for the boot-time join to open the state disk "
-                f"({_status(status_file) or 'no status yet'}; journalctl -u confidential-join.service)\n"
+                f"({state or 'no status yet'}; journalctl -u confidential-join.service)\n"
             )
             said = True
         sleep(WAIT_POLL_SECONDS)
