@@ -232,17 +232,21 @@ class ControlPlane:
         return self
 
     def stop_api_server(self) -> None:
-        """Stop kube-apiserver (SIGTERM, as a static pod's restart does); etcd and the controller-manager stay."""
-        process = self.processes["kube-apiserver"]
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        """Stop kube-apiserver (SIGTERM, as a static pod's restart does), and the controller-manager with it: without
+        the API server it exits fatally by itself sooner or later (where a kubelet would restart it), which left later
+        tests without a controller-manager. etcd stays."""
+        for name in ("kube-controller-manager", "kube-apiserver"):
+            process = self.processes[name]
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
 
     def start_api_server(self) -> float:
-        """Start kube-apiserver again with the same flags on the same port; seconds until it is ready."""
+        """Start kube-apiserver again with the same flags on the same port, then the controller-manager; seconds until
+        the API server is ready."""
         started = time.monotonic()
         self._start("kube-apiserver", self.argvs["kube-apiserver"])
         deadline = started + READY_TIMEOUT
@@ -251,7 +255,9 @@ class ControlPlane:
                 log = (self.root / "kube-apiserver.log").read_text(errors="replace")[-1500:]
                 raise RuntimeError(f"kube-apiserver did not become ready again:\n{log}")
             time.sleep(0.2)
-        return time.monotonic() - started
+        ready = time.monotonic() - started
+        self._start("kube-controller-manager", self.argvs["kube-controller-manager"])
+        return ready
 
     def stop(self) -> None:
         for process in self.processes.values():

@@ -145,7 +145,9 @@ def _node(name: str) -> bytes:
     ).encode()
 
 
-def test_kubelet_certificate_passes_node_authorizer_for_its_own_node_only(kube_control_plane, kubelet_kubeconfig):
+def test_kubelet_certificate_passes_node_authorizer_for_its_own_node_only(
+    kube_control_plane, kubelet_kubeconfig, nodes_deleted_after
+):
     cluster = kube_control_plane
 
     def as_kubelet(*args, **kwargs):

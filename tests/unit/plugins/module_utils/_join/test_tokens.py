@@ -168,7 +168,7 @@ def _node(name: str) -> bytes:
     return json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}).encode()
 
 
-def test_the_watch_sees_a_node_register_after_its_token(kube_control_plane):
+def test_the_watch_sees_a_node_register_after_its_token(kube_control_plane, nodes_deleted_after):
     cluster = kube_control_plane
     issued = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) - datetime.timedelta(seconds=1)
     tokens = [LiveToken("aaaaaa", "watch-node-1", issued), LiveToken("bbbbbb", "watch-node-2", issued)]
