@@ -24,7 +24,7 @@ unit_conftest()
 sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins" / "module_utils" / "_join"))
 
 from join_harness import FakeApi  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join import service  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join import issuance, service  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import (
     TOKEN_PATTERN,
     TokenMinter,
@@ -56,6 +56,8 @@ def main() -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--tokens", required=True, help="file the minted tokens are appended to")
     args = parser.parse_args()
+    # All the load suite's clients share 127.0.0.1: one client address may have as many challenges waiting as all.
+    issuance.MAX_PENDING_PER_CLIENT = issuance.MAX_PENDING
     return service.main(["--config", args.config], token_minter=RecordingMinter(args.tokens), api=FakeApi())
 
 
