@@ -1,22 +1,20 @@
 #!/usr/bin/env bash
-# The collection as users get it: build the tarball with ansible-galaxy, check what it holds, install it into a
-# temporary collections path, check that confidential.kubernetes resolves to that installed copy, and run the
-# default bring-up on a 1 control plane + 1 worker lab from it - site.yml, again with changed=0, then verify.yml.
-# The lab itself (tests/lab) runs from the source tree; every playbook, role and plugin comes from the install.
-# Honours CK_LAB_INDEX / CK_LAB_DIR like the lab. Run as root.
+# The collection as users get it: build the tarball with ansible-galaxy, check what it holds, install it into the
+# collections path DEST, and check that confidential.kubernetes resolves to that installed copy. scripts/test.sh then
+# runs the quick start and the day-2 drills from it (ANSIBLE_COLLECTIONS_PATH=DEST tests/drills/run: every task of
+# site.yml must come from DEST). Prints DEST on its last line.
+# Run: bash scripts/installed-collection.sh DEST   (DEST: a new or empty directory)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 export PATH="$repo/.venv/bin:$PATH"
-lab="$repo/tests/lab/lab"
-work=$(mktemp -d)
-lab_started=0
-cleanup() {
-  if [ "$lab_started" = 1 ]; then "$lab" down >/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
 fail() { echo "installed-collection: $*" >&2; exit 1; }
-step() { printf 'installed-collection: %s\n' "$*"; }
+step() { printf 'installed-collection: %s\n' "$*" >&2; }
+[ $# = 1 ] || fail "usage: $0 DEST (the collections path to install into)"
+mkdir -p "$1"
+dest=$(cd "$1" && pwd)
+[ -z "$(ls -A "$dest")" ] || fail "$dest is not empty"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
 step "build"
 ansible-galaxy collection build --force --output-path "$work/dist" "$repo" >/dev/null
@@ -39,17 +37,17 @@ done
 
 step "install"
 # --force: a copy elsewhere (molecule leaves one in ~/.ansible/collections) must not make it skip the install.
-ansible-galaxy collection install --offline --force -p "$work/collections" "$tarball" > "$work/install.log" 2>&1 \
+ansible-galaxy collection install --offline --force -p "$dest" "$tarball" > "$work/install.log" 2>&1 \
   || { cat "$work/install.log" >&2; fail "ansible-galaxy collection install failed"; }
-installed="$work/collections/ansible_collections/confidential/kubernetes"
+installed="$dest/ansible_collections/confidential/kubernetes"
 [ -f "$installed/MANIFEST.json" ] || fail "nothing installed at $installed"
 [ ! -L "$installed" ] || fail "$installed is a link, not an installed copy"
-export ANSIBLE_COLLECTIONS_PATH="$work/collections"
+export ANSIBLE_COLLECTIONS_PATH="$dest"
 # Run from the temporary directory so that nothing next to the source tree (ansible.cfg, collections/) is picked up.
 cd "$work"
 
 listed=$(ansible-galaxy collection list confidential.kubernetes --format json)
-python - "$listed" "$work/collections/ansible_collections" <<'PY' || fail "ansible-galaxy does not list the installed copy"
+python - "$listed" "$dest/ansible_collections" <<'PY' || fail "ansible-galaxy does not list the installed copy"
 import json, sys
 listing, expected = json.loads(sys.argv[1]), sys.argv[2]
 assert list(listing) == [expected], listing
@@ -61,37 +59,4 @@ case "$doc_file" in
   *) fail "ansible-doc resolves confidential.kubernetes.tpm_evidence to $doc_file, not to $installed" ;;
 esac
 step "confidential.kubernetes resolves to $installed"
-
-step "lab: 1 control plane + 1 worker"
-lab_started=1
-inventory=$("$lab" up --control-planes=1 --workers=1 | tail -n 1)
-
-run() {
-  local name=$1
-  shift
-  ANSIBLE_STDOUT_CALLBACK=ansible.builtin.default ANSIBLE_FORCE_COLOR=0 \
-    ansible-playbook --inventory="$inventory" "$@" > "$work/$name.log" 2>&1 || { tail -n 40 "$work/$name.log" >&2; fail "$name failed"; }
-}
-
-step "site.yml from the installed collection"
-start=$SECONDS
-# -vv prints every task's path: each must lie in the installed copy, none in the source tree.
-run site confidential.kubernetes.site -vv
-grep -o 'task path: [^:]*' "$work/site.log" | cut -d' ' -f3 | sort -u > "$work/task-files"
-grep -q "^$installed/roles/init/tasks/main.yml$" "$work/task-files" || fail "site.yml did not run the installed init role"
-if grep -v "^$installed/" "$work/task-files"; then fail "site.yml ran tasks from outside the installed collection"; fi
-step "site.yml took $((SECONDS - start)) s; its tasks came from $(wc -l < "$work/task-files") files, all in the installed copy"
-
-step "site.yml again: nothing may change"
-start=$SECONDS
-run site-again confidential.kubernetes.site
-if grep -E '^[^ ]+ +: ok=[0-9]+ +changed=[1-9]' "$work/site-again.log"; then
-  fail "the second run of site.yml changed something"
-fi
-step "site.yml again took $((SECONDS - start)) s, changed=0"
-
-step "verify.yml"
-run verify confidential.kubernetes.verify
-grep -E '^ *"(cp|worker)-0 ' "$work/verify.log" | sed 's/^ *"//; s/",\{0,1\}$//'
-[ "$(grep -cE '^ *"(cp-0 +control-plane|worker-0 +worker) +ok +cluster mark ' "$work/verify.log")" = 2 ] || fail "verify.yml did not pass both nodes"
-step "ok"
+echo "$dest"

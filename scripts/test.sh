@@ -76,16 +76,18 @@ if [ "${SKIP_SANITY:-0}" != 1 ]; then
 fi
 
 if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
-  stage "quick start and day-2 drills on one 3 + 2 lab (tests/drills/run)"
-  tests/drills/run
+  stage "the collection as installed from its Galaxy tarball: build, contents, install (scripts/installed-collection.sh)"
+  installed_collections=$(mktemp -d /tmp/ck-installed-collection.XXXXXX)
+  bash scripts/installed-collection.sh "$installed_collections" >/dev/null
+
+  stage "quick start and day-2 drills on one 3 + 2 lab, from the installed collection (tests/drills/run)"
+  ANSIBLE_COLLECTIONS_PATH="$installed_collections" tests/drills/run
+  rm -rf "$installed_collections"
 
   for scenario in extensions/molecule/*/; do
     stage "molecule test -s $(basename "$scenario") (lab scenario)"
     molecule test -s "$(basename "$scenario")"
   done
-
-  stage "the collection as installed from its Galaxy tarball (site, idempotence, verify on the lab)"
-  bash scripts/installed-collection.sh
 
   stage "fault (kill -9) suite and secret hygiene suite on the lab (CI subset; tests/faults/run --full for every step)"
   tests/faults/run

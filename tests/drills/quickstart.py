@@ -12,6 +12,7 @@ verify before anything is locked, site, and a re-run that must report changed=0.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 from pathlib import Path
@@ -63,6 +64,22 @@ def docs_inventory(example: dict, lab_inventory: dict) -> dict:
     return {"all": {"vars": variables, "children": children}}
 
 
+def collection_task_files(output: str) -> int:
+    """How many task files site.yml's -vv output names, each checked to lie in the collection that
+    ANSIBLE_COLLECTIONS_PATH names first; an AssertionError naming any other."""
+    first = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(":")[0]
+    if not first:
+        raise AssertionError("ANSIBLE_COLLECTIONS_PATH is not set: the drills run the collection it names")
+    root = f"{first.rstrip('/')}/ansible_collections/confidential/kubernetes/"
+    files = set(re.findall(r"^task path: ([^:\n]+):\d+$", output, re.MULTILINE))
+    if not any(name == f"{root}roles/init/tasks/main.yml" for name in files):
+        raise AssertionError(f"site.yml did not run the init role of {root}")
+    elsewhere = sorted(name for name in files if not name.startswith(root))
+    if elsewhere:
+        raise AssertionError(f"site.yml ran tasks from outside {root}: {elsewhere[:5]}")
+    return len(files)
+
+
 def bring_up(lab: DrillLab) -> dict:
     """prepare, measurements (two golden nodes merged), pre-flight verify, site, site again; their figures."""
     inventory = docs_inventory(worked_example(), yaml.safe_load(lab.inventory.read_text()))
@@ -90,7 +107,10 @@ def bring_up(lab: DrillLab) -> dict:
     if not policy.exists():
         raise AssertionError(f"measurements.yml wrote no policy at {policy}")
     preflight = lab.playbook("verify")
-    site = lab.playbook("site")
+    # -vv prints every task's path: each must lie in the collection ANSIBLE_COLLECTIONS_PATH names first (in CI the
+    # copy installed from the Galaxy tarball, scripts/installed-collection.sh), none elsewhere.
+    site = lab.playbook("site", "-vv")
+    task_files = collection_task_files(site.output)
     rerun = lab.playbook("site")
     if rerun.changed:
         raise AssertionError(f"site.yml re-run reported changed={rerun.changed}")
@@ -100,5 +120,6 @@ def bring_up(lab: DrillLab) -> dict:
         "golden_nodes": ",".join(golden),
         "preflight_verify_seconds": round(preflight.seconds, 1),
         "site_seconds": round(site.seconds, 1),
+        "site_task_files": task_files,
         "rerun_seconds": round(rerun.seconds, 1),
     }

@@ -72,3 +72,23 @@ def test_a_page_without_the_worked_example_is_refused(tmp_path):
     page.write_text("# The inventory\n\n## Worked example\n\nNo block here.\n\n## Next\n\n```yaml\na: 1\n```\n")
     with pytest.raises(AssertionError, match="no YAML block under '## Worked example'"):
         quickstart.worked_example(page)
+
+
+def _site_output(*paths: str) -> str:
+    return "".join(f"TASK [a task] ***\ntask path: {path}:7\nok: [cp-0]\n" for path in paths)
+
+
+def test_site_tasks_must_come_from_the_collection_the_path_names(monkeypatch):
+    monkeypatch.setenv("ANSIBLE_COLLECTIONS_PATH", "/tmp/installed:/other")
+    root = "/tmp/installed/ansible_collections/confidential/kubernetes"
+    output = _site_output(f"{root}/roles/init/tasks/main.yml", f"{root}/roles/node/tasks/main.yml")
+    assert quickstart.collection_task_files(output) == 2
+
+    source = str(REPO / "roles" / "join" / "tasks" / "main.yml")
+    with pytest.raises(AssertionError, match=f"ran tasks from outside {root}/: \\['{source}'\\]"):
+        quickstart.collection_task_files(output + _site_output(source))
+    with pytest.raises(AssertionError, match="did not run the init role"):
+        quickstart.collection_task_files(_site_output(f"{root}/roles/node/tasks/main.yml"))
+    monkeypatch.delenv("ANSIBLE_COLLECTIONS_PATH")
+    with pytest.raises(AssertionError, match="ANSIBLE_COLLECTIONS_PATH is not set"):
+        quickstart.collection_task_files(output)
