@@ -2,13 +2,13 @@
 # The collection as users get it: build the tarball with ansible-galaxy, check what it holds, install it into the
 # collections path DEST, and check that confidential.kubernetes resolves to that installed copy. scripts/test.sh then
 # runs the quick start and the day-2 drills from it (ANSIBLE_COLLECTIONS_PATH=DEST tests/drills/run: every task of
-# site.yml must come from DEST). Prints DEST on its last line.
+# site.yml must come from DEST).
 # Run: bash scripts/installed-collection.sh DEST   (DEST: a new or empty directory)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 export PATH="$repo/.venv/bin:$PATH"
 fail() { echo "installed-collection: $*" >&2; exit 1; }
-step() { printf 'installed-collection: %s\n' "$*" >&2; }
+step() { printf 'installed-collection: %s\n' "$*"; }
 [ $# = 1 ] || fail "usage: $0 DEST (the collections path to install into)"
 mkdir -p "$1"
 dest=$(cd "$1" && pwd)
@@ -59,4 +59,3 @@ case "$doc_file" in
   *) fail "ansible-doc resolves confidential.kubernetes.tpm_evidence to $doc_file, not to $installed" ;;
 esac
 step "confidential.kubernetes resolves to $installed"
-echo "$dest"

@@ -78,7 +78,7 @@ fi
 if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
   stage "the collection as installed from its Galaxy tarball: build, contents, install (scripts/installed-collection.sh)"
   installed_collections=$(mktemp -d /tmp/ck-installed-collection.XXXXXX)
-  bash scripts/installed-collection.sh "$installed_collections" >/dev/null
+  bash scripts/installed-collection.sh "$installed_collections"
 
   stage "quick start and day-2 drills on one 3 + 2 lab, from the installed collection (tests/drills/run)"
   ANSIBLE_COLLECTIONS_PATH="$installed_collections" tests/drills/run

@@ -235,14 +235,7 @@ class ControlPlane:
         """Stop kube-apiserver (SIGTERM, as a static pod's restart does), and the controller-manager with it: without
         the API server it exits fatally by itself sooner or later (where a kubelet would restart it), which left later
         tests without a controller-manager. etcd stays."""
-        for name in ("kube-controller-manager", "kube-apiserver"):
-            process = self.processes[name]
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        self._stop("kube-controller-manager", "kube-apiserver")
 
     def start_api_server(self) -> float:
         """Start kube-apiserver again with the same flags on the same port, then the controller-manager; seconds until
@@ -260,15 +253,19 @@ class ControlPlane:
         return ready
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes.values():
+        self._stop(*self.processes)
+
+    def _stop(self, *names: str) -> None:
+        """SIGTERM to each running process named, then wait for each (SIGKILL after 15 s)."""
+        for name in names:
+            if self.processes[name].poll() is None:
+                self.processes[name].terminate()
+        for name in names:
             try:
-                process.wait(timeout=15)
+                self.processes[name].wait(timeout=15)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+                self.processes[name].kill()
+                self.processes[name].wait(timeout=5)
 
 
 def start_control_plane() -> ControlPlane:
