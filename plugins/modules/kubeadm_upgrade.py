@@ -54,7 +54,9 @@ options:
     type: bool
     default: false
   ignore_preflight_errors:
-    description: kubeadm preflight checks to ignore in C(kubeadm upgrade apply) (C(ImagePull) where images cannot be pulled).
+    description:
+      - kubeadm checks to ignore in C(kubeadm upgrade apply) and C(kubeadm upgrade node) (C(ImagePull) where images
+        cannot be pulled; C(CreateJob), C(kubeadm upgrade apply)'s health check that runs a Job, where no Pod can run).
     type: list
     elements: str
     default: []
@@ -153,7 +155,7 @@ def main() -> None:
             if params["mode"] == "apply":
                 output = upgrade.apply(target, params["allow_pre_release"], params["ignore_preflight_errors"])
             else:
-                output = upgrade.node()
+                output = upgrade.node(params["ignore_preflight_errors"])
             result["stdout"] = scrub(output)
         if params["mode"] == "apply" and os.path.exists(ADMIN_CONF):
             result["revoked_token_bindings"] = upgrade.revoke_token_rights(module.check_mode)

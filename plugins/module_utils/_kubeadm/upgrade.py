@@ -139,9 +139,13 @@ class Upgrade:
             args.append("--ignore-preflight-errors=" + ",".join(ignore_preflight_errors))
         return self.kubeadm.run(*args, what=f"kubeadm upgrade apply {target}")
 
-    def node(self) -> str:
-        """`kubeadm upgrade node`: a control plane's static pods and every node's kubelet configuration."""
-        return self.kubeadm.run("upgrade", "node", what="kubeadm upgrade node")
+    def node(self, ignore_preflight_errors: list[str]) -> str:
+        """`kubeadm upgrade node`: a control plane's static pods (after pulling their images) and every node's kubelet
+        configuration."""
+        args = ["upgrade", "node"]
+        if ignore_preflight_errors:
+            args.append("--ignore-preflight-errors=" + ",".join(ignore_preflight_errors))
+        return self.kubeadm.run(*args, what="kubeadm upgrade node")
 
     def revoke_token_rights(self, check_mode: bool = False) -> list[str]:
         """`kubeadm upgrade apply` re-creates the bindings that give bootstrap tokens certificate rights (its
