@@ -122,6 +122,8 @@ def drill(lab) -> dict:
         poller.stopping.set()
         poller.join()
     assert upgrade.rc == 0, f"upgrade_kubernetes.yml failed on {upgrade.failed_hosts}:\n{upgrade.last_failure()}"
+    silent = [name for name, times in poller.answers.items() if not times]
+    assert not silent, f"/readyz of {', '.join(silent)} never answered during the upgrade: the poll saw nothing"
     api_gap = round(poller.longest_gap(poller.any_answer()), 1)
     first_gap = round(poller.longest_gap(poller.answers[planes[0]]), 1)
     lab.log(
