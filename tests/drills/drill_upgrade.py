@@ -104,7 +104,10 @@ def drill(lab) -> dict:
     lab.kubectl("create", "namespace", NAMESPACE)
     for index in range(CONFIGMAPS):
         lab.kubectl("create", "configmap", f"before-upgrade-{index}", "-n", NAMESPACE, f"--from-literal=index={index}")
-    lab.kubectl("label", "configmaps", "--all", "-n", NAMESPACE, "drill=upgrade")
+    # By name: the namespace has kube-root-ca.crt of its own.
+    lab.kubectl(
+        "label", "configmaps", "-n", NAMESPACE, *(f"before-upgrade-{i}" for i in range(CONFIGMAPS)), "drill=upgrade"
+    )
     before = _configmaps(lab)
     assert len(before) == CONFIGMAPS, f"created {len(before)} ConfigMaps, not {CONFIGMAPS}"
 
