@@ -267,6 +267,16 @@ def test_inventory_gives_the_node_role_the_lab_row_and_mirror(tmp_path):
     assert variables["node_stack_kernel_modules"] is False and variables["node_stack_swap_off"] is False
 
 
+def test_the_labs_init_deploys_no_addon_the_stand_in_cannot_run(tmp_path):
+    """No CoreDNS or kube-proxy objects, so kubeadm 1.20's upgrade apply skips them instead of waiting for CoreDNS."""
+    variables = _inventory(tmp_path, plan.plan_nodes(1, 1))["all"]["vars"]
+    skipped = variables["init_kubeadm_extra"]["skip_phases"]
+    assert skipped == ["addon/coredns", "addon/kube-proxy"]
+    assert {phase.removeprefix("addon/") for phase in skipped} <= set(mirror.IMAGES)
+    assert "skip_phases" not in variables["join_kubeadm_extra"]
+    assert variables["init_kubeadm_extra"]["ignore_preflight_errors"] == ["ImagePull"]
+
+
 def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha256(tmp_path):
     paths = LabPaths(
         lab_dir=tmp_path,
