@@ -27,6 +27,16 @@ with as many joins, each activating the answer's credential on its swtpm (the sw
 its ticket; its service CPU per join is measured as the service's. floor / (floor + transport floor) is the most "per
 core" can reach with this transport on this machine: it says whether the target is within reach at all.
 
+--real-api: the same service against a real API server instead of the stand-in (tests/control_plane.py: etcd,
+kube-apiserver and kube-controller-manager v1.20.2 on loopback, started and stopped by the bench), through its one API
+client built from the control plane's admin kubeconfig; the cluster CA is that control plane's (ECDSA-P256, as
+kubeadm_init makes it). Beside the crypto and transport floors it measures the API floor: the API calls one join
+needs (registering its bootstrap-token Secret; a first join's binding objects are made once, before the levels) made
+by one persistent client alone, no service, in the same run. It counts the processes started during the levels and
+reads the service's RSS (its process, which also holds the bench's bookkeeping, and its workers) after the last level.
+Targets (issue 27): at the last level service CPU per join <= 1.25 x (crypto + transport + API floors), p99 < 150 ms,
+0 processes started per join.
+
 Target (issue 15, P2), the verdict at the last level: "per core" = joins per service CPU-second x floor >= 0.8 (the
 service spends at most 1.25x the floor per join, whatever else runs on the machine) and p99 < 150 ms. Beside it, so
 that nothing is hidden, the machine figure: tickets/s against 0.8 x all cores / floor, which a machine whose cores
@@ -40,8 +50,10 @@ import asyncio
 import datetime
 import gc
 import io
+import json
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -49,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,6 +80,7 @@ import _figures  # noqa: E402
 
 import grpc  # noqa: E402
 
+import control_plane  # noqa: E402
 import join_harness  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
@@ -87,6 +101,8 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.cred
     activation_proof,
     proof_matches,
 )  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join import issuance  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import ClusterApi  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, load_kubelet_csr  # noqa: E402
@@ -98,6 +114,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.requ
     request_digest,
 )  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service, grpc_server  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import ApiTokenMinter, generate_token  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.ca import make_missing_cas, missing_cas  # noqa: E402
 
 
@@ -131,10 +148,12 @@ def prepare(stub, swtpms, count: int) -> list[tuple[bytes, bytes, bytes, str]]:
     """Joins as (serialised request, ephemeral private key, nonce, TCTI): picklable for the clients' process."""
     nonces = [stub.GetNonce(pb2.GetNonceRequest()).nonce for _i in range(count)]
     keys = [seal.EphemeralKey.generate() for _i in range(count)]
-    csrs = [join_harness.make_csr(NODE) for _i in range(count)]
+    # Join i is node i % len(swtpms): its TPM, its enrolled name, its disk.
+    nodes = [swtpms[index % len(swtpms)] for index in range(count)]
+    csrs = [join_harness.make_csr(node.node_name) for node in nodes]
     user_data = [
-        join_harness.bound_user_data(key.public_bytes(), "join", NODE, False, join_harness.DISK_UUID, csr)
-        for key, csr in zip(keys, csrs)
+        join_harness.bound_user_data(key.public_bytes(), "join", node.node_name, False, node.disk_uuid, csr)
+        for key, csr, node in zip(keys, csrs, nodes)
     ]
     evidence: dict[bytes, bytes] = {}
     workers = [
@@ -148,16 +167,16 @@ def prepare(stub, swtpms, count: int) -> list[tuple[bytes, bytes, bytes, str]]:
     for worker in workers:
         worker.join()
     joins = []
-    for index, (nonce, key, csr) in enumerate(zip(nonces, keys, csrs)):
+    for nonce, key, csr, node in zip(nonces, keys, csrs, nodes):
         request = pb2.IssueJoinTicketRequest(
             evidence=evidence[nonce],
             nonce=nonce,
-            node_name=NODE,
+            node_name=node.node_name,
             control_plane=False,
             kubelet_csr=csr,
-            disk_uuid=join_harness.DISK_UUID,
+            disk_uuid=node.disk_uuid,
         )
-        joins.append((request.SerializeToString(), key.private_bytes(), nonce, swtpms[index % len(swtpms)].tcti))
+        joins.append((request.SerializeToString(), key.private_bytes(), nonce, node.tcti))
     return joins
 
 
@@ -327,6 +346,53 @@ def ecdsa_pki(pki_dir: Path) -> None:
     make_missing_cas(str(pki_dir), missing_cas(str(pki_dir)))
 
 
+def api_floor(kubeconfig: str, count: int) -> tuple[float, float]:
+    """CPU seconds of this process and wall seconds per join of the API calls one join needs (its bootstrap-token
+    Secret), made one after another by one persistent client alone: the service's own ApiTokenMinter on a ClusterApi
+    built once, from an event loop, as the service makes them."""
+
+    async def register() -> tuple[float, float]:
+        api = ClusterApi.from_kubeconfig(kubeconfig)
+        minter = ApiTokenMinter(api)
+        try:
+            for _warm in range(10):
+                await minter.mint(generate_token(), "api-floor")
+            gc.collect()
+            started, cpu = time.perf_counter(), time.process_time()
+            for _run in range(count):
+                await minter.mint(generate_token(), "api-floor")
+            return (time.process_time() - cpu) / count, (time.perf_counter() - started) / count
+        finally:
+            api.close()
+
+    return asyncio.run(register())
+
+
+def kubectl_reference(cluster, count: int) -> float:
+    """Before (for comparison only): CPU seconds of one ``kubectl create --filename=-`` of the same Secret against the
+    same API server, as the service ran it per join until it had its one client (the process's user + system time)."""
+    minter = ApiTokenMinter(None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _run in range(count):
+        manifest = json.dumps(minter.secret(generate_token(), "kubectl-reference")).encode()
+        cluster.kubectl("create", "--filename=-", stdin=manifest)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / count
+
+
+def _rss_mib(pids: list[int]) -> float:
+    """Resident memory of ``pids`` (VmRSS), MiB."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
 def _load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
@@ -350,12 +416,19 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
     one join's input serves every call; no client, TPM or gRPC competes for the cores."""
     request = pb2.IssueJoinTicketRequest.FromString(prepare(stub, swtpms, 1)[0][0])
     check = CheckRequest(
-        policy, "join", request.evidence, request.nonce, NODE, False, join_harness.DISK_UUID, request.kubelet_csr
+        policy,
+        "join",
+        request.evidence,
+        request.nonce,
+        request.node_name,
+        False,
+        request.disk_uuid,
+        request.kubelet_csr,
     )
     checked = service.issuer.crypto.check(check)
     # A worker's ticket, padded to about 3 kB with its CA certificate's length (the kubelet certificate is signed in).
     ticket = JoinTicket(
-        NODE,
+        request.node_name,
         False,
         bytes(32),
         os.urandom(32),
@@ -375,7 +448,7 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
         "join",
         request.nonce,
         checked.kubelet_key,
-        NODE,
+        request.node_name,
         datetime.datetime.now(datetime.timezone.utc),
     )
     started = time.perf_counter()
@@ -405,10 +478,11 @@ def worker_capacity(service, stub, swtpms, policy, count: int) -> tuple[float, f
 
 
 def measure(
-    args, service, lab, swtpms, runner, pki: ClusterPki, policy, algorithm: str, levels: list[int]
+    args, service, lab, swtpms, copies, runner, pki: ClusterPki, policy, algorithm: str, levels: list[int]
 ) -> tuple[list[tuple], tuple, tuple]:
-    """Each level against ``service``: throughput, latencies, CPU, and the floor with ``pki``'s CA measured beside it; then
-    the transport floor at the last level, with ``service``'s answers; then the CPU-bound steps alone."""
+    """Each level against ``service``: throughput, latencies, CPU, processes started during it, RSS after it, and the
+    floor with ``pki``'s CA measured beside it; then the transport floor at the last level, with ``service``'s answers;
+    then the CPU-bound steps alone."""
     channel = grpc.secure_channel(f"127.0.0.1:{service.port}", grpc.ssl_channel_credentials(lab.ca_pem))
     stub = pb2_grpc.JoinServiceStub(channel)
     runner.apply(run_clients, (service.port, lab.ca_pem, service.issuer.verifier_id, prepare(stub, swtpms, 16), 4))
@@ -421,10 +495,12 @@ def measure(
         before = floor(swtpms[0], pki, policy, lab.secrets, 3000)
         pids = service.workers.pids()
         server_cpu = time.process_time() + _cpu_seconds(pids)
-        throughput, latencies, client_load = runner.apply(
-            run_clients, (service.port, lab.ca_pem, service.issuer.verifier_id, joins, clients)
-        )
+        with join_harness.ProcessCounter() as started:
+            throughput, latencies, client_load = runner.apply(
+                run_clients, (service.port, lab.ca_pem, service.issuer.verifier_id, joins, clients)
+            )
         server_load = (time.process_time() + _cpu_seconds(pids) - server_cpu) * throughput / len(latencies)
+        rss = (_rss_mib([os.getpid()]), _rss_mib(service.workers.pids()))
         level_floor = min(before, floor(swtpms[0], pki, policy, lab.secrets, 3000))
         latencies.sort()
         rows.append(
@@ -438,6 +514,8 @@ def measure(
                 latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
                 server_load,
                 client_load,
+                len(started.started),
+                rss,
             )
         )
     join = prepare(stub, swtpms, 1)[0]
@@ -448,7 +526,7 @@ def measure(
         service.issuer.verifier_id,
         real_answers(stub, join),
         join,
-        [s.tcti for s in swtpms],
+        [s.tcti for s in [swtpms[0], *copies]],
         max(args.joins, levels[-1]),
         levels[-1],
     )
@@ -468,6 +546,68 @@ class _InProcess:
         pass
 
 
+def real_api_verdict(bench_name: str, rows, transports, api_floors, levels, cluster, kubectl_cpu: float) -> list[dict]:
+    """Issue 27's targets against the real API server, printed and as figures: at the last level service CPU per join
+    <= 1.25 x (crypto + transport + API floors) and p99 < 150 ms; processes started per join (every level) = 0; RSS."""
+    figures = []
+    print(
+        f"real API: kube-apiserver {control_plane.KUBERNETES_VERSION} with etcd and kube-controller-manager on loopback "
+        f"({cluster.server}); the service's one API client from its admin kubeconfig. API floor = the API calls of one join "
+        "(its bootstrap-token Secret) by one persistent client alone (ApiTokenMinter on one ClusterApi), CPU of this process"
+    )
+    for algorithm, clients, count, throughput, level_floor, _p50, p99, server_load, _client, started, rss in rows:
+        per_join = started / count
+        print(
+            f"{algorithm:>10} {clients:>3} client(s): processes started {started} in {count} joins, {per_join:g} per join"
+        )
+        figures.append(
+            _figures.figure(
+                bench_name, f"{clients} client(s): processes started per join", per_join, "", "= 0", per_join == 0
+            )
+        )
+        if clients != levels[-1]:
+            continue
+        api_cpu, api_wall = api_floors[algorithm]
+        transport = transports[algorithm][0]
+        service_cpu = server_load / throughput
+        floors = level_floor + transport + api_cpu
+        ratio = service_cpu / floors
+        print(
+            f"{algorithm:>10} {clients:>3} client(s): service CPU per join {service_cpu * 1e6:.0f} us vs floors crypto "
+            f"{level_floor * 1e6:.0f} + transport {transport * 1e6:.0f} + API {api_cpu * 1e6:.0f} us "
+            f"(API wall {api_wall * 1000:.1f} ms per join) = {floors * 1e6:.0f} us: {ratio:.2f}x (target <= 1.25: "
+            f"{'met' if ratio <= 1.25 else 'MISSED'}); p99 {p99 * 1000:.1f} ms (target < 150 ms: "
+            f"{'met' if p99 < 0.150 else 'MISSED'}); RSS: service process {rss[0]:.0f} MiB (with the bench's bookkeeping), "
+            f"workers {rss[1]:.0f} MiB; before (reference): one kubectl create of the same Secret {kubectl_cpu * 1e6:.0f} us "
+            "of CPU, which the service spent per join until it had its one client"
+        )
+        label = f"{algorithm} CA, {clients} client(s)"
+        figures += [
+            _figures.figure(bench_name, f"{label}: service CPU per join", round(service_cpu * 1e6), "us"),
+            _figures.figure(bench_name, f"{label}: crypto floor", round(level_floor * 1e6), "us"),
+            _figures.figure(bench_name, f"{label}: transport floor", round(transport * 1e6), "us"),
+            _figures.figure(
+                bench_name, "API floor (one join's API calls, one client alone): CPU", round(api_cpu * 1e6), "us"
+            ),
+            _figures.figure(bench_name, "API floor: wall per join", round(api_wall * 1000, 2), "ms"),
+            _figures.figure(
+                bench_name, "before: one kubectl create of the same Secret (CPU)", round(kubectl_cpu * 1e6), "us"
+            ),
+            _figures.figure(
+                bench_name,
+                f"{label}: service CPU / (crypto + transport + API floors)",
+                round(ratio, 2),
+                "",
+                "<= 1.25",
+                ratio <= 1.25,
+            ),
+            _figures.figure(bench_name, f"{label}: p99", round(p99 * 1000, 1), "ms", "< 150 ms", p99 < 0.150),
+            _figures.figure(bench_name, f"{label}: RSS of the service process", round(rss[0]), "MiB"),
+            _figures.figure(bench_name, f"{label}: RSS of its worker processes", round(rss[1]), "MiB"),
+        ]
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--joins", type=int, default=640, help="joins per concurrency level (default 640)")
@@ -480,30 +620,58 @@ def main() -> int:
         help=f"the service's worker_processes (default: the service's default, {ServiceConfig.worker_processes} here; "
         "0 = the CPU-bound steps in the event loop's thread)",
     )
+    parser.add_argument(
+        "--real-api",
+        action="store_true",
+        help="against a real API server (tests/control_plane.py) instead of the stand-in, with the API floor beside",
+    )
     _figures.add_option(parser)
     args = parser.parse_args()
+    bench_name = "join_service_real_api" if args.real_api else "join_service"
     levels = [int(v) for v in args.levels.split(",")]
     # A killed benchmark still stops its swtpm processes (the finally below).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     bench_started = time.perf_counter()
     load_before = _load()
     work = Path(tempfile.mkdtemp(prefix="ck-bench-join-"))
-    manufactured = conftest.ManufacturedTpm(work / "tpm", work / "ek-ca")
-    swtpms = []
+    swtpms, copies = [], []
     service = None
+    cluster = None
     try:
-        swtpms = [conftest.SwtpmInstance(manufactured) for _i in range(SWTPMS)]
+        # As many nodes (TPMs, enrolled names, disks) as clients: a service keeps one challenge per EK and client
+        # address, and the clients share 127.0.0.1. The transport floor's clients use copies of the first node's TPM.
+        manufactured = [
+            conftest.ManufacturedTpm(work / f"tpm-{index}", work / "ek-ca") for index in range(max(SWTPMS, *levels))
+        ]
+        swtpms = [conftest.SwtpmInstance(tpm) for tpm in manufactured]
+        copies = [conftest.SwtpmInstance(manufactured[0]) for _i in range(SWTPMS - 1)]
+        for index, instance in enumerate(swtpms):
+            instance.node_name, instance.disk_uuid = f"{NODE}-{index}", str(uuid.UUID(int=index + 1))
+        for instance in copies:
+            instance.node_name, instance.disk_uuid = swtpms[0].node_name, swtpms[0].disk_uuid
         lab = join_harness.JoinLab(work / "node", swtpms[0])
         lab.log = StructuredLog(io.StringIO())
         policy = lab.write_policy("pcrs-only")
-        lab.enrol(swtpms[0].tcti, NODE)
+        for instance in swtpms:
+            lab.enrol(instance.tcti, instance.node_name)
         api = join_harness.FakeApi()
         # Real nodes are other machines: by default the clients run in a process of their own, so they do not
         # share the service's interpreter lock (--clients-in-process measures the other arrangement).
         runner = _InProcess() if args.clients_in_process else multiprocessing.get_context("spawn").Pool(1)
-        ecdsa_pki(work / "ecdsa-pki")
-        rows, capacities, transports = [], {}, {}
-        for algorithm, pki_dir in (("RSA-2048", lab.pki_dir), ("ECDSA-P256", work / "ecdsa-pki")):
+        if args.real_api:
+            cluster = control_plane.start_control_plane()
+            # The real cluster's CA signs the kubelet certificates; the service's API client uses its admin kubeconfig.
+            variants = (("ECDSA-P256", cluster.pki),)
+            real_api = {"admin_kubeconfig": str(cluster.admin_kubeconfig)}
+        else:
+            ecdsa_pki(work / "ecdsa-pki")
+            variants = (("RSA-2048", lab.pki_dir), ("ECDSA-P256", work / "ecdsa-pki"))
+            real_api = {}
+        rows, capacities, transports, api_floors = [], {}, {}, {}
+        # All clients share 127.0.0.1 where real nodes are as many addresses: the per-client cap of waiting challenges
+        # is lifted like the rate limits and the connection cap below.
+        issuance.MAX_PENDING_PER_CLIENT = max(levels) + 8
+        for algorithm, pki_dir in variants:
             # The clients share one address: a real pool's nodes are as many addresses (the per-peer limits stay out of the way).
             # The policy and enrolment are looked at as often as a real service does (the tests' lab looks at every request).
             config = lab.config(
@@ -513,19 +681,23 @@ def main() -> int:
                 nonce_burst=1e6,
                 ticket_rate=1e6,
                 ticket_burst=1e6,
-                registration_check_interval=3600,
+                # One address for all clients here: the gate's per-client connection cap (32) would refuse 64 of them.
+                max_connections_per_client=max(levels) + 8,
                 policy_check_interval=POLICY_CHECK_INTERVAL,
                 worker_processes=args.worker_processes,
+                **real_api,
             )
-            service = build_service(
-                config, lab.log, api.minter(), drain_delay=0.0, disk_bindings=api.bindings()
-            ).start()
+            service = build_service(config, lab.log, drain_delay=0.0, api=None if args.real_api else api).start()
             measured, capacities[algorithm], transports[algorithm] = measure(
-                args, service, lab, swtpms, runner, ClusterPki.load(str(pki_dir)), policy, algorithm, levels
+                args, service, lab, swtpms, copies, runner, ClusterPki.load(str(pki_dir)), policy, algorithm, levels
             )
             rows += measured
             service.stop_now()
             service = None
+            if args.real_api:
+                # In the same run, right after the levels: the API calls of one join by one client alone.
+                api_floors[algorithm] = api_floor(str(cluster.admin_kubeconfig), max(200, args.joins // 2))
+                kubectl_cpu = kubectl_reference(cluster, 20)
         runner.close()
         cores = os.cpu_count() or 1
         workers = args.worker_processes
@@ -536,7 +708,8 @@ def main() -> int:
         )
         print(
             f"join service benchmark: {cores} CPU(s), {placement}, Python {sys.version.split()[0]}, grpcio {grpc.__version__}, "
-            f"policy pcrs-only, {SWTPMS} swtpm instance(s), clients {'in the service process' if args.clients_in_process else 'in their own process'}; "
+            f"policy pcrs-only, {len(swtpms)} nodes (a TPM each; the transport floor on {SWTPMS} copies of the first), "
+            f"clients {'in the service process' if args.clients_in_process else 'in their own process'}; "
             f"load average before {load_before}"
         )
         print(
@@ -559,7 +732,7 @@ def main() -> int:
         )
         figures = []
         rows_of = {row[0]: row for row in rows if row[1] == levels[-1]}
-        for algorithm, clients, count, throughput, level_floor, p50, p99, server_load, client_load in rows:
+        for algorithm, clients, count, throughput, level_floor, p50, p99, server_load, client_load, *_rest in rows:
             target = 0.8 * cores / level_floor
             last_level = clients == levels[-1]
             per_core = throughput * level_floor / max(server_load, 1e-9)
@@ -571,15 +744,15 @@ def main() -> int:
             )
             label = f"{algorithm} CA, {clients} client(s)"
             figures += [
-                _figures.figure("join_service", f"{label}: tickets/s", round(throughput, 1), "1/s"),
+                _figures.figure(bench_name, f"{label}: tickets/s", round(throughput, 1), "1/s"),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: joins per service CPU-second",
                     round(throughput / max(server_load, 1e-9)),
                     "1/s",
                 ),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: per core (joins per service CPU-second x floor)",
                     round(per_core, 2),
                     "",
@@ -587,14 +760,14 @@ def main() -> int:
                     per_core >= 0.8 if last_level else None,
                 ),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: throughput / (0.8 x {cores} cores / floor, {target:.0f}/s)",
                     round(throughput / target, 2),
                     "",
                 ),
-                _figures.figure("join_service", f"{label}: p50", round(p50 * 1000, 1), "ms"),
+                _figures.figure(bench_name, f"{label}: p50", round(p50 * 1000, 1), "ms"),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: p99",
                     round(p99 * 1000, 1),
                     "ms",
@@ -605,7 +778,7 @@ def main() -> int:
             if last_level:
                 figures.append(
                     _figures.figure(
-                        "join_service",
+                        bench_name,
                         f"floor per join, {algorithm} CA signs the kubelet certificate",
                         round(level_floor * 1e6),
                         "us",
@@ -617,9 +790,7 @@ def main() -> int:
             "measured as the service's. ceiling = floor / (floor + transport floor): the most per core can reach with this transport"
         )
         for algorithm, (transport, transport_p99) in transports.items():
-            _algorithm, clients, _count, throughput, level_floor, _p50, _p99, server_load, _client_load = rows_of[
-                algorithm
-            ]
+            clients, throughput, level_floor, server_load = (rows_of[algorithm][i] for i in (1, 3, 4, 7))
             service_cpu = server_load / throughput
             ceiling = level_floor / (level_floor + transport)
             print(
@@ -629,15 +800,15 @@ def main() -> int:
             )
             label = f"{algorithm} CA, {clients} client(s)"
             figures += [
-                _figures.figure("join_service", f"{label}: service CPU per join", round(service_cpu * 1e6), "us"),
+                _figures.figure(bench_name, f"{label}: service CPU per join", round(service_cpu * 1e6), "us"),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: transport floor (gRPC alone, fixed answers: service CPU per join)",
                     round(transport * 1e6),
                     "us",
                 ),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{label}: per-core ceiling with this transport (floor / (floor + transport floor))",
                     round(ceiling, 2),
                     "",
@@ -657,24 +828,31 @@ def main() -> int:
                 f"event loop {main_cpu * 1e6:.0f} us, workers {workers_cpu * 1e6:.0f} us), {target:.0f}/s: ratio {pooled / target:.2f}"
             )
             figures += [
-                _figures.figure("join_service", f"{algorithm} CA: CPU-bound steps in one thread", round(inline), "1/s"),
+                _figures.figure(bench_name, f"{algorithm} CA: CPU-bound steps in one thread", round(inline), "1/s"),
                 _figures.figure(
-                    "join_service",
+                    bench_name,
                     f"{algorithm} CA: CPU-bound steps through the service ({workers} worker processes)",
                     round(pooled),
                     "1/s",
                 ),
             ]
+        if args.real_api:
+            figures += real_api_verdict(bench_name, rows, transports, api_floors, levels, cluster, kubectl_cpu)
+            minted = "in the real API"
+        else:
+            minted = str(len(api.tokens))
         print(
             f"P2 target: at {levels[-1]} clients per core >= 0.8 (service CPU per join <= 1.25 x floor) and p99 < 150 ms; "
-            f"tokens minted: {len(api.tokens)}; bench time {time.perf_counter() - bench_started:.1f} s; load average after {_load()}"
+            f"tokens minted: {minted}; bench time {time.perf_counter() - bench_started:.1f} s; load average after {_load()}"
         )
         _figures.write(args.figures, figures)
         return 0
     finally:
         if service is not None:
             service.stop_now()
-        for instance in swtpms:
+        if cluster is not None:
+            control_plane.stop_control_plane(cluster)
+        for instance in swtpms + copies:
             instance.stop()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -30,6 +30,8 @@ BENCHMARKS = (
     ("verify_evidence.py", [], False),
     ("nonce_store.py", [], False),
     ("join_service.py", [], False),
+    # Against a real API server on loopback (tests/control_plane.py; the lab's Kubernetes build, no lab).
+    ("join_service.py", ["--real-api"], False),
     ("lab_updown.py", ["--runs", "{lab_runs}"], True),
     ("playbooks.py", ["--runs", "{lab_runs}"], True),
     ("bringup.py", [], True),

@@ -12,6 +12,7 @@ No kubelet and no scheduler: pods stay Pending.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -59,6 +60,7 @@ class ControlPlane:
     api_port: int
     bin: Path
     processes: dict = field(default_factory=dict)
+    argvs: dict = field(default_factory=dict)
 
     @property
     def pki(self) -> Path:
@@ -71,6 +73,28 @@ class ControlPlane:
     @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
+
+    def user_kubeconfig(self, path: Path, user: dict) -> Path:
+        """A kubeconfig (0600) at ``path`` with this API server, its CA and ``user``'s credentials only."""
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "c",
+                    "clusters": [
+                        {
+                            "name": "k",
+                            "cluster": {"server": self.server, "certificate-authority": str(self.pki / "ca.crt")},
+                        }
+                    ],
+                    "users": [{"name": "u", "user": user}],
+                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                }
+            )
+        )
+        path.chmod(0o600)
+        return path
 
     def kubectl(
         self, *args: str, kubeconfig: Path | None = None, stdin: bytes | None = None, check: bool = True
@@ -88,7 +112,8 @@ class ControlPlane:
         return done.stdout.decode()
 
     def _start(self, name: str, argv: list[str]) -> None:
-        log = open(self.root / f"{name}.log", "wb")  # pylint: disable=consider-using-with
+        self.argvs[name] = argv
+        log = open(self.root / f"{name}.log", "ab")  # pylint: disable=consider-using-with
         self.processes[name] = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
@@ -205,6 +230,34 @@ class ControlPlane:
             log = (self.root / "kube-controller-manager.log").read_text(errors="replace")[-1500:]
             raise RuntimeError(f"kube-controller-manager exited:\n{log}")
         return self
+
+    def stop_api_server(self) -> None:
+        """Stop kube-apiserver (SIGTERM, as a static pod's restart does), and the controller-manager with it: without
+        the API server it exits fatally by itself sooner or later (where a kubelet would restart it), which left later
+        tests without a controller-manager. etcd stays."""
+        for name in ("kube-controller-manager", "kube-apiserver"):
+            process = self.processes[name]
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+    def start_api_server(self) -> float:
+        """Start kube-apiserver again with the same flags on the same port, then the controller-manager; seconds until
+        the API server is ready."""
+        started = time.monotonic()
+        self._start("kube-apiserver", self.argvs["kube-apiserver"])
+        deadline = started + READY_TIMEOUT
+        while not self._ready():
+            if self.processes["kube-apiserver"].poll() is not None or time.monotonic() > deadline:
+                log = (self.root / "kube-apiserver.log").read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"kube-apiserver did not become ready again:\n{log}")
+            time.sleep(0.2)
+        ready = time.monotonic() - started
+        self._start("kube-controller-manager", self.argvs["kube-controller-manager"])
+        return ready
 
     def stop(self) -> None:
         for process in self.processes.values():

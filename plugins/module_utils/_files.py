@@ -59,6 +59,18 @@ def create_file_exclusively(path: str, data: bytes, mode: int = 0o600) -> None:
     _fsync_directory(directory)
 
 
+def backup_copy(path: str) -> str:
+    """A copy of ``path`` beside it with its mode, named as Ansible names a backup (``<path>.<pid>.<time>~``), created
+    exclusively and durably; returns its path. No process is started (Ansible's own backup runs lsattr and chattr, and
+    fails the task when a fork of theirs does)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+        mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+    backup = f"{path}.{os.getpid()}.{time.strftime('%Y-%m-%d@%H:%M:%S')}~"
+    create_file_exclusively(backup, data, mode)
+    return backup
+
+
 def read_bounded(path: str, limit: int) -> bytes:
     """The content of ``path``, at most ``limit`` bytes (FileTooLargeError naming the file when it holds more)."""
     with open(path, "rb") as handle:

@@ -163,6 +163,7 @@ import datetime
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils._files import backup_copy
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import (
     joinservice_pb2,
     joinservice_pb2_grpc,
@@ -234,7 +235,7 @@ def main() -> None:
         tls_renew_before=datetime.timedelta(days=params["tls_renew_before_days"]),
     )
     try:
-        result = apply(deployment, Systemd(params["unit_name"]), module.check_mode, module.backup_local, module._diff)
+        result = apply(deployment, Systemd(params["unit_name"]), module.check_mode, backup_copy, module._diff)
     except JoinServiceError as exc:
         module.fail_json(msg=str(exc), **exc.result)
     except OSError as exc:

@@ -21,6 +21,8 @@ description:
     again for real only when RV(changes) is not empty.
   - Needs only the Python standard library, so it runs on the node's system Python before the virtualenv exists.
   - A malformed kernel module name, sysctl key or value, or checksum fails naming it, and changes nothing.
+  - A sysctl that does not take its value - the kernel did not take it, or a file the boot applies after O(sysctl_file)
+    sets another - fails naming the key, the value and where it is set.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
@@ -62,6 +64,11 @@ options:
   swap_off:
     description:
       - Turn swap off (C(swapoff --all)) when C(/proc/swaps) lists any, and comment out (C(# )) every swap line of O(fstab).
+      - So that nothing turns it on again at the next boot, also mask (C(systemctl mask)) every swap unit systemd knows
+        (C(systemctl list-units --type=swap --all)) and the zram services C(zramswap.service) (Debian's zram-tools) and
+        C(zram-config.service) (Ubuntu's zram-config), and mask systemd's zram-generator with a link to C(/dev/null) in
+        C(/etc/systemd/system-generators) where it is installed. Where systemd cannot say (no C(systemctl), or a system
+        not booted with systemd) there are no units to mask.
     type: bool
     default: false
   fstab:
@@ -83,12 +90,30 @@ options:
     description:
       - Sysctls to set now (through C(/proc/sys)) where their value differs, and at boot (C(key = value) a line in
         O(sysctl_file), mode 0644). Values compare with their whitespace collapsed, as C(/proc/sys) shows them.
+      - Then each is checked as the kernel has it and as the boot will set it - the last file in O(sysctl_dirs), by
+        name, that sets the key. A value that differs fails naming the key, the value and where it is set (the file, or
+        that no C(sysctl.d) file sets it). Not in check mode, which changes nothing.
     type: dict
     default: {}
   sysctl_file:
-    description: The C(sysctl.d) file that holds O(sysctls).
+    description:
+      - The C(sysctl.d) file that holds O(sysctls). Its name should sort after every other file of O(sysctl_dirs), so
+        that no other file overrides it at boot - C(zz-) sorts after C(99-sysctl.conf), Debian's link to
+        C(/etc/sysctl.conf).
     type: path
-    default: /etc/sysctl.d/99-kubernetes.conf
+    default: /etc/sysctl.d/zz-confidential-kubernetes.conf
+  sysctl_files_replaced:
+    description: Files that held O(sysctls) before (an earlier name of O(sysctl_file)), removed where they exist.
+    type: list
+    elements: path
+    default: []
+  sysctl_dirs:
+    description:
+      - The directories systemd-sysctl reads at boot, in its order of precedence for files of the same name; what
+        O(sysctls) are checked against.
+    type: list
+    elements: path
+    default: [/etc/sysctl.d, /run/sysctl.d, /usr/local/lib/sysctl.d, /usr/lib/sysctl.d, /lib/sysctl.d]
   stamps:
     description:
       - A glob of stamps, files in C(sha256sum)'s format that list the sha256 of installed files (O(stamp_dest) writes
@@ -183,7 +208,8 @@ changes:
   returned: always
   type: list
   elements: str
-  sample: ["swapoff --all (active: /swapfile)", "write /etc/sysctl.d/99-kubernetes.conf", "sysctl net.ipv4.ip_forward = 1 (was 0)",
+  sample: ["swapoff --all (active: /swapfile)", "systemctl mask dev-vda2.swap",
+           "write /etc/sysctl.d/zz-confidential-kubernetes.conf", "sysctl net.ipv4.ip_forward = 1 (was 0)",
            "write /var/cache/confidential-kubernetes/artifacts/installed-5d1c0b.sha256"]
 architecture:
   description: The node's machine as Ansible's facts name it (C(ansible_architecture)).
@@ -236,6 +262,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._node import NodeStateError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._node.state import (
+    SYSCTL_DIRS,
     HostPreparation,
     NodeState,
     Outcome,
@@ -256,7 +283,9 @@ def main() -> None:
             kernel_modules=dict(type="list", elements="str", default=[]),
             modules_load_file=dict(type="path", default="/etc/modules-load.d/kubernetes.conf"),
             sysctls=dict(type="dict", default={}),
-            sysctl_file=dict(type="path", default="/etc/sysctl.d/99-kubernetes.conf"),
+            sysctl_file=dict(type="path", default="/etc/sysctl.d/zz-confidential-kubernetes.conf"),
+            sysctl_files_replaced=dict(type="list", elements="path", default=[]),
+            sysctl_dirs=dict(type="list", elements="path", default=list(SYSCTL_DIRS)),
             stamps=dict(type="str"),
             services=dict(type="list", elements="str", default=[]),
             archive=dict(type="path"),
@@ -280,6 +309,8 @@ def main() -> None:
         modules_load_file=params["modules_load_file"],
         sysctls=tuple((str(key), str(value)) for key, value in params["sysctls"].items()),
         sysctl_file=params["sysctl_file"],
+        sysctl_files_replaced=tuple(params["sysctl_files_replaced"]),
+        sysctl_dirs=tuple(params["sysctl_dirs"]),
     )
     node = NodeState(check_mode=module.check_mode)
     try:

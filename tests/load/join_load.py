@@ -264,21 +264,21 @@ def main() -> int:
         port = free_port()
         endpoint = f"127.0.0.1:{port}"
         config = work / "joinservice.json"
-        # All clients share 127.0.0.1, where a real cluster's nodes are as many addresses: the per-peer limits are lifted.
+        # All clients share 127.0.0.1, where a real cluster's nodes are as many addresses: the per-peer limits are lifted
+        # (rates; connections and waiting challenges per client address up to the global caps, which stay). With one
+        # address's caps, a restart that has every client reconnect at once refused a client until its attempts ran out.
+        settings = lab.config(
+            port,
+            grace_period=GRACE_PERIOD,
+            policy_check_interval=0.5,
+            nonce_rate=1e6,
+            nonce_burst=1e6,
+            ticket_rate=1e6,
+            ticket_burst=1e6,
+        )
         config.write_text(
             json.dumps(
-                dataclasses.asdict(
-                    lab.config(
-                        port,
-                        grace_period=GRACE_PERIOD,
-                        policy_check_interval=0.5,
-                        registration_check_interval=5,
-                        nonce_rate=1e6,
-                        nonce_burst=1e6,
-                        ticket_rate=1e6,
-                        ticket_burst=1e6,
-                    )
-                )
+                dataclasses.asdict(dataclasses.replace(settings, max_connections_per_client=settings.max_connections))
             )
         )
         tokens = work / "tokens"
@@ -386,6 +386,10 @@ def report(
         ),
         (len(starts) == 2, f"{len(starts)} service starts logged, expected 2"),
         (any(7 in e.get("pcrs", []) for e in reloads), f"no policy reload with PCR 7 logged ({reloads})"),
+        (
+            not refusals.keys() & {"client-connection-limit", "busy"},
+            f"a cap of this run refused joins: {dict(refusals)}",
+        ),
     ]
     failures = [message for ok, message in checks if not ok]
     seconds = sorted(o.seconds for o in valid if o.token)

@@ -1,6 +1,6 @@
 """The join service daemon as the load suite runs it: the real ``service.main`` (signals, draining shutdown) with a
-token minter that records every token instead of calling kubectl, and disk bindings kept by the unit tests' API
-stand-in (in this process) instead of the cluster's API.
+token minter that records every token instead of registering it, and the unit tests' API stand-in (in this process)
+instead of the cluster's API for the disk bindings.
 
 Run: python tests/load/recording_service.py --config FILE --tokens FILE
 Each registered token is appended to the tokens file as one line ``<token> <node name>`` (O_APPEND, one write per
@@ -24,7 +24,7 @@ unit_conftest()
 sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins" / "module_utils" / "_join"))
 
 from join_harness import FakeApi  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join import service  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join import issuance, service  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import (
     TOKEN_PATTERN,
     TokenMinter,
@@ -47,9 +47,6 @@ class RecordingMinter(TokenMinter):
     async def live(self):
         return []
 
-    async def registered(self, tokens):
-        return []
-
     async def retire(self, token_id: str) -> None:
         raise TokenMintError("the load suite registers no node, so no token is retired")
 
@@ -59,9 +56,9 @@ def main() -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--tokens", required=True, help="file the minted tokens are appended to")
     args = parser.parse_args()
-    return service.main(
-        ["--config", args.config], token_minter=RecordingMinter(args.tokens), disk_bindings=FakeApi().bindings()
-    )
+    # All the load suite's clients share 127.0.0.1: one client address may have as many challenges waiting as all.
+    issuance.MAX_PENDING_PER_CLIENT = issuance.MAX_PENDING
+    return service.main(["--config", args.config], token_minter=RecordingMinter(args.tokens), api=FakeApi())
 
 
 if __name__ == "__main__":

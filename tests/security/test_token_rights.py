@@ -20,10 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, kubelet_subject
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import (
-    KubectlTokenMinter,
-    generate_token,
-)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import ClusterApi
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import ApiTokenMinter, generate_token
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
     TOKEN_CERTIFICATE_BINDINGS,
     Kubeadm,
@@ -34,26 +32,7 @@ APPROVAL_WAIT = 5.0
 
 
 def _kubeconfig(cluster, name: str, user: dict):
-    path = cluster.root / f"{name}.conf"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [
-                    {
-                        "name": "k",
-                        "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")},
-                    }
-                ],
-                "users": [{"name": "u", "user": user}],
-                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-            }
-        )
-    )
-    path.chmod(0o600)
-    return path
+    return cluster.user_kubeconfig(cluster.root / f"{name}.conf", user)
 
 
 def _csr(name: str, node_name: str) -> bytes:
@@ -88,8 +67,15 @@ def _signed(cluster, names: list[str], wait: float) -> dict[str, bool]:
 def test_a_join_token_gets_no_node_certificate_approved(kube_control_plane, attack):
     cluster = kube_control_plane
     token = generate_token()
-    minter = KubectlTokenMinter(kubeconfig=str(cluster.admin_kubeconfig), binary=str(cluster.bin / "kubectl"))
-    asyncio.run(minter.mint(token, "worker-3"))
+
+    async def mint():
+        api = ClusterApi.from_kubeconfig(str(cluster.admin_kubeconfig))
+        try:
+            await ApiTokenMinter(api).mint(token, "worker-3")
+        finally:
+            api.close()
+
+    asyncio.run(mint())
     token_id = token.split(".", 1)[0]
     as_token = _kubeconfig(cluster, f"token-{token_id}", {"token": token})
     # The token works (kubeadm join's reads): the refusals below are about certificates, not a dead credential.

@@ -221,6 +221,15 @@ def kube_control_plane():
         control_plane.stop_control_plane(started)
 
 
+@pytest.fixture
+def nodes_deleted_after(kube_control_plane):
+    """For a test that creates Node objects on the shared API server: every Node is deleted after it. A Node without
+    a kubelet never runs a pod, so one left behind would hold a later DaemonSet not ready (helm --wait then waits for
+    it until its deadline)."""
+    yield
+    kube_control_plane.kubectl("delete", "nodes", "--all", "--wait=false")
+
+
 @pytest.fixture(scope="module", params=["helm-3.17.2", "helm-4.1.4"])
 def helm_binary(request) -> str:
     """Each real helm the collection supports."""

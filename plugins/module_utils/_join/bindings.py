@@ -3,25 +3,25 @@
 """Disk bindings in the cluster's API: the arbiter every control plane's join service asks before it binds a disk.
 
 One ConfigMap per disk, ``kube-system/confidential-kubernetes-disk-<uuid>`` (label ``confidential.kubernetes/disk-binding``),
-data ``disk_uuid``, ``ek``, ``node_name``, ``enrolment_id``, ``bound_at``. ``kubectl create`` succeeds for one caller
-only, so two services that bind the same disk at the same moment cannot both win. A disk held by another EK stays
+data ``disk_uuid``, ``ek``, ``node_name``, ``enrolment_id``, ``bound_at``. A create succeeds for one caller only
+(409 AlreadyExists for every other), so two services that bind the same disk at the same moment cannot both win. A disk held by another EK stays
 its own whatever the enrolment says: only an operator releases it (``remove_node.yml`` deletes the node's bindings).
 An EK's first disk is claimed first in a second object, ``kube-system/confidential-kubernetes-ek-<EK identity>`` (label
 ``confidential.kubernetes/ek-binding``), also created only if absent, so one TPM that starts several first joins at
 once (with other disk UUIDs, through one or several services) binds one disk. Either object made under an older
-enrolment of the same EK (the node was reset and enrolled afresh) is replaced with ``kubectl replace``, whose
-resourceVersion makes that a compare-and-swap. Nothing in them is secret: the disk key is derived from the UUID and
+enrolment of the same EK (the node was reset and enrolled afresh) is replaced with an update whose resourceVersion
+makes that a compare-and-swap (409 Conflict when it changed). Every service watches the bindings (``follow``) to keep
+its mirror current. Nothing in them is secret: the disk key is derived from the UUID and
 the master secret.
 """
 
 from __future__ import annotations
 
-import json
+from typing import Callable
 
-from .kubectl import Kubectl, KubectlError
+from .kubeapi import NAMESPACE, ApiStatusError, ApiUnavailable, ClusterApi
 from .registry import Binding, RegistryError, binding_of
 
-NAMESPACE = "kube-system"
 LABEL = "confidential.kubernetes/disk-binding"
 NAME_PREFIX = "confidential-kubernetes-disk-"
 EK_LABEL = "confidential.kubernetes/ek-binding"
@@ -40,17 +40,31 @@ def ek_object_name(ek: str) -> str:
     return EK_NAME_PREFIX + ek
 
 
-def manifest(binding: Binding, resource_version: str | None = None, name: str = "", label: str = LABEL) -> bytes:
+def manifest(binding: Binding, resource_version: str | None = None, name: str = "", label: str = LABEL) -> dict:
     metadata = {"name": name or object_name(binding.disk_uuid), "namespace": NAMESPACE, "labels": {label: "v1"}}
     if resource_version:
         metadata["resourceVersion"] = resource_version
-    return json.dumps(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": binding.to_document()}
-    ).encode()
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": binding.to_document()}
 
 
-class KubectlDiskBindings(Kubectl):
-    """Claims and lists disk bindings through kubectl (manifests on stdin). Tests replace ``_run_command``."""
+def disk_binding_of(configmap: dict) -> Binding | None:
+    """The disk binding a ConfigMap holds; None for an EK object or an unreadable one (only a valid binding grants a
+    disk)."""
+    name = str((configmap.get("metadata") or {}).get("name", ""))
+    if not name.startswith(NAME_PREFIX):
+        return None
+    try:
+        return binding_of(configmap.get("data"), f"ConfigMap {name}")
+    except RegistryError:
+        return None
+
+
+class ApiDiskBindings:
+    """Claims and watches disk bindings through the service's one API client."""
+
+    def __init__(self, api: ClusterApi):
+        self.api = api
+        self._watched = None
 
     async def claim(self, binding: Binding) -> Binding:
         """What holds after the claim: ``binding`` itself; the binding of the EK that holds the disk; or this EK's
@@ -68,10 +82,12 @@ class KubectlDiskBindings(Kubectl):
         """Create the object ``name`` for ``binding`` if absent; an object of this EK made under an older enrolment is
         replaced (compare-and-swap); otherwise the binding it holds."""
         try:
-            await self.kubectl(["create", "--filename=-"], manifest(binding, name=name, label=label))
+            await self.api.create("configmaps", manifest(binding, name=name, label=label))
             return binding
-        except KubectlError as exc:
-            if "AlreadyExists" not in exc.output and "already exists" not in exc.output:
+        except ApiUnavailable as exc:
+            raise BindingConflict(f"claiming disk {binding.disk_uuid} in the cluster's API failed ({exc})") from None
+        except ApiStatusError as exc:
+            if exc.status != 409:
                 raise BindingConflict(
                     f"claiming disk {binding.disk_uuid} in the cluster's API failed ({exc})"
                 ) from None
@@ -79,8 +95,8 @@ class KubectlDiskBindings(Kubectl):
         if existing.ek != binding.ek or existing.enrolment_id == binding.enrolment_id:
             return existing
         try:
-            await self.kubectl(["replace", "--filename=-"], manifest(binding, version, name, label))
-        except KubectlError as exc:
+            await self.api.replace("configmaps", name, manifest(binding, version, name, label))
+        except (ApiStatusError, ApiUnavailable) as exc:
             raise BindingConflict(
                 f"the binding of disk {binding.disk_uuid} changed while it was claimed ({exc})"
             ) from None
@@ -88,32 +104,17 @@ class KubectlDiskBindings(Kubectl):
 
     async def _get(self, name: str, disk_uuid: str) -> tuple[Binding, str]:
         try:
-            argv = ["get", "configmap", name, f"--namespace={NAMESPACE}", "--output=json"]
-            document = json.loads(await self.kubectl(argv))
+            document = await self.api.read("configmaps", name)
             return binding_of(document.get("data"), f"ConfigMap {name}"), document["metadata"]["resourceVersion"]
-        except KubectlError as exc:
+        except (ApiStatusError, ApiUnavailable) as exc:
             raise BindingConflict(f"reading the binding of disk {disk_uuid} failed ({exc})") from None
-        except (ValueError, KeyError, TypeError, RegistryError) as exc:
+        except (KeyError, TypeError, AttributeError, RegistryError) as exc:
             raise BindingConflict(f"the binding {name} in the cluster's API is unreadable: {exc}") from None
 
-    async def all_bindings(self) -> list[Binding]:
-        """Every binding in the cluster's API (unreadable objects are skipped: only a valid binding grants a disk)."""
-        try:
-            document = json.loads(
-                await self.kubectl(
-                    ["get", "configmaps", f"--namespace={NAMESPACE}", f"--selector={LABEL}", "--output=json"]
-                )
-            )
-        except KubectlError as exc:
-            raise BindingConflict(f"listing the disk bindings failed ({exc})") from None
-        except ValueError:
-            raise BindingConflict("kubectl listed the disk bindings in a form that is not JSON") from None
-        bindings = []
-        for item in document.get("items", []) if isinstance(document, dict) else []:
-            try:
-                if not str(item.get("metadata", {}).get("name", "")).startswith(NAME_PREFIX):
-                    continue
-                bindings.append(binding_of(item.get("data"), f"ConfigMap {item.get('metadata', {}).get('name')}"))
-            except (RegistryError, AttributeError):
-                continue
-        return bindings
+    def follow(self, on_change: Callable[[], None], on_failure: Callable[[str], None]) -> None:
+        """Start watching the bindings; ``on_change`` is called (from the watch's thread) after each sync and change."""
+        self._watched = self.api.watch("configmaps", disk_binding_of, on_change, on_failure, label_selector=LABEL)
+
+    def watched(self) -> list[Binding]:
+        """Every valid binding in the cluster's API, as far as the watch has seen."""
+        return list(self._watched.snapshot().values()) if self._watched is not None else []

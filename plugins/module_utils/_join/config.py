@@ -37,8 +37,6 @@ _FLOATS = (
     "nonce_burst",
     "ticket_rate",
     "ticket_burst",
-    "registration_check_interval",
-    "registry_sync_interval",
     "connection_idle_timeout",
     "handshake_timeout",
     "first_rpc_timeout",
@@ -67,7 +65,6 @@ class ServiceConfig:
     ek_ca_file: str | None = None
     pki_dir: str = DEFAULT_PKI_DIR
     admin_kubeconfig: str = ADMIN_CONF
-    kubectl_binary: str = "kubectl"
     verifier_id: str = DEFAULT_VERIFIER_ID
     nonce_ttl: float = 60.0
     policy_check_interval: float = POLICY_CHECK_INTERVAL
@@ -97,9 +94,6 @@ class ServiceConfig:
     # Processes for the CPU-bound steps of a join (verify, sign, seal): one per core beside the event loop's (which is busy
     # with gRPC and TLS when joins arrive faster than one core verifies them); 0 runs the steps in the event loop's thread.
     worker_processes: int = max(1, (os.cpu_count() or 1) - 1)
-    # Single-use tokens: how often the API is asked whether a node with a live token has registered.
-    registration_check_interval: float = 5.0
-    registry_sync_interval: float = 60.0
 
     @classmethod
     def from_document(cls, doc: object, source: str) -> "ServiceConfig":

@@ -32,7 +32,7 @@ from .._attestation.policy import MeasurementPolicy
 from .._attestation.verifier import VerificationError
 from .._crypto import derive
 from .._crypto.root_secrets import RootSecrets
-from .bindings import BindingConflict, KubectlDiskBindings
+from .bindings import ApiDiskBindings, BindingConflict
 from .credential import proof_matches
 from .crypto import CheckRequest, Checked, JoinCrypto, Refusal, SealRequest
 from .nonces import MacNonces
@@ -166,7 +166,7 @@ class TicketIssuer:
         token_minter: TokenMinter,
         nonces: MacNonces,
         registry: NodeRegistry,
-        disk_bindings: KubectlDiskBindings,
+        disk_bindings: ApiDiskBindings,
         api_server_endpoint: str,
         kubernetes_version: str,
         verifier_id: str,
@@ -181,7 +181,7 @@ class TicketIssuer:
         self.token_minter = token_minter
         self._nonces = nonces
         self.registry = registry
-        self._disk_bindings = disk_bindings
+        self.disk_bindings = disk_bindings
         self.api_server_endpoint = api_server_endpoint
         self.kubernetes_version = kubernetes_version
         self.verifier_id = verifier_id
@@ -201,7 +201,7 @@ class TicketIssuer:
         self._pending_lock = threading.Lock()
         # Tokens registered and not yet retired, by token ID (the service retires them once their node registered).
         self.live_tokens: dict[str, LiveToken] = {}
-        # At most this many kubectl processes at once; joins beyond wait their turn.
+        # At most this many registrations in flight at once (the API client's threads); joins beyond wait their turn.
         self._registrations = asyncio.Semaphore(max_registrations)
 
     @property
@@ -402,7 +402,7 @@ class TicketIssuer:
         if binding is None:
             return
         try:
-            holder = await self._disk_bindings.claim(binding)
+            holder = await self.disk_bindings.claim(binding)
         except BindingConflict as exc:
             raise Refusal("UNAVAILABLE", "disk-binding", str(exc)) from None
         if holder.ek != binding.ek:

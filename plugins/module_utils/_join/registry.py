@@ -8,7 +8,7 @@ what an EK is granted:
 * the **enrolment** (controller-owned, the file ``enrolment_file`` the joinservice role pushes to every control plane):
   EK -> node name, role, and the state disk's UUID where the controller saw one; re-read on change like the policy;
 * the **disk bindings** (service-owned): the first disk UUID an EK joins with. They are claimed in the cluster's API
-  (one ConfigMap per disk, created only if absent: ``bindings.KubectlDiskBindings``), so two control planes can never
+  (one ConfigMap per disk, created only if absent: ``bindings.ApiDiskBindings``), so two control planes can never
   bind one disk to two TPMs, and mirrored into ``bindings_file`` on every control plane, so that a rebooted node
   rejoins even while the API is down.
 

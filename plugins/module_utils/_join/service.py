@@ -14,6 +14,7 @@ import datetime
 import signal
 import threading
 import time
+from typing import Callable
 
 from . import joinservice_pb2 as pb2
 from . import joinservice_pb2_grpc as pb2_grpc
@@ -31,7 +32,7 @@ else:
 from .._attestation.verifier import VerificationError, load_ca_certificates
 from .._crypto import seal
 from .._kubeadm import scrub
-from .bindings import BindingConflict, KubectlDiskBindings
+from .bindings import ApiDiskBindings
 from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load_root_secrets, read_private_file
 from .issuance import Challenge, JoinRequest, Refusal, RejoinRequest, TicketIssuer
 from .gate import ConnectionGate
@@ -41,7 +42,8 @@ from .nonces import MacNonces
 from .pki import ClusterPki, PkiError
 from .protocol import REASON_METADATA, REJOIN
 from .registry import BindingMirror, EnrolmentWatcher, NodeRegistry
-from .tokens import TOKEN_TTL, KubectlTokenMinter, TokenMinter, TokenMintError
+from .kubeapi import ClusterApi
+from .tokens import TOKEN_TTL, ApiTokenMinter, TokenMinter, TokenMintError
 from .workers import WorkerPool
 
 SERVING = "SERVING"
@@ -57,6 +59,8 @@ MAX_CONNECTION_AGE_GRACE_MS = 60_000
 KEEPALIVE_TIME_MS = 60_000
 KEEPALIVE_TIMEOUT_MS = 20_000
 FLOOD_LOG_INTERVAL = 10.0
+# Without a change from the watch, live tokens are looked at this often (expiry, a retirement that failed).
+RETIRE_RECHECK = 5.0
 
 
 class Undecodable:
@@ -108,9 +112,10 @@ class JoinServicer:
 
     They run on the service's event loop, which only dispatches: the CPU-bound part of a request (verify, make the
     credential, sign, seal) runs in the worker processes (``workers.py``; in the loop's own thread with
-    ``worker_processes: 0``), and kubectl (token registration, disk bindings) is an awaited subprocess, so neither a slow
-    kubectl nor a burst of heavy requests stalls the loop that answers everyone else. All state (used nonces, pending
-    challenges, the control-plane slot, live tokens) stays in this one process: the workers compute, the loop decides.
+    ``worker_processes: 0``), and the API calls (token registration, disk bindings) are awaited on the one API client's
+    threads, so neither a slow API nor a burst of heavy requests stalls the loop that answers everyone else. All state
+    (used nonces, pending challenges, the control-plane slot, live tokens) stays in this one process: the workers
+    compute, the loop decides.
     """
 
     def __init__(
@@ -383,7 +388,8 @@ def grpc_server(config: ServiceConfig, servicer, tls_cert_pem: bytes, tls_key_pe
 
 class JoinService:
     """The gRPC server (grpc.aio on an event loop thread of its own) around a TicketIssuer, with a draining shutdown and
-    the background tasks that retire used tokens and mirror the cluster's disk bindings.
+    the background tasks that retire used tokens and mirror the cluster's disk bindings (both driven by the API's
+    watches).
 
     ``start``, ``shutdown`` and ``stop_now`` are called from ordinary threads (main(), tests, the benchmark).
     """
@@ -392,7 +398,6 @@ class JoinService:
         self,
         issuer: TicketIssuer,
         policy: PolicyWatcher,
-        disk_bindings: KubectlDiskBindings,
         tls_cert_pem: bytes,
         tls_key_pem: bytes,
         config: ServiceConfig,
@@ -408,7 +413,7 @@ class JoinService:
         self._log = log
         self._drain_delay = drain_delay
         self._policy = policy
-        self._disk_bindings = disk_bindings
+        self._disk_bindings = issuer.disk_bindings
         ek_ca_pem = b"".join(certificate.public_bytes(serialization.Encoding.PEM) for certificate in issuer.ek_cas)
         self.workers = WorkerPool(
             self.config.worker_processes,
@@ -498,27 +503,43 @@ class JoinService:
             asyncio.ensure_future(self._mirror_disk_bindings()),
         ]
 
+    def _wake(self, event: asyncio.Event) -> Callable[[], None]:
+        """A callback for a watch's thread that sets ``event`` on the service's loop."""
+
+        def wake() -> None:
+            try:
+                self._loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the service stopped
+                pass
+
+        return wake
+
+    def _log_failure(self, event: str, result: str) -> Callable[[str], None]:
+        return lambda message: self._log.warning(event, result=result, msg=message)
+
     async def _retire_used_tokens(self) -> None:
-        """Delete each bootstrap token once its node's kubelet has registered; forget those past their expiry."""
+        """Delete each bootstrap token once the watch sees its node's kubelet registered; forget those past expiry."""
         minter, live = self.issuer.token_minter, self.issuer.live_tokens
+        changed = asyncio.Event()
+        minter.follow(self._wake(changed), self._log_failure("token", "unchecked"))
         try:
             for token in await minter.live():
                 live.setdefault(token.token_id, token)
         except TokenMintError as exc:
             self._log.warning("token", result="not-adopted", msg=str(exc))
         while True:
-            await asyncio.sleep(self.config.registration_check_interval)
+            # A change the watch saw, or time to drop expired tokens and try a failed retirement again.
+            try:
+                await asyncio.wait_for(changed.wait(), RETIRE_RECHECK)
+            except asyncio.TimeoutError:
+                pass
+            changed.clear()
             expired = datetime.datetime.now(datetime.timezone.utc) - TOKEN_TTL
             for token_id in [t.token_id for t in live.values() if t.issued < expired]:
                 del live[token_id]
             if not live:
                 continue
-            try:
-                registered = await minter.registered(list(live.values()))
-            except TokenMintError as exc:
-                self._log.warning("token", result="unchecked", msg=str(exc))
-                continue
-            for token_id in registered:
+            for token_id in minter.registered(list(live.values())):
                 try:
                     await minter.retire(token_id)
                 except TokenMintError as exc:
@@ -534,21 +555,29 @@ class JoinService:
                 )
 
     async def _mirror_disk_bindings(self) -> None:
-        """Copy the cluster's disk bindings into this control plane's bindings file, at start and then periodically."""
-        failing = False
+        """Copy the cluster's disk bindings into this control plane's bindings file, at start and on every change the
+        watch sees."""
+        changed = asyncio.Event()
+        failing = [False]
+
+        def failed(message: str) -> None:
+            failing[0] = True
+            self._log.warning("bindings-sync", result="failed", msg=message)
+
+        self._disk_bindings.follow(self._wake(changed), failed)
         while True:
+            await changed.wait()
+            changed.clear()
+            bindings = self._disk_bindings.watched()
             try:
-                bindings = await self._disk_bindings.all_bindings()
-                changed = self.issuer.registry.mirror.replace(bindings)
-            except (BindingConflict, OSError) as exc:
-                if not failing:
-                    self._log.warning("bindings-sync", result="failed", msg=str(exc))
-                failing = True
-            else:
-                if changed or failing:
-                    self._log.info("bindings-sync", result="mirrored", bindings=len(bindings))
-                failing = False
-            await asyncio.sleep(self.config.registry_sync_interval)
+                mirrored = self.issuer.registry.mirror.replace(bindings)
+            except OSError as exc:
+                self._log.warning("bindings-sync", result="failed", msg=f"cannot write the bindings mirror: {exc}")
+                failing[0] = True
+                continue
+            if mirrored or failing[0]:
+                self._log.info("bindings-sync", result="mirrored", bindings=len(bindings))
+            failing[0] = False
 
     def shutdown(self, grace: float) -> None:
         """Health says NOT_SERVING and new RPCs are refused; joins in flight get ``grace`` seconds to finish."""
@@ -578,6 +607,7 @@ class JoinService:
             self._thread.join()
         self._loop.close()
         self.workers.join()
+        self._disk_bindings.api.close()
 
 
 async def _cancel_remaining_tasks() -> None:
@@ -612,9 +642,12 @@ def build_issuer(
     log: StructuredLog,
     token_minter: TokenMinter | None = None,
     nonces: MacNonces | None = None,
-    disk_bindings: KubectlDiskBindings | None = None,
     policy: PolicyWatcher | None = None,
+    api: ClusterApi | None = None,
 ) -> TicketIssuer:
+    """The issuer, its files checked first; its one API client is ``api`` or made from ``config.admin_kubeconfig``
+    (``issuer.disk_bindings.api``, which the caller closes). ``token_minter`` replaces the API for tokens (the load
+    suite records them instead)."""
     if seal.CRYPTOGRAPHY_IMPORT_ERROR is not None:
         raise ConfigError(f"cryptography >= 47 is required for the join service: {seal.CRYPTOGRAPHY_IMPORT_ERROR}")
     secrets = load_root_secrets(config.secrets_file)
@@ -628,17 +661,20 @@ def build_issuer(
     registry = NodeRegistry(
         enrolment, BindingMirror(config.bindings_file), ek_cas, config.pool_name_prefix if config.pool_workers else None
     )
-    minter = token_minter or KubectlTokenMinter(config.admin_kubeconfig, config.kubectl_binary)
-    bindings = disk_bindings or KubectlDiskBindings(config.admin_kubeconfig, config.kubectl_binary)
+    if api is None:
+        try:
+            api = ClusterApi.from_kubeconfig(config.admin_kubeconfig, pool_size=config.max_registrations)
+        except RuntimeError as exc:
+            raise ConfigError(str(exc)) from None
     return TicketIssuer(
         secrets,
         pki,
         policy.current,
         ek_cas,
-        minter,
+        token_minter or ApiTokenMinter(api),
         nonces or MacNonces(ttl=config.nonce_ttl),
         registry,
-        bindings,
+        ApiDiskBindings(api),
         config.api_server_endpoint,
         config.kubernetes_version,
         config.verifier_id,
@@ -652,33 +688,33 @@ def build_service(
     token_minter: TokenMinter | None = None,
     nonces: MacNonces | None = None,
     drain_delay: float = DRAIN_DELAY,
-    disk_bindings: KubectlDiskBindings | None = None,
+    api: ClusterApi | None = None,
 ) -> JoinService:
+    """The service around ``build_issuer``'s issuer; stopping it closes the API client."""
     policy = PolicyWatcher(config.policy_file, log, interval=config.policy_check_interval)
-    bindings = disk_bindings or KubectlDiskBindings(config.admin_kubeconfig, config.kubectl_binary)
-    issuer = build_issuer(config, log, token_minter, nonces, bindings, policy)
+    issuer = build_issuer(config, log, token_minter, nonces, policy, api)
     try:
-        with open(config.tls_cert, "rb") as handle:
-            cert_pem = handle.read()
-    except OSError as exc:
-        raise ConfigError(f"cannot read TLS certificate {config.tls_cert}: {exc.strerror}") from None
-    key_pem = read_private_file(config.tls_key, "TLS key")
-    return JoinService(issuer, policy, bindings, cert_pem, key_pem, config, log, drain_delay)
+        try:
+            with open(config.tls_cert, "rb") as handle:
+                cert_pem = handle.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read TLS certificate {config.tls_cert}: {exc.strerror}") from None
+        key_pem = read_private_file(config.tls_key, "TLS key")
+        return JoinService(issuer, policy, cert_pem, key_pem, config, log, drain_delay)
+    except BaseException:
+        issuer.disk_bindings.api.close()
+        raise
 
 
-def main(
-    argv: list[str] | None = None,
-    token_minter: TokenMinter | None = None,
-    disk_bindings: KubectlDiskBindings | None = None,
-) -> int:
-    """The daemon; ``token_minter`` and ``disk_bindings`` replace kubectl (the load suite records tokens instead)."""
+def main(argv: list[str] | None = None, token_minter: TokenMinter | None = None, api: ClusterApi | None = None) -> int:
+    """The daemon; ``token_minter`` and ``api`` replace the cluster's API (the load suite records tokens instead)."""
     parser = argparse.ArgumentParser(prog="joinservice", description="confidential.kubernetes join service")
     parser.add_argument("--config", required=True, help="service configuration file (YAML or JSON)")
     args = parser.parse_args(argv)
     log = StructuredLog()
     try:
         config = load_config(args.config)
-        service = build_service(config, log, token_minter, disk_bindings=disk_bindings).start()
+        service = build_service(config, log, token_minter, api=api).start()
     except ConfigError as exc:
         log.error("start", result="failed", msg=str(exc))
         return 2

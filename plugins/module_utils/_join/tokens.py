@@ -4,15 +4,15 @@
 
 A token is registered exactly as ``kubeadm token create`` registers it - the Secret
 ``kube-system/bootstrap-token-<id>`` of type ``bootstrap.kubernetes.io/token`` - but
-through ``kubectl create --filename=-`` with the manifest on stdin, because
-``kubeadm token create`` takes the token only as a positional argument, which puts
-it in /proc/<pid>/cmdline for every local user to read. The token travels only in
-the pipe to kubectl; it is never logged, and no exception raised here carries it.
+through the service's one API client (``kubeapi.ClusterApi``), because ``kubeadm token
+create`` takes the token only as a positional argument, which puts it in
+/proc/<pid>/cmdline for every local user to read. The token travels only in the request
+body to the API server; it is never logged, and no exception raised here carries it.
 
 A token serves one join: once its node's kubelet has registered - a Node of the granted name created after the token, a
 Node of that name that existed already whose Ready condition was reported after the token (the kubelet's status at
 start), or a certificate signing request made with the token (user ``system:bootstrap:<id>``) approved - the service deletes
-the Secret (``retire``), through the same kubectl seam. Its 15-minute expiry is the backstop.
+the Secret (``retire``). Nodes and CSRs are watched (``follow``), not polled. Its 15-minute expiry is the backstop.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
-import json
+import hmac
 import re
 import secrets
 from dataclasses import dataclass
 from typing import Callable
 
-from .kubectl import KUBECTL_TIMEOUT, Kubectl, KubectlError
-from .._kubeadm import ADMIN_CONF
+from .kubeapi import ApiStatusError, ApiUnavailable, ClusterApi
 
 TOKEN_TTL = datetime.timedelta(minutes=15)
 TOKEN_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -36,19 +35,13 @@ TOKEN_ID = re.compile(r"[a-z0-9]{6}")
 # kubeadm's default group for join tokens: the RBAC kubeadm init made lets it post CSRs and read the join ConfigMaps.
 TOKEN_GROUPS = "system:bootstrappers:kubeadm:default-node-token"
 DESCRIPTION_PREFIX = "confidential.kubernetes join of "
-MINT_TIMEOUT = KUBECTL_TIMEOUT
 # A Node older than its token (by more than the clocks of two control planes may differ) is from an earlier membership.
 CLOCK_SKEW = datetime.timedelta(minutes=2)
-_NODES = (
-    '{range .items[*]}{.metadata.name}{"\\t"}{.metadata.creationTimestamp}{"\\t"}'
-    '{.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}{"\\n"}{end}'
-)
-_CSRS = '{range .items[*]}{.spec.username}{"\\t"}{.status.conditions[*].type}{"\\n"}{end}'
-_SECRETS = '{range .items[*]}{.metadata.name}{"\\t"}{.data.description}{"\\t"}{.metadata.creationTimestamp}{"\\n"}{end}'
+TOKEN_TYPE = "bootstrap.kubernetes.io/token"
 
 
 class TokenMintError(RuntimeError):
-    """A bootstrap token could not be registered or retired; the message carries kubectl's words with secrets masked."""
+    """A bootstrap token could not be registered or retired; the message has the API's words, secrets masked."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +89,7 @@ def bootstrap_token_secret(token: str, node_name: str, expires: datetime.datetim
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": f"bootstrap-token-{token_id}", "namespace": "kube-system"},
-        "type": "bootstrap.kubernetes.io/token",
+        "type": TOKEN_TYPE,
         "stringData": {
             "description": token_description(node_name),
             "token-id": token_id,
@@ -110,9 +103,10 @@ def bootstrap_token_secret(token: str, node_name: str, expires: datetime.datetim
 
 
 class TokenMinter:
-    """Interface: register a bootstrap token the service generated (TTL 15 min) for one node's join, and retire it.
+    """Interface: register a bootstrap token the service generated (TTL 15 min) for one node's join, and retire it once
+    its node's kubelet registered.
 
-    Coroutines: the service awaits them on its event loop, so a slow kubectl never holds up other joins.
+    Coroutines: the service awaits them on its event loop, so a slow API never holds up other joins.
     """
 
     async def mint(self, token: str, node_name: str) -> None:
@@ -122,94 +116,122 @@ class TokenMinter:
         """The tokens this service family registered that are still in the cluster (adopted at start)."""
         raise NotImplementedError
 
-    async def registered(self, tokens: list[LiveToken]) -> list[str]:
-        """IDs of the tokens whose node's kubelet has registered."""
-        raise NotImplementedError
+    def follow(self, on_change: Callable[[], None], on_failure: Callable[[str], None]) -> None:
+        """Start watching for kubelets that register; ``on_change`` is called (from any thread) when one may have."""
+
+    def registered(self, tokens: list[LiveToken]) -> list[str]:
+        """IDs of the tokens whose node's kubelet has registered, as far as the watch has seen."""
+        return []
 
     async def retire(self, token_id: str) -> None:
         raise NotImplementedError
 
 
-class KubectlTokenMinter(Kubectl, TokenMinter):
-    """Registers and retires tokens with kubectl (manifest on stdin; the token never on argv). Tests replace ``_run_command``."""
+def registered_tokens(
+    tokens: list[LiveToken],
+    nodes: dict[str, tuple[datetime.datetime | None, datetime.datetime | None]],
+    approved: set[str],
+) -> list[str]:
+    """IDs of ``tokens`` whose node registered: ``nodes`` maps a Node's name to (created, Ready heartbeat), ``approved``
+    holds the users of approved CSRs."""
+    done = []
+    for token in tokens:
+        node_created, node_beat = nodes.get(token.node_name, (None, None))
+        if (
+            f"system:bootstrap:{token.token_id}" in approved
+            or (node_created is not None and node_created >= token.issued - CLOCK_SKEW)
+            # A Node that existed already (an earlier membership of the name): its kubelet reported after the token.
+            or (node_beat is not None and node_beat >= token.issued.replace(microsecond=0))
+        ):
+            done.append(token.token_id)
+    return done
+
+
+def node_summary(node: dict) -> tuple[datetime.datetime | None, datetime.datetime | None]:
+    """What retirement needs of a Node: when it was created, when its kubelet last reported Ready's condition."""
+    conditions = node.get("status", {}).get("conditions") or []
+    beat = next((c.get("lastHeartbeatTime") or "" for c in conditions if c.get("type") == "Ready"), "")
+    return _timestamp(node["metadata"].get("creationTimestamp") or ""), _timestamp(beat)
+
+
+def approved_csr_user(csr: dict) -> str | None:
+    """The user who made an approved CSR (None: not approved, not kept)."""
+    if any(c.get("type") == "Approved" for c in csr.get("status", {}).get("conditions") or []):
+        return csr.get("spec", {}).get("username") or None
+    return None
+
+
+class ApiTokenMinter(TokenMinter):
+    """Registers and retires tokens through the service's one API client (the token in the request body only)."""
 
     def __init__(
         self,
-        kubeconfig: str = ADMIN_CONF,
-        binary: str = "kubectl",
+        api: ClusterApi,
         ttl: datetime.timedelta = TOKEN_TTL,
-        timeout: float = MINT_TIMEOUT,
         now: Callable[[], datetime.datetime] = _utcnow,
     ):
-        super().__init__(kubeconfig, binary, timeout)
+        self.api = api
         self.ttl = ttl
         self._now = now
+        self._nodes = None
+        self._csrs = None
 
-    def manifest(self, token: str, node_name: str) -> bytes:
-        return json.dumps(bootstrap_token_secret(token, node_name, self._now() + self.ttl)).encode()
+    def secret(self, token: str, node_name: str) -> dict:
+        return bootstrap_token_secret(token, node_name, self._now() + self.ttl)
 
     async def mint(self, token: str, node_name: str) -> None:
-        masks = ((token, "<token>"), (token.split(".")[1], "<token-secret>"))
+        token_id, token_secret = token.split(".")
+        masks = ((token, "<token>"), (token_secret, "<token-secret>"))
         try:
-            await self.kubectl(["create", "--filename=-"], self.manifest(token, node_name), masks)
-        except KubectlError as exc:
-            raise TokenMintError(f"registering the bootstrap token for node {node_name} failed ({exc})") from None
+            try:
+                await self.api.create("secrets", self.secret(token, node_name))
+            except ApiStatusError as exc:
+                # A create retried after a lost answer meets its own first attempt: ours if it holds this secret.
+                if exc.status != 409 or not await self._holds(token_id, token_secret):
+                    raise
+        except (ApiStatusError, ApiUnavailable) as exc:
+            words = str(exc)
+            for secret, placeholder in masks:
+                words = words.replace(secret, placeholder)
+            raise TokenMintError(f"registering the bootstrap token for node {node_name} failed ({words})") from None
+
+    async def _holds(self, token_id: str, token_secret: str) -> bool:
+        stored = (await self.api.read("secrets", f"bootstrap-token-{token_id}")).get("data") or {}
+        try:
+            held = base64.b64decode(stored.get("token-secret", ""), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return hmac.compare_digest(held, token_secret.encode())
 
     async def retire(self, token_id: str) -> None:
         try:
-            await self.kubectl(
-                ["delete", "secret", f"bootstrap-token-{token_id}", "--namespace=kube-system", "--ignore-not-found"]
-            )
-        except KubectlError as exc:
+            await self.api.delete("secrets", f"bootstrap-token-{token_id}")
+        except (ApiStatusError, ApiUnavailable) as exc:
             raise TokenMintError(f"deleting the bootstrap token {token_id} failed ({exc})") from None
 
     async def live(self) -> list[LiveToken]:
         try:
-            listing = await self.kubectl(
-                [
-                    "get",
-                    "secrets",
-                    "--namespace=kube-system",
-                    "--field-selector=type=bootstrap.kubernetes.io/token",
-                    f"--output=jsonpath={_SECRETS}",
-                ]
-            )
-        except KubectlError as exc:
+            secrets_listed = await self.api.list("secrets", field_selector=f"type={TOKEN_TYPE}")
+        except (ApiStatusError, ApiUnavailable) as exc:
             raise TokenMintError(f"listing the bootstrap tokens failed ({exc})") from None
         tokens = []
-        for line in listing.splitlines():
-            name, encoded, created = (line.split("\t") + ["", ""])[:3]
+        for item in secrets_listed:
+            metadata = item.get("metadata") or {}
             try:
-                description = base64.b64decode(encoded, validate=True).decode()
+                description = base64.b64decode((item.get("data") or {}).get("description", ""), validate=True).decode()
             except (binascii.Error, ValueError):
                 continue
-            token_id = name.removeprefix("bootstrap-token-")
-            issued = _timestamp(created)
+            token_id = str(metadata.get("name", "")).removeprefix("bootstrap-token-")
+            issued = _timestamp(metadata.get("creationTimestamp") or "")
             if description.startswith(DESCRIPTION_PREFIX) and TOKEN_ID.fullmatch(token_id) and issued is not None:
                 tokens.append(LiveToken(token_id, description[len(DESCRIPTION_PREFIX) :], issued))
         return tokens
 
-    async def registered(self, tokens: list[LiveToken]) -> list[str]:
-        try:
-            nodes = await self.kubectl(["get", "nodes", f"--output=jsonpath={_NODES}"])
-            csrs = await self.kubectl(["get", "certificatesigningrequests", f"--output=jsonpath={_CSRS}"])
-        except KubectlError as exc:
-            raise TokenMintError(f"looking for registered nodes failed ({exc})") from None
-        created, heartbeat = {}, {}
-        for line in nodes.splitlines():
-            name, timestamp, beat = (line.split("\t") + ["", ""])[:3]
-            created[name], heartbeat[name] = _timestamp(timestamp), _timestamp(beat)
-        approved = {
-            line.partition("\t")[0] for line in csrs.splitlines() if "Approved" in line.partition("\t")[2].split()
-        }
-        done = []
-        for token in tokens:
-            node_created, node_beat = created.get(token.node_name), heartbeat.get(token.node_name)
-            if (
-                f"system:bootstrap:{token.token_id}" in approved
-                or (node_created is not None and node_created >= token.issued - CLOCK_SKEW)
-                # A Node that existed already (an earlier membership of the name): its kubelet reported after the token.
-                or (node_beat is not None and node_beat >= token.issued.replace(microsecond=0))
-            ):
-                done.append(token.token_id)
-        return done
+    def follow(self, on_change: Callable[[], None], on_failure: Callable[[str], None]) -> None:
+        self._nodes = self.api.watch("nodes", node_summary, on_change, on_failure)
+        self._csrs = self.api.watch("certificatesigningrequests", approved_csr_user, on_change, on_failure)
+
+    def registered(self, tokens: list[LiveToken]) -> list[str]:
+        if self._nodes is None or self._csrs is None:
+            return []
+        return registered_tokens(tokens, self._nodes.snapshot(), set(self._csrs.snapshot().values()))

@@ -23,6 +23,13 @@ MODULE_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 SYSCTL_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 # A Debian package name (Debian policy 5.6.7).
 PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+# Where systemd-sysctl reads its files at boot, in its order of precedence for files of the same name; across
+# directories the files apply in the order of their names, so the last name sets a key.
+SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
+# zram swap comes back at boot from systemd's zram-generator (masked in /etc) or from a service that sets it up.
+ZRAM_GENERATOR = "zram-generator"
+GENERATOR_DIRS = ("/usr/lib/systemd/system-generators", "/lib/systemd/system-generators")
+ZRAM_SERVICES = ("zramswap.service", "zram-config.service")
 IMPORT_PROGRAM = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
 _CHUNK = 1 << 20
 
@@ -37,7 +44,10 @@ class HostPreparation:
     modules_load_file: str = "/etc/modules-load.d/kubernetes.conf"
     # (key, value) in the order they are written.
     sysctls: tuple[tuple[str, str], ...] = ()
-    sysctl_file: str = "/etc/sysctl.d/99-kubernetes.conf"
+    sysctl_file: str = "/etc/sysctl.d/zz-confidential-kubernetes.conf"
+    # Files of earlier versions that held the same sysctls: removed, so that they set nothing behind sysctl_file's back.
+    sysctl_files_replaced: tuple[str, ...] = ()
+    sysctl_dirs: tuple[str, ...] = SYSCTL_DIRS
 
     def problems(self) -> list[str]:
         """Every malformed name or value, so that bad input fails before anything changes."""
@@ -99,6 +109,39 @@ def _same_file(archive: tarfile.TarFile, member: tarfile.TarInfo, target: str) -
     return True
 
 
+def _sysctl_name(key: str) -> str:
+    """A key in its dotted form, as sysctl.d(5) reads one whose first separator is a slash (dots and slashes swap)."""
+    first = min((i for i in (key.find("."), key.find("/")) if i >= 0), default=-1)
+    if first >= 0 and key[first] == "/":
+        return key.translate(str.maketrans("./", "/."))
+    return key
+
+
+def sysctl_settings(directories: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """What the boot's systemd-sysctl sets: each key's (file, value) from the last file that sets it.
+
+    Files apply in the order of their names; of files with the same name only the one in the first directory counts.
+    """
+    files: dict[str, str] = {}
+    for directory in directories:
+        for path in sorted(glob.glob(os.path.join(directory, "*.conf"))):
+            files.setdefault(os.path.basename(path), path)
+    settings: dict[str, tuple[str, str]] = {}
+    for name in sorted(files):
+        try:
+            with open(files[name], encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            line = line.strip()
+            if not line or line[0] in "#;" or "=" not in line:
+                continue
+            key, value = (part.strip() for part in line.split("=", 1))
+            settings[_sysctl_name(key.lstrip("-"))] = (files[name], value)
+    return settings
+
+
 def _read(path: str) -> tuple[str | None, int | None]:
     """A file's text (bytes kept as they are) and mode; (None, None) when it does not exist."""
     try:
@@ -115,9 +158,14 @@ def _shown(text: str | None) -> str:
 class NodeState:
     """One node's state; ``prepare`` changes the host preparation, everything else only reads."""
 
-    def __init__(self, check_mode: bool = False, proc: str = "/proc"):
+    def __init__(self, check_mode: bool = False, proc: str = "/proc", root: str = "/"):
         self.check_mode = check_mode
         self.proc = proc
+        # Where systemd's own directories are looked up (a test's tree).
+        self.root = root
+
+    def _path(self, absolute: str) -> str:
+        return os.path.join(self.root, absolute.lstrip("/"))
 
     def _run_command(self, argv: list[str]) -> tuple[int, str, str]:
         """The one place a command runs (argument lists only): return code, stdout, stderr; 127 when it is missing."""
@@ -261,13 +309,58 @@ class NodeState:
             if not self.check_mode:
                 self._must_run(["swapoff", "--all"])
         before, mode = _read(fstab)
-        if before is None:
+        if before is not None:
+            lines = before.splitlines(keepends=True)
+            after = "".join("# " + line if FSTAB_SWAP.match(line) else line for line in lines)
+            if after != before:
+                count = sum(1 for line in lines if FSTAB_SWAP.match(line))
+                self._write(fstab, before, after, mode, outcome, f"comment out {count} swap line(s) in {fstab}")
+        self._mask_swap_units(outcome)
+        self._mask_zram_generator(outcome)
+
+    def swap_units(self) -> list[str]:
+        """The swap units systemd knows (fstab's, a generator's, a unit file's) and the zram services it has, that are
+        neither masked nor missing: any of them would turn swap on again at the next boot. None where systemd cannot
+        say (no systemctl, or a system not booted with systemd, such as an image build's chroot)."""
+        code, out, dummy = self._run_command(
+            ["systemctl", "list-units", "--type=swap", "--all", "--plain", "--no-legend", "--full"]
+        )
+        if code != 0:
+            return []
+        # UNIT LOAD ACTIVE SUB DESCRIPTION, a failed unit's line after a bullet.
+        rows = ([field for field in line.split() if field not in ("●", "*")] for line in out.splitlines())
+        units = [fields[0] for fields in rows if len(fields) >= 2 and fields[1] not in ("masked", "not-found")]
+        code, out, dummy = self._run_command(["systemctl", "show", "--property=Id,LoadState", "--", *ZRAM_SERVICES])
+        if code == 0:
+            for block in out.strip().split("\n\n"):
+                properties = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+                if properties.get("LoadState") not in (None, "not-found", "masked"):
+                    units.append(properties["Id"])
+        return units
+
+    def _mask_swap_units(self, outcome: Outcome) -> None:
+        units = self.swap_units()
+        if not units:
             return
-        lines = before.splitlines(keepends=True)
-        after = "".join("# " + line if FSTAB_SWAP.match(line) else line for line in lines)
-        if after != before:
-            count = sum(1 for line in lines if FSTAB_SWAP.match(line))
-            self._write(fstab, before, after, mode, outcome, f"comment out {count} swap line(s) in {fstab}")
+        outcome.changes.append(f"systemctl mask {' '.join(units)}")
+        if not self.check_mode:
+            self._must_run(["systemctl", "mask", "--", *units])
+
+    def _mask_zram_generator(self, outcome: Outcome) -> None:
+        """systemd's zram-generator makes a zram swap device at every boot from its configuration: masked by a link to
+        /dev/null of its name in /etc/systemd/system-generators, as systemd masks a generator."""
+        if not any(os.path.exists(self._path(os.path.join(d, ZRAM_GENERATOR))) for d in GENERATOR_DIRS):
+            return
+        mask = self._path(os.path.join("/etc/systemd/system-generators", ZRAM_GENERATOR))
+        if os.path.islink(mask) and os.readlink(mask) == os.devnull:
+            return
+        outcome.changes.append(f"mask the zram generator ({mask} -> {os.devnull})")
+        if self.check_mode:
+            return
+        os.makedirs(os.path.dirname(mask), mode=0o755, exist_ok=True)
+        if os.path.lexists(mask):
+            os.unlink(mask)
+        os.symlink(os.devnull, mask)
 
     def _kernel_modules(self, preparation: HostPreparation, outcome: Outcome) -> None:
         self._ensure_file(
@@ -285,6 +378,43 @@ class NodeState:
         self._ensure_file(
             preparation.sysctl_file, "".join(f"{key} = {value}\n" for key, value in preparation.sysctls), outcome
         )
+        for replaced in preparation.sysctl_files_replaced:
+            if replaced != preparation.sysctl_file and os.path.lexists(replaced):
+                outcome.changes.append(f"remove {replaced}")
+                if not self.check_mode:
+                    os.unlink(replaced)
+        self._set_sysctls(preparation, outcome)
+        if not self.check_mode:
+            self._check_sysctls(preparation)
+
+    def _check_sysctls(self, preparation: HostPreparation) -> None:
+        """Each sysctl as the kernel has it now, and as the boot will set it: a value another file sets after ours,
+        or one the kernel did not take, fails naming the key, the value and where it is set."""
+        settings = sysctl_settings(preparation.sysctl_dirs)
+        problems = []
+        for key, value in preparation.sysctls:
+            source, set_value = settings.get(_sysctl_name(key), (None, None))
+            if source is not None and source != preparation.sysctl_file and set_value.split() != value.split():
+                problems.append(
+                    f"{key} = {set_value} in {source}, which the boot applies after {preparation.sysctl_file}"
+                )
+                continue
+            current = self.sysctl(key)
+            if current is not None and current.split() != value.split():
+                where = (
+                    f"set in {source}"
+                    if source and source != preparation.sysctl_file
+                    else "the kernel did not keep it, or something set it at run time: no other sysctl.d file sets it"
+                )
+                problems.append(f"{key} is {current} in {self._sysctl_path(key)}, not {value} ({where})")
+        if problems:
+            raise NodeStateError(
+                "sysctls that do not take the value kubeadm's preflight needs: "
+                + "; ".join(problems)
+                + ". Remove or change those settings (or set node_stack_sysctls to what they need)"
+            )
+
+    def _set_sysctls(self, preparation: HostPreparation, outcome: Outcome) -> None:
         for key, value in preparation.sysctls:
             current = self.sysctl(key)
             if current is not None and current.split() == value.split():

@@ -14,6 +14,14 @@ line per step on stderr (journald), never a secret. Exit 0 when the node is a
 member, 1 when it could not join (the last line says why), 2 when the
 configuration is unusable.
 
+The status file also says when the state disk is open: ``joining`` once a fresh node's
+ticket opened (and mounted) it, ``member`` once a rebooted node's rejoin did. Until then
+``--wait`` waits, the ExecStart of ``confidential-state-disk.service``, which containerd
+and the kubelet are ordered after (``After=``, ``Requires=``): they start on the node's
+cluster state, never on the empty directories beneath its mount. The join unit itself is
+ordered after nothing of theirs, so kubeadm join may restart the kubelet; before it runs,
+a fresh node starts containerd (ordered after the disk) for kubeadm's preflight.
+
 A rebooted member that reaches no join service (every control plane rebooted too)
 waits for keys: it writes ``{"state": "waiting-for-keys", ...}`` to its status file
 (``/run/confidential-kubernetes/boot-status.json``), where ``recover.yml`` finds it,
@@ -28,8 +36,10 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from .._attestation.issuer import TpmError
 from .._disk import StateDiskError
@@ -56,6 +66,12 @@ JOINING = "joining"
 READY_STATES = (MEMBER, JOINING)
 # While waiting, one log line per this many seconds (the status file has the rest).
 WAIT_LOG_SECONDS = 60.0
+# The container runtime kubeadm join's preflight needs, started by the join once the state disk is open.
+RUNTIME_UNIT = "containerd.service"
+# systemctl's exit status for a unit that does not exist (a node without containerd, such as the lab's).
+SYSTEMCTL_NO_SUCH_UNIT = 5
+# How often --wait reads the status file.
+WAIT_POLL_SECONDS = 1.0
 MAX_CONFIG_BYTES = 256 * 1024
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -233,12 +249,23 @@ def _rejoin_or_wait(config: BootConfig, log: StructuredLog, joining: NodeJoin, f
             return None
 
 
+def start_unit(name: str) -> None:
+    """Start a systemd unit and wait until it runs; a unit the node does not have is left alone."""
+    completed = subprocess.run(["systemctl", "start", "--", name], capture_output=True, check=False, timeout=900)
+    if completed.returncode not in (0, SYSTEMCTL_NO_SUCH_UNIT):
+        raise OSError(
+            f"systemctl start {name} failed (exit {completed.returncode}): "
+            f"{completed.stderr.decode(errors='replace').strip()}"
+        )
+
+
 def run(
     config: BootConfig,
     log: StructuredLog,
     joining: NodeJoin | None = None,
     kubeadm: Kubeadm | None = None,
     sleep=time.sleep,
+    start: Callable[[str], None] = start_unit,
 ) -> str:
     """Take the node to member; returns the state it started in. Raises the failure of the step that failed."""
     joining = joining or NodeJoin(config.settings)
@@ -278,7 +305,6 @@ def run(
             )
         write_status(config.status_file, MEMBER)
         return state
-    write_status(config.status_file, JOINING)
     if state == FRESH:
         result = joining.join()
         fields["node_name"] = result["node_name"]
@@ -291,6 +317,10 @@ def run(
             duration_ms=_elapsed_ms(started),
             **fields,
         )
+    # The state disk is open (and mounted): containerd and the kubelet, ordered after it, may start now, and kubeadm
+    # join (which restarts the kubelet) may run. Its preflight needs the container runtime running.
+    write_status(config.status_file, JOINING)
+    start(RUNTIME_UNIT)
     record = joining.record()
     kubeadm = kubeadm or Kubeadm(config.kubeadm["binary_path"], joining.root)
     joined = join_with_token_file(
@@ -324,14 +354,33 @@ def _elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
+def _status(status_file: str) -> str | None:
+    try:
+        with open(status_file, encoding="utf-8") as handle:
+            return json.load(handle).get("state")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def wait(status_file: str, sleep=time.sleep, stream=None) -> int:
+    """The ExecStart of confidential-state-disk.service: returns 0 once the boot-time join has opened the state disk
+    (the node is a member, or its kubeadm join is under way); until then waits, saying once why."""
+    said = False
+    while (state := _status(status_file)) not in READY_STATES:
+        if not said:
+            (stream or sys.stderr).write(
+                "confidential-join: waiting for the boot-time join to open the state disk "
+                f"({state or 'no status yet'}; journalctl -u confidential-join.service)\n"
+            )
+            said = True
+        sleep(WAIT_POLL_SECONDS)
+    return 0
+
+
 def gate(status_file: str, stream=None) -> int:
     """Exit status for a unit's ExecStartPre: 0 once the boot-time join made the node a member (or runs kubeadm
     join)."""
-    try:
-        with open(status_file, encoding="utf-8") as handle:
-            state = json.load(handle).get("state")
-    except (OSError, ValueError, AttributeError):
-        state = None
+    state = _status(status_file)
     if state in READY_STATES:
         return 0
     (stream or sys.stderr).write(
@@ -356,9 +405,17 @@ def main(argv: list[str] | None = None) -> int:
         help="only check the status file: exit 0 when the node is a member "
         "(the ExecStartPre of the kubelet and the join service)",
     )
+    parser.add_argument(
+        "--wait",
+        metavar="STATUS_FILE",
+        help="only wait until the status file says the state disk is open "
+        "(the ExecStart of confidential-state-disk.service, which containerd and the kubelet are ordered after)",
+    )
     args = parser.parse_args(argv)
     if args.gate:
         return gate(args.gate)
+    if args.wait:
+        return wait(args.wait)
     log = StructuredLog()
     try:
         config = load_config(args.config)

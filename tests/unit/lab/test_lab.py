@@ -492,11 +492,12 @@ def _leftovers(lab_dir: Path) -> list[str]:
 
 
 @pytest.mark.lab
-def test_lab_up_ssh_tpm_and_down_leave_nothing_behind(tmp_path):
+def test_lab_up_ssh_tpm_and_down_leave_nothing_behind(tmp_path_factory):
     reason = lab_commands.cannot_boot(LabPaths.from_environment())
     if reason:
         pytest.skip(reason)
-    lab_dir = tmp_path / "lab"
+    # A short directory: the nodes' TPM socket paths under it must fit a socket address (107 bytes).
+    lab_dir = tmp_path_factory.mktemp("up") / "lab"
     env = {**os.environ, "CK_LAB_DIR": str(lab_dir)}
 
     def lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -99,6 +99,8 @@ def test_the_preflight_and_the_init_render_the_same_configuration_with_the_extra
     assert preflight == init
     init_configuration, cluster, kubelet_configuration = yaml.safe_load_all(init)
     assert init_configuration["localAPIEndpoint"]["advertiseAddress"] == "192.0.2.7"
+    # The kubelet registers the address the inventory gives (ansible_host, an IP address here).
+    assert init_configuration["nodeRegistration"]["kubeletExtraArgs"] == [{"name": "node-ip", "value": "192.0.2.7"}]
     assert cluster["networking"] == {"podSubnet": "10.1.0.0/16", "serviceSubnet": "10.96.0.0/12"}
     assert cluster["clusterName"] == "lab" and cluster["controlPlaneEndpoint"] == "192.0.2.7:6443"
     assert cluster["kubernetesVersion"] == "v1.31.0" and cluster["apiServer"]["certSANs"] == ["192.0.2.7"]

@@ -135,7 +135,12 @@ def test_the_preflight_and_the_join_get_the_same_options_with_the_extras_winning
     preflight, validated, joined = (yaml.safe_load((rendered / f"{index}.yaml").read_text()) for index in range(3))
     assert validated == joined
     assert preflight["nodeRegistration"] == {"name": "cp-1", "criSocket": "unix:///run/containerd/containerd.sock"}
-    assert joined["nodeRegistration"] == {"name": "granted-cp-1", "criSocket": "unix:///run/containerd/containerd.sock"}
+    # The kubelet registers the address the inventory gives (ansible_host, an IP address here).
+    assert joined["nodeRegistration"] == {
+        "name": "granted-cp-1",
+        "criSocket": "unix:///run/containerd/containerd.sock",
+        "kubeletExtraArgs": [{"name": "node-ip", "value": "192.0.2.8"}],
+    }
     endpoint = {"advertiseAddress": "192.0.2.8", "bindPort": 8443}
     assert preflight["controlPlane"]["localAPIEndpoint"] == joined["controlPlane"]["localAPIEndpoint"] == endpoint
     assert joined["discovery"]["bootstrapToken"]["apiServerEndpoint"] == "192.0.2.100:6443"
@@ -166,3 +171,35 @@ def test_a_worker_advertises_nothing_and_the_extras_win_over_the_ticket(tmp_path
     assert "controlPlane" not in preflight and "controlPlane" not in joined
     assert preflight["nodeRegistration"]["name"] == joined["nodeRegistration"]["name"] == "worker-9"
     assert joined["discovery"]["bootstrapToken"]["apiServerEndpoint"] == "192.0.2.1:6443"
+
+
+@pytest.mark.skipif(os.path.exists("/etc/kubernetes/kubelet.conf"), reason="this host is a node of a cluster")
+@pytest.mark.parametrize(
+    "variables,expected",
+    [
+        ({"ansible_host": "worker-1.example.org"}, []),
+        ({"ansible_host": "2001:db8::8"}, [{"name": "node-ip", "value": "2001:db8::8"}]),
+        (
+            {"ansible_host": "worker-1.example.org", "kubernetes_node_ip": "198.51.100.8"},
+            [{"name": "node-ip", "value": "198.51.100.8"}],
+        ),
+        (
+            {"kubelet_extra_args": {"node-labels": "pool=gpu"}},
+            [{"name": "node-ip", "value": "192.0.2.8"}, {"name": "node-labels", "value": "pool=gpu"}],
+        ),
+        ({"kubelet_extra_args": {"node-ip": "10.0.0.8"}}, [{"name": "node-ip", "value": "10.0.0.8"}]),
+    ],
+    ids=["a host name", "an IPv6 address", "kubernetes_node_ip", "other kubelet flags", "the extras' node-ip wins"],
+)
+def test_the_kubelet_gets_the_inventorys_address_as_its_node_ip(tmp_path, variables, expected):
+    variables = dict(variables)
+    kubelet_extra_args = variables.pop("kubelet_extra_args", None)
+    extra = {"binary_path": str(tmp_path / "kubeadm"), "token_file": str(tmp_path / "token")}
+    if kubelet_extra_args:
+        extra["kubelet_extra_args"] = kubelet_extra_args
+    run, rendered = _run(tmp_path, join_control_plane=False, join_kubeadm_extra=extra, **variables)
+    assert run.returncode == 0, run.stdout + run.stderr
+    # The preflight's configuration has no kubelet flags (kubeadm's join preflight starts no kubelet).
+    validated, joined = (yaml.safe_load((rendered / f"{index}.yaml").read_text()) for index in (1, 2))
+    for configuration in (validated, joined):
+        assert configuration["nodeRegistration"].get("kubeletExtraArgs", []) == expected

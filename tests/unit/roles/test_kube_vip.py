@@ -9,10 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
+
+
+def installed_kubeadm(tmp_path: Path, version: str) -> str:
+    """A kubeadm that answers ``version -o short`` as the installed one of ``version`` would."""
+    kubeadm = tmp_path / "kubeadm"
+    kubeadm.write_text(f'#!/bin/sh\n[ "$*" = "version -o short" ] && echo {version}\n')
+    kubeadm.chmod(0o755)
+    return str(kubeadm)
 
 
 def render(tmp_path: Path, **extra) -> subprocess.CompletedProcess:
@@ -62,6 +71,7 @@ def test_with_a_vip_the_manifest_is_a_pinned_static_pod_for_it(tmp_path):
         kube_vip_interface="eth1",
         kubernetes_version="v1.31.4",
         join_kube_vip_before_init=True,
+        join_kube_vip_kubeadm=installed_kubeadm(tmp_path, "v1.31.4"),
     )
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = tmp_path / "manifests" / "kube-vip.yaml"
@@ -85,6 +95,7 @@ def test_with_a_vip_the_manifest_is_a_pinned_static_pod_for_it(tmp_path):
         kube_vip_interface="eth1",
         kubernetes_version="v1.31.4",
         join_kube_vip_before_init=True,
+        join_kube_vip_kubeadm=installed_kubeadm(tmp_path, "v1.31.4"),
     )
     assert "changed=0" in again.stdout
     # After kubeadm init the init role renders it again for admin.conf, and a re-run keeps that.
@@ -117,3 +128,38 @@ def test_the_entry_point_refuses_a_wrong_option_before_rendering(tmp_path):
     run = render(tmp_path, kubernetes_api_vip="192.0.2.100", join_kube_vip_before_init="sometimes")
     assert run.returncode != 0
     assert "join_kube_vip_before_init" in run.stdout and not (tmp_path / "manifests").exists()
+
+
+@pytest.mark.parametrize(
+    "kubernetes_version,installed,kubeconfig",
+    [
+        ("1.31.4", "v1.28.15", "admin.conf"),
+        ("1.28.15", "v1.29.0", "super-admin.conf"),
+        ("", "v1.30.2", "super-admin.conf"),
+    ],
+    ids=["kubernetes_version newer", "kubernetes_version older", "no kubernetes_version"],
+)
+def test_the_first_control_planes_kubeconfig_follows_the_installed_kubeadm(
+    tmp_path, kubernetes_version, installed, kubeconfig
+):
+    run = render(
+        tmp_path,
+        kubernetes_api_vip="192.0.2.100",
+        kubernetes_version=kubernetes_version,
+        join_kube_vip_before_init=True,
+        join_kube_vip_kubeadm=installed_kubeadm(tmp_path, installed),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    pod = yaml.safe_load((tmp_path / "manifests" / "kube-vip.yaml").read_text())
+    assert pod["spec"]["volumes"][0]["hostPath"]["path"] == f"/etc/kubernetes/{kubeconfig}"
+
+
+def test_a_kubeadm_that_cannot_tell_its_version_fails_before_rendering(tmp_path):
+    run = render(
+        tmp_path,
+        kubernetes_api_vip="192.0.2.100",
+        join_kube_vip_before_init=True,
+        join_kube_vip_kubeadm=str(tmp_path / "no-kubeadm"),
+    )
+    assert run.returncode != 0 and "no-kubeadm" in run.stdout
+    assert not (tmp_path / "manifests" / "kube-vip.yaml").exists()

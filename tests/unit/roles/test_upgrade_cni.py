@@ -130,6 +130,11 @@ def _get(control_plane, namespace: str, *what: str) -> subprocess.CompletedProce
 def test_installs_the_pinned_chart_with_the_values_and_overrides_and_a_rerun_changes_nothing(
     tmp_path, kube_control_plane, chart
 ):
+    # helm --wait holds the chart's DaemonSet until the controller-manager reports it ready, and no pod runs on this
+    # API server (no kubelet): the DaemonSet is ready only while fewer Nodes exist than its maxUnavailable (2).
+    assert kube_control_plane.processes["kube-controller-manager"].poll() is None, "the controller-manager exited"
+    nodes = kube_control_plane.kubectl("get", "nodes", "-o", "name").stdout.decode().split()
+    assert nodes == [], f"Nodes left on the shared API server by another test (use nodes_deleted_after): {nodes}"
     namespace = _namespace(kube_control_plane, "cni-install")
     sha256 = hashlib.sha256(chart.read_bytes()).hexdigest()
     overrides = {"ipam": {"mode": "cluster-pool"}}

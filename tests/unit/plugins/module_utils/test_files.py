@@ -9,6 +9,7 @@ import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils import _files
 from ansible_collections.confidential.kubernetes.plugins.module_utils._files import (
+    backup_copy,
     FileTooLargeError,
     create_file_exclusively,
     read_bounded,
@@ -130,3 +131,21 @@ def test_bounded_read_from_an_open_file_reads_the_rest_only(tmp_path):
 def test_bounded_read_passes_os_errors_on(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_bounded(str(tmp_path / "absent"), 16)
+
+
+def test_a_backup_is_a_copy_beside_the_file_with_its_mode_and_never_replaces_one(tmp_path, monkeypatch):
+    path = tmp_path / "measurement-policy.yml"
+    path.write_bytes(b"pcrs: {}\n")
+    path.chmod(0o640)
+    backup = backup_copy(str(path))
+    assert backup.startswith(f"{path}.{os.getpid()}.") and backup.endswith("~")
+    assert open(backup, "rb").read() == b"pcrs: {}\n"
+    assert stat.S_IMODE(os.stat(backup).st_mode) == 0o640
+    # No process: Ansible's backup forks lsattr and chattr and fails the task when one of them does.
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("backup_copy started a process"))
+    monkeypatch.setattr(_files.time, "strftime", lambda fmt: "same-second")
+    first = backup_copy(str(path))
+    path.write_bytes(b"changed\n")
+    with pytest.raises(FileExistsError):
+        backup_copy(str(path))
+    assert open(first, "rb").read() == b"pcrs: {}\n"

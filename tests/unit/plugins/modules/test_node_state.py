@@ -56,6 +56,10 @@ class Node:
         self.root = root
         self.proc = root / "proc"
         self.commands: list[list[str]] = []
+        # What systemctl only read (the swap units and zram services it lists), apart from the commands that change.
+        self.queries: list[list[str]] = []
+        # systemd's swap units and zram services by name, with their load state.
+        self.units: dict[str, str] = {}
         self.systemctl = (
             0,
             "Id=containerd.service\nActiveState=active\nUnitFileState=enabled\n\n"
@@ -96,6 +100,30 @@ class Node:
             with open(self.proc / "modules", "a", encoding="utf-8") as handle:
                 handle.write(f"{argv[1]} 36864 0 - Live 0x0000000000000000\n")
             return 0, "", ""
+        if argv[:2] == ["systemctl", "list-units"]:
+            self.commands.pop()
+            self.queries.append(argv)
+            swaps = [name for name in self.units if name.endswith(".swap")]
+            # A failed unit's line starts with a bullet, as systemctl prints it.
+            return (
+                0,
+                "".join(
+                    f"● {name} {self.units[name]} failed failed Swap\n"
+                    if name == "dev-sdb.swap"
+                    else f"{name} {self.units[name]} active active Swap\n"
+                    for name in swaps
+                ),
+                "",
+            )
+        if argv[:3] == ["systemctl", "show", "--property=Id,LoadState"]:
+            self.commands.pop()
+            self.queries.append(argv)
+            names = argv[4:]
+            return 0, "\n".join(f"Id={name}\nLoadState={self.units.get(name, 'not-found')}\n" for name in names), ""
+        if argv[:3] == ["systemctl", "mask", "--"]:
+            for name in argv[3:]:
+                self.units[name] = "masked"
+            return 0, "", ""
         if argv[0] == "systemctl":
             return self.systemctl[0], self.systemctl[1], ""
         return NodeState._run_command(None, argv)
@@ -107,7 +135,8 @@ class Node:
             "kernel_modules": ["overlay", "br_netfilter"],
             "modules_load_file": str(self.root / "etc/modules-load.d/kubernetes.conf"),
             "sysctls": SYSCTLS,
-            "sysctl_file": str(self.root / "etc/sysctl.d/99-kubernetes.conf"),
+            "sysctl_file": str(self.root / "etc/sysctl.d/zz-confidential-kubernetes.conf"),
+            "sysctl_dirs": [str(self.root / "etc/sysctl.d"), str(self.root / "usr/lib/sysctl.d")],
             **extra,
         }
 
@@ -118,7 +147,7 @@ def node(tmp_path, monkeypatch) -> Node:
 
     class OnTheFakeNode(NodeState):
         def __init__(self, check_mode: bool = False):
-            super().__init__(check_mode=check_mode, proc=str(fake.proc))
+            super().__init__(check_mode=check_mode, proc=str(fake.proc), root=str(fake.root))
 
         def _run_command(self, argv):
             return fake.run(argv)
@@ -141,7 +170,7 @@ def test_check_mode_reports_every_step_and_changes_nothing(node):
         f"comment out 1 swap line(s) in {node.root}/etc/fstab",
         f"write {node.root}/etc/modules-load.d/kubernetes.conf",
         "modprobe br_netfilter",
-        f"write {node.root}/etc/sysctl.d/99-kubernetes.conf",
+        f"write {node.root}/etc/sysctl.d/zz-confidential-kubernetes.conf",
         "sysctl net.bridge.bridge-nf-call-iptables = 1 (was 0)",
         "sysctl net.ipv4.ip_forward = 1 (was 0)",
     ]
@@ -159,7 +188,7 @@ def test_prepare_then_nothing_to_do(node):
     assert (node.root / "etc/fstab").read_text() == FSTAB.replace("\n/swapfile", "\n# /swapfile")
     modules_load = node.root / "etc/modules-load.d/kubernetes.conf"
     assert modules_load.read_text() == "overlay\nbr_netfilter\n" and modules_load.stat().st_mode & 0o7777 == 0o644
-    sysctl_file = node.root / "etc/sysctl.d/99-kubernetes.conf"
+    sysctl_file = node.root / "etc/sysctl.d/zz-confidential-kubernetes.conf"
     assert sysctl_file.read_text() == "net.bridge.bridge-nf-call-iptables = 1\nnet.ipv4.ip_forward = 1\n"
     assert sysctl_file.stat().st_mode & 0o7777 == 0o644
     assert node.sysctl("net.ipv4.ip_forward") == "1" and node.sysctl("net.bridge.bridge-nf-call-iptables") == "1"
@@ -176,7 +205,7 @@ def test_prepare_then_nothing_to_do(node):
         ("fstab swap line back", ["comment out 1 swap line(s) in {root}/etc/fstab"]),
         ("module unloaded", ["modprobe br_netfilter"]),
         ("sysctl reset", ["sysctl net.ipv4.ip_forward = 1 (was 0)"]),
-        ("sysctl file edited", ["write {root}/etc/sysctl.d/99-kubernetes.conf"]),
+        ("sysctl file edited", ["write {root}/etc/sysctl.d/zz-confidential-kubernetes.conf"]),
         ("modules file mode", ["write {root}/etc/modules-load.d/kubernetes.conf"]),
     ],
 )
@@ -192,7 +221,7 @@ def test_each_drift_is_found_and_fixed_alone(node, drift, expected):
     elif drift == "sysctl reset":
         node.set_sysctl("net.ipv4.ip_forward", "0")
     elif drift == "sysctl file edited":
-        (node.root / "etc/sysctl.d/99-kubernetes.conf").write_text("net.ipv4.ip_forward = 0\n")
+        (node.root / "etc/sysctl.d/zz-confidential-kubernetes.conf").write_text("net.ipv4.ip_forward = 0\n")
     else:
         (node.root / "etc/modules-load.d/kubernetes.conf").chmod(0o600)
     expected = [change.format(root=node.root) for change in expected]
@@ -209,8 +238,10 @@ def test_sysctl_values_compare_with_whitespace_collapsed(node):
     node.set_sysctl("net.ipv4.ip_local_port_range", "32768\t60999")
     args = node.args(sysctls={"net.ipv4.ip_local_port_range": "32768 60999"}, swap_off=False, kernel_modules=[])
     (node.root / "etc/sysctl.d").mkdir(parents=True)
-    (node.root / "etc/sysctl.d/99-kubernetes.conf").write_text("net.ipv4.ip_local_port_range = 32768 60999\n")
-    (node.root / "etc/sysctl.d/99-kubernetes.conf").chmod(0o644)
+    (node.root / "etc/sysctl.d/zz-confidential-kubernetes.conf").write_text(
+        "net.ipv4.ip_local_port_range = 32768 60999\n"
+    )
+    (node.root / "etc/sysctl.d/zz-confidential-kubernetes.conf").chmod(0o644)
     assert run_module(args)["changes"] == []
 
 
@@ -559,3 +590,108 @@ def test_a_package_name_that_is_not_one_is_refused(node):
     result = run_module({"packages": ["iptables", "--admindir=/tmp"]}, AnsibleFailJson)
     assert result["msg"] == "not Debian package names: --admindir=/tmp"
     assert node.commands == []
+
+
+def test_swap_units_and_zram_are_masked_so_that_swap_stays_off_after_a_reboot(node):
+    """fstab's swap unit, a zram service and systemd's zram-generator would turn swap on again at the next boot."""
+    node.units = {
+        "dev-vda2.swap": "loaded",
+        "swapfile.swap": "masked",
+        "dev-sdb.swap": "not-found",
+        "zramswap.service": "loaded",
+    }
+    generator = node.root / "usr/lib/systemd/system-generators/zram-generator"
+    generator.parent.mkdir(parents=True)
+    generator.write_text("")
+    mask = node.root / "etc/systemd/system-generators/zram-generator"
+    args = node.args(kernel_modules=[], sysctls={})
+    expected = [
+        "swapoff --all (active: /swapfile)",
+        f"comment out 1 swap line(s) in {node.root}/etc/fstab",
+        "systemctl mask dev-vda2.swap zramswap.service",
+        f"mask the zram generator ({mask} -> /dev/null)",
+    ]
+
+    checked = run_module({**args, "_ansible_check_mode": True})
+    assert checked["changes"] == expected and node.commands == [] and not os.path.lexists(mask)
+    done = run_module(args)
+    assert done["changes"] == expected
+    assert node.commands == [["swapoff", "--all"], ["systemctl", "mask", "--", "dev-vda2.swap", "zramswap.service"]]
+    assert os.readlink(mask) == "/dev/null"
+    assert set(node.units.values()) == {"masked", "not-found"}
+    node.commands.clear()
+    assert run_module(args)["changed"] is False and node.commands == []
+
+    # Swap on again from a unit nobody masked (a zram device set up by hand): the probe sees it, the fix turns it off.
+    node.units["dev-zram0.swap"] = "loaded"
+    node.set_swap(["/dev/zram0"])
+    again = ["swapoff --all (active: /dev/zram0)", "systemctl mask dev-zram0.swap"]
+    assert run_module({**args, "_ansible_check_mode": True})["changes"] == again
+    assert run_module(args)["changes"] == again and node.units["dev-zram0.swap"] == "masked"
+
+
+@pytest.mark.parametrize(
+    "systemctl", [(127, "systemctl: not found"), (1, "System has not been booted with systemd as init system (PID 1).")]
+)
+def test_a_host_where_systemd_cannot_say_has_no_swap_units_to_mask(node, monkeypatch, systemctl):
+    played = node.run
+
+    def no_systemctl(argv):
+        if argv[0] == "systemctl":
+            return systemctl[0], "", systemctl[1]
+        return played(argv)
+
+    monkeypatch.setattr(node, "run", no_systemctl)
+    done = run_module(node.args(kernel_modules=[], sysctls={}))
+    assert done["changes"] == [
+        "swapoff --all (active: /swapfile)",
+        f"comment out 1 swap line(s) in {node.root}/etc/fstab",
+    ]
+
+
+def test_the_sysctl_file_replaces_the_earlier_one_and_sorts_after_sysctl_conf(node):
+    sysctl_d = node.root / "etc/sysctl.d"
+    sysctl_d.mkdir(parents=True)
+    earlier = sysctl_d / "99-kubernetes.conf"
+    earlier.write_text("net.ipv4.ip_forward = 1\n")
+    # Debian's link to /etc/sysctl.conf: sorts before the collection's file, so it no longer wins at boot.
+    (node.root / "etc/sysctl.conf").write_text("net.ipv4.ip_forward = 0\n")
+    (sysctl_d / "99-sysctl.conf").symlink_to("../sysctl.conf")
+    args = node.args(swap_off=False, kernel_modules=[], sysctl_files_replaced=[str(earlier)])
+
+    done = run_module(args)
+    assert f"remove {earlier}" in done["changes"] and not earlier.exists()
+    assert node.sysctl("net.ipv4.ip_forward") == "1"
+    assert run_module(args)["changed"] is False
+
+
+@pytest.mark.parametrize(
+    "where,line",
+    [
+        ("usr/lib/sysctl.d/zzz-local.conf", "net.ipv4.ip_forward = 0"),
+        ("etc/sysctl.d/zzzz-tuning.conf", "-net/ipv4/ip_forward=0"),
+    ],
+)
+def test_a_sysctl_a_later_file_overrides_fails_naming_the_key_the_value_and_the_file(node, where, line):
+    override = node.root / where
+    override.parent.mkdir(parents=True, exist_ok=True)
+    override.write_text(f"# local tuning\n{line}\n")
+    failed = run_module(node.args(swap_off=False, kernel_modules=[]), AnsibleFailJson)
+    assert f"net.ipv4.ip_forward = 0 in {override}, which the boot applies after" in failed["msg"]
+    assert "net.bridge.bridge-nf-call-iptables" not in failed["msg"]
+
+
+def test_a_file_of_the_same_name_in_etc_hides_the_one_in_usr_lib(node):
+    for directory, value in (("usr/lib/sysctl.d", "0"), ("etc/sysctl.d", "1")):
+        (node.root / directory).mkdir(parents=True, exist_ok=True)
+        (node.root / directory / "zzz-local.conf").write_text(f"net.ipv4.ip_forward = {value}\n")
+    assert run_module(node.args(swap_off=False, kernel_modules=[]))["changed"] is True
+
+
+def test_a_sysctl_the_kernel_does_not_take_fails_naming_its_value_there(node, monkeypatch):
+    monkeypatch.setattr(NodeState, "sysctl", lambda self, key: "0" if key == "net.ipv4.ip_forward" else "1")
+    failed = run_module(node.args(swap_off=False, kernel_modules=[]), AnsibleFailJson)
+    assert failed["msg"].startswith(
+        "sysctls that do not take the value kubeadm's preflight needs: net.ipv4.ip_forward is 0 in "
+        f"{node.proc}/sys/net/ipv4/ip_forward, not 1 (the kernel did not keep it, or something set it at run time: no other sysctl.d file sets it)"
+    )

@@ -1,11 +1,12 @@
 """Join service test harness: a test cluster PKI made with cryptography, root secrets, a policy from the swtpm's real PCRs,
-a node enrolment made from the swtpms' real EKs, the part of the Kubernetes API the service uses (behind kubectl's
-runner seam), and in-process services on 127.0.0.1 with real TLS.
+a node enrolment made from the swtpms' real EKs, the part of the Kubernetes API the service uses (behind the seam of its
+one API client, ``kubeapi.ClusterApi``), and in-process services on 127.0.0.1 with real TLS.
 
 Unless a test enrols TPMs itself (``JoinLab.enrol``), ``start`` enrols the lab's swtpm as worker ``worker-1``."""
 
 from __future__ import annotations
 
+import _posixsubprocess
 import asyncio
 import base64
 import datetime
@@ -13,6 +14,7 @@ import io
 import ipaddress
 import json
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -33,7 +35,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2 as pb2
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join import joinservice_pb2_grpc as pb2_grpc
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.bindings import KubectlDiskBindings
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.bindings import ApiDiskBindings
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import (
     open_ticket,
     prove_activation,
@@ -50,7 +52,11 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.requ
     request_digest,
 )
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import KubectlTokenMinter
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import (
+    ApiStatusError,
+    ApiUnavailable,
+)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import ApiTokenMinter
 
 POLICY_PCRS = (0, 4, 8, 9)
 DISK_UUID = "0d3b1c4e-9f2a-4e57-8a61-2f4c9b7d5e13"
@@ -165,11 +171,36 @@ def policy_from_swtpm(tcti: str, ak_trust: str) -> MeasurementPolicy:
     return MeasurementPolicy("sha256", {i: PcrRule(i, (values[i],)) for i in POLICY_PCRS}, ak_trust)
 
 
+def _stamp(when: datetime.datetime | None = None) -> str:
+    return (when or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeWatch:
+    """What ``ClusterApi.watch`` returns, over FakeApi's objects: synced at once, told of every change."""
+
+    def __init__(self, objects, summarize, on_change):
+        self._objects = objects
+        self._summarize = summarize
+        self.on_change = on_change
+
+    def snapshot(self) -> dict:
+        kept = {}
+        for item in self._objects():
+            summary = self._summarize(item)
+            if summary is not None:
+                kept[item["metadata"]["name"]] = summary
+        return kept
+
+
 class FakeApi:
-    """The part of the Kubernetes API the join service uses, answering kubectl's argv as kubectl would (the runner seam
-    of ``KubectlTokenMinter`` and ``KubectlDiskBindings``): bootstrap-token Secrets, disk-binding ConfigMaps, Nodes,
-    CSRs. ``tokens`` records every token registered, ``retired`` every token ID deleted. Token registrations can be
-    slowed down or held at a gate (for the nodes in ``gated``, or all)."""
+    """The part of the Kubernetes API the join service uses, answering the calls of its API client (``ClusterApi``'s
+    create/read/replace/delete/list/watch) as the API server would: bootstrap-token Secrets, disk-binding ConfigMaps,
+    Nodes, CSRs. ``tokens`` records every token registered, ``retired`` every token ID deleted. Token registrations can
+    be slowed down or held at a gate (for the nodes in ``gated``, or all); ``fail_bindings`` makes the API unreachable
+    for ConfigMaps, and ``withheld`` keeps a resource's changes from the watches. The real API server's answers to the
+    same calls are tested in test_tokens.py, test_bindings.py and test_kubeapi.py."""
+
+    host = "https://10.0.0.10:6443"
 
     def __init__(self, delay: float = 0.0, gate: threading.Event | None = None, gated: tuple[str, ...] = ()):
         self.tokens: list[tuple[str, str]] = []
@@ -179,117 +210,187 @@ class FakeApi:
         self.nodes: dict[str, str] = {}
         self.heartbeats: dict[str, str] = {}
         self.csrs: list[tuple[str, str]] = []
-        self.calls: list[list[str]] = []
+        self.calls: list[tuple[str, str]] = []
         self.delay = delay
         self.gate = gate
         self.gated = gated
         self.entered = threading.Event()
         self.fail_bindings = False
+        # Resources whose changes the watches do not deliver (yet): a watch event still on its way.
+        self.withheld: set[str] = set()
+        self._watches: dict[str, list[FakeWatch]] = {}
         self._version = 0
 
-    def minter(self) -> KubectlTokenMinter:
-        minter = KubectlTokenMinter()
-        minter._run_command = self.run
-        return minter
+    def minter(self) -> ApiTokenMinter:
+        return ApiTokenMinter(self)
 
-    def bindings(self) -> KubectlDiskBindings:
-        bindings = KubectlDiskBindings()
-        bindings._run_command = self.run
-        return bindings
+    def bindings(self) -> ApiDiskBindings:
+        return ApiDiskBindings(self)
 
     def register_node(self, name: str, created: datetime.datetime | None = None) -> None:
         """The node's kubelet registered its Node object."""
-        self.nodes[name] = (created or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.nodes[name] = _stamp(created)
+        self._changed("nodes")
 
     def report_ready(self, name: str) -> None:
         """The node's kubelet reported its status (the Ready condition's heartbeat) now."""
-        self.heartbeats[name] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.heartbeats[name] = _stamp()
+        self._changed("nodes")
+
+    def add_csr(self, username: str, conditions: str = "") -> None:
+        self.csrs.append((username, conditions))
+        self._changed("certificatesigningrequests")
 
     def authenticates(self, token: str) -> bool:
         """Whether the API server would accept this bootstrap token now (its Secret exists and matches)."""
         token_id, token_secret = token.split(".")
         secret = self.secrets.get(f"bootstrap-token-{token_id}")
-        return secret is not None and secret["stringData"]["token-secret"] == token_secret
+        return secret is not None and base64.b64decode(secret["data"]["token-secret"]).decode() == token_secret
 
-    async def run(self, argv: list[str], stdin: bytes) -> tuple[int, str, str]:
-        assert argv[0] == "kubectl" and argv[-1].startswith("--kubeconfig="), argv
-        args = argv[1:-1]
-        self.calls.append(args)
-        verb = args[0]
-        if verb in ("create", "replace"):
-            return await self._write(verb, json.loads(stdin))
-        if verb == "delete" and args[1] == "secret":
-            if self.secrets.pop(args[2], None) is not None:
-                self.retired.append(args[2].removeprefix("bootstrap-token-"))
-            return 0, "", ""
-        if verb == "get":
-            return self._get(args[1:])
-        return 1, "", f"unexpected kubectl {args}"
+    # --- the ClusterApi calls ---------------------------------------------------------------------------------
 
-    async def _write(self, verb: str, manifest: dict) -> tuple[int, str, str]:
-        kind, name = manifest["kind"], manifest["metadata"]["name"]
-        store = self.secrets if kind == "Secret" else self.configmaps
-        if kind == "Secret":
-            node = manifest["stringData"]["description"].removeprefix("confidential.kubernetes join of ")
+    def _store(self, resource: str) -> dict:
+        return {"secrets": self.secrets, "configmaps": self.configmaps}[resource]
+
+    def _reachable(self, resource: str, what: str) -> None:
+        if resource == "configmaps" and self.fail_bindings:
+            raise ApiUnavailable(f"the Kubernetes API at {self.host} did not answer {what} (connection refused)")
+
+    async def create(self, resource: str, body: dict) -> dict:
+        name = body["metadata"]["name"]
+        self.calls.append(("create", resource))
+        self._reachable(resource, f"creating {resource} kube-system/{name}")
+        body = json.loads(json.dumps(body))
+        if resource == "secrets":
+            node = body["stringData"]["description"].removeprefix("confidential.kubernetes join of ")
             self.entered.set()
             if self.gate is not None and (not self.gated or node in self.gated):
                 await asyncio.get_running_loop().run_in_executor(None, self.gate.wait, 10)
             if self.delay:
                 await asyncio.sleep(self.delay)
-        elif self.fail_bindings:
-            return 1, "", "Unable to connect to the server: dial tcp 10.0.0.10:6443: connect: connection refused"
-        if verb == "create" and name in store:
-            return 1, "", f'Error from server (AlreadyExists): {kind.lower()}s "{name}" already exists'
-        if verb == "replace" and store.get(name, {}).get("metadata", {}).get("resourceVersion") != manifest[
-            "metadata"
-        ].get("resourceVersion"):
-            return 1, "", f'Error from server (Conflict): Operation cannot be fulfilled on {kind.lower()}s "{name}"'
-        self._version += 1
-        manifest["metadata"]["resourceVersion"] = str(self._version)
-        manifest["metadata"]["creationTimestamp"] = datetime.datetime.now(datetime.timezone.utc).strftime(
-            "%Y-%m-%dT%H:%M:%SZ"
-        )
-        store[name] = manifest
-        if kind == "Secret":
-            data = manifest["stringData"]
-            self.tokens.append(
-                (
-                    data["description"].removeprefix("confidential.kubernetes join of "),
-                    f"{data['token-id']}.{data['token-secret']}",
-                )
+            body["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in body.pop("stringData").items()}
+        store = self._store(resource)
+        if name in store:
+            raise ApiStatusError(
+                409, f'creating {resource} kube-system/{name}: HTTP 409: {resource} "{name}" already exists'
             )
-        return 0, f"{kind.lower()}/{name} {verb}d\n", ""
+        return self._put(resource, name, body)
 
-    def _get(self, args: list[str]) -> tuple[int, str, str]:
-        what = args[0]
-        if what == "configmap":
-            item = self.configmaps.get(args[1])
-            if item is None:
-                return 1, "", f'Error from server (NotFound): configmaps "{args[1]}" not found'
-            return 0, json.dumps(item), ""
-        if what == "configmaps":
-            return 0, json.dumps({"items": list(self.configmaps.values())}), ""
-        if what == "nodes":
-            return (
-                0,
-                "".join(
-                    f"{name}\t{created}\t{self.heartbeats.get(name, '')}\n" for name, created in self.nodes.items()
-                ),
-                "",
+    def _put(self, resource: str, name: str, body: dict) -> dict:
+        self._version += 1
+        body["metadata"]["resourceVersion"] = str(self._version)
+        body["metadata"].setdefault("creationTimestamp", _stamp())
+        self._store(resource)[name] = body
+        if resource == "secrets":
+            data = {k: base64.b64decode(v).decode() for k, v in body["data"].items()}
+            node = data["description"].removeprefix("confidential.kubernetes join of ")
+            self.tokens.append((node, f"{data['token-id']}.{data['token-secret']}"))
+        self._changed(resource)
+        return body
+
+    async def read(self, resource: str, name: str) -> dict:
+        self.calls.append(("read", resource))
+        self._reachable(resource, f"reading {resource} kube-system/{name}")
+        item = self._store(resource).get(name)
+        if item is None:
+            raise ApiStatusError(404, f'reading {resource} kube-system/{name}: HTTP 404: {resource} "{name}" not found')
+        return json.loads(json.dumps(item))
+
+    async def replace(self, resource: str, name: str, body: dict) -> dict:
+        self.calls.append(("replace", resource))
+        self._reachable(resource, f"replacing {resource} kube-system/{name}")
+        held = self._store(resource).get(name, {}).get("metadata", {}).get("resourceVersion")
+        if held != body["metadata"].get("resourceVersion"):
+            raise ApiStatusError(
+                409, f"replacing {resource} kube-system/{name}: HTTP 409: the object has been modified"
             )
-        if what == "certificatesigningrequests":
-            return 0, "".join(f"{user}\t{conditions}\n" for user, conditions in self.csrs), ""
-        if what == "secrets":
-            return (
-                0,
-                "".join(
-                    f"{name}\t{base64.b64encode(item['stringData']['description'].encode()).decode()}\t"
-                    f"{item['metadata']['creationTimestamp']}\n"
-                    for name, item in self.secrets.items()
-                ),
-                "",
-            )
-        return 1, "", f"unexpected kubectl get {args}"
+        return self._put(resource, name, json.loads(json.dumps(body)))
+
+    async def delete(self, resource: str, name: str) -> bool:
+        self.calls.append(("delete", resource))
+        self._reachable(resource, f"deleting {resource} kube-system/{name}")
+        if self._store(resource).pop(name, None) is None:
+            return False
+        if resource == "secrets":
+            self.retired.append(name.removeprefix("bootstrap-token-"))
+        self._changed(resource)
+        return True
+
+    async def list(self, resource: str, **selectors: str) -> list[dict]:
+        self.calls.append(("list", resource))
+        self._reachable(resource, f"listing {resource}")
+        return json.loads(json.dumps(self._objects(resource)))
+
+    def _objects(self, resource: str) -> list[dict]:
+        if resource == "nodes":
+            return [
+                {
+                    "metadata": {"name": name, "creationTimestamp": created},
+                    "status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": self.heartbeats[name]}]}
+                    if name in self.heartbeats
+                    else {},
+                }
+                for name, created in self.nodes.items()
+            ]
+        if resource == "certificatesigningrequests":
+            return [
+                {
+                    "metadata": {"name": f"csr-{number}"},
+                    "spec": {"username": user},
+                    "status": {"conditions": [{"type": kind} for kind in conditions.split()]},
+                }
+                for number, (user, conditions) in enumerate(self.csrs)
+            ]
+        return list(self._store(resource).values())
+
+    def watch(self, resource: str, summarize, on_change, on_failure=None, **selectors) -> FakeWatch:
+        watched = FakeWatch(lambda: self._objects(resource), summarize, on_change)
+        self._watches.setdefault(resource, []).append(watched)
+        on_change()
+        return watched
+
+    def _changed(self, resource: str) -> None:
+        if resource in self.withheld:
+            return
+        for watched in self._watches.get(resource, []):
+            watched.on_change()
+
+    def close(self) -> None:
+        """A service that used this API stopped; the API (and the other services' watches) stay."""
+
+
+class ProcessCounter:
+    """While entered, counts every process this Python process starts, whichever way: subprocess (asyncio's too) and
+    multiprocessing (fork_exec), posix_spawn, fork. ``started`` names the call of each."""
+
+    TARGETS = (
+        (subprocess, "_fork_exec"),
+        (_posixsubprocess, "fork_exec"),
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+        (os, "fork"),
+    )
+
+    def __init__(self):
+        self.started: list[str] = []
+        self._real: list[tuple] = []
+
+    def __enter__(self) -> "ProcessCounter":
+        for module, name in self.TARGETS:
+            real = getattr(module, name)
+
+            def counting(*args, _real=real, _name=name, **kwargs):
+                self.started.append(_name)
+                return _real(*args, **kwargs)
+
+            self._real.append((module, name, real))
+            setattr(module, name, counting)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for module, name, real in self._real:
+            setattr(module, name, real)
+        self._real.clear()
 
 
 class Clock:
@@ -371,7 +472,6 @@ class JoinLab:
             enrolment_file=str(self.enrolment_file),
             bindings_file=str(self.dir / "disk-bindings.json"),
             policy_check_interval=0,
-            registration_check_interval=0.05,
         )
         settings.update(overrides)
         return ServiceConfig(**settings)
@@ -391,9 +491,7 @@ class JoinLab:
             self.enrol(self.swtpm.tcti, "worker-1")
         api = api or self.api or FakeApi()
         self.api = api
-        service = build_service(
-            self.config(port, **settings), self.log, api.minter(), nonces, drain_delay, api.bindings()
-        ).start()
+        service = build_service(self.config(port, **settings), self.log, None, nonces, drain_delay, api).start()
         service.minter = api
         service.endpoint = f"127.0.0.1:{service.port}"
         self.services.append(service)

@@ -18,38 +18,28 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import ClusterApi
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.pki import ClusterPki, kubelet_subject
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import (
-    KubectlTokenMinter,
-    generate_token,
-)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tokens import ApiTokenMinter, generate_token
 
 
-def _minter(cluster, ttl: datetime.timedelta = datetime.timedelta(minutes=15)) -> KubectlTokenMinter:
-    return KubectlTokenMinter(kubeconfig=str(cluster.admin_kubeconfig), binary=str(cluster.bin / "kubectl"), ttl=ttl)
+def mint(cluster, token: str, node_name: str, ttl: datetime.timedelta = datetime.timedelta(minutes=15)) -> None:
+    """Register ``token`` as the join service does: its one API client, with the cluster's admin kubeconfig."""
+
+    async def register():
+        api = ClusterApi.from_kubeconfig(str(cluster.admin_kubeconfig))
+        try:
+            await ApiTokenMinter(api, ttl=ttl).mint(token, node_name)
+        finally:
+            api.close()
+
+    asyncio.run(register())
 
 
 def _as_token(cluster, token: str, *args: str, stdin: bytes | None = None, check: bool = True):
     """kubectl with only the bootstrap token (and the CA) as credentials."""
     kubeconfig = cluster.root / f"token-{token.split('.', 1)[0]}.conf"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [
-                    {
-                        "name": "k",
-                        "cluster": {"server": cluster.server, "certificate-authority": str(cluster.pki / "ca.crt")},
-                    }
-                ],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-            }
-        )
-    )
-    kubeconfig.chmod(0o600)
+    cluster.user_kubeconfig(kubeconfig, {"token": token})
     return cluster.kubectl(*args, kubeconfig=kubeconfig, stdin=stdin, check=check)
 
 
@@ -74,7 +64,7 @@ def test_minted_token_authenticates_as_a_bootstrapper_without_certificate_rights
     """The token serves discovery and kubeadm's reads; the kubelet certificate comes signed in the ticket, so no CSR."""
     cluster = kube_control_plane
     token = generate_token()
-    asyncio.run(_minter(cluster).mint(token, "worker-7"))
+    mint(cluster, token, "worker-7")
     token_id = token.split(".", 1)[0]
 
     allowed = _as_token(cluster, token, "auth", "can-i", "get", "nodes")
@@ -95,7 +85,7 @@ def test_minted_token_authenticates_as_a_bootstrapper_without_certificate_rights
 def test_token_cleaner_removes_an_expired_token(kube_control_plane):
     cluster = kube_control_plane
     token = generate_token()
-    asyncio.run(_minter(cluster, ttl=datetime.timedelta(seconds=2)).mint(token, "worker-8"))
+    mint(cluster, token, "worker-8", ttl=datetime.timedelta(seconds=2))
     secret = f"bootstrap-token-{token.split('.', 1)[0]}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -155,7 +145,9 @@ def _node(name: str) -> bytes:
     ).encode()
 
 
-def test_kubelet_certificate_passes_node_authorizer_for_its_own_node_only(kube_control_plane, kubelet_kubeconfig):
+def test_kubelet_certificate_passes_node_authorizer_for_its_own_node_only(
+    kube_control_plane, kubelet_kubeconfig, nodes_deleted_after
+):
     cluster = kube_control_plane
 
     def as_kubelet(*args, **kwargs):

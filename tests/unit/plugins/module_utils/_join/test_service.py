@@ -31,6 +31,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.clie
     prove_activation,
     request_ticket,
 )
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import ApiUnavailable
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.protocol import (
     CONTROL_PLANE_FILES,
@@ -568,24 +569,14 @@ def _daemon(join_lab, **overrides):
     )
 
 
-def test_daemon_serves_and_exits_0_on_sigterm(join_lab):
+def test_daemon_serves_and_exits_0_on_sigterm(join_lab, kube_control_plane):
     import json
     import signal
 
     join_lab.write_policy("pcrs-only")
     join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
-    # Stands in for kubectl on this host (no cluster here): creates (a bootstrap-token Secret or a disk-binding ConfigMap on
-    # stdin) succeed, listings are empty, anything else fails.
-    kubectl = join_lab.dir / "kubectl"
-    kubectl.write_text(
-        '#!/bin/sh\ncase "$1 $2" in\n'
-        '"create --filename=-") grep -Eq \'"token-secret": "[a-z0-9]{16}"|"kind": "ConfigMap"\' || exit 4; echo created ;;\n'
-        '"get configmaps") echo \'{"items": []}\' ;;\n'
-        '"get secrets"|"get nodes"|"get certificatesigningrequests") ;;\n'
-        "*) exit 3 ;;\nesac\n"
-    )
-    kubectl.chmod(0o755)
-    process = _daemon(join_lab, kubectl_binary=str(kubectl))
+    # The daemon's one API client talks to the real API server.
+    process = _daemon(join_lab, admin_kubeconfig=str(kube_control_plane.admin_kubeconfig))
     try:
         started = json.loads(process.stderr.readline())
         assert (started["event"], started["result"]) == ("start", "serving"), started
@@ -651,10 +642,10 @@ def test_user_data_without_a_request_digest_is_refused(join_lab):
 
 def test_token_registration_failure_is_retryable_and_leaves_nothing_usable(join_lab):
     class Failing(FakeApi):
-        async def _write(self, verb, manifest):
-            if manifest["kind"] == "Secret":
-                return 1, "", "Unable to connect to the server: the API server is not reachable"
-            return await super()._write(verb, manifest)
+        async def create(self, resource, body):
+            if resource == "secrets":
+                raise ApiUnavailable(f"the Kubernetes API at {self.host} did not answer creating secrets (refused)")
+            return await super().create(resource, body)
 
     service = join_lab.start("pcrs-only", api=Failing())
     sleeps = []
@@ -773,10 +764,10 @@ def test_a_binding_race_between_control_planes_is_settled_by_the_api(join_lab, o
     join_lab.enrol(join_lab.swtpm.tcti, "worker-1")
     join_lab.enrol(other_swtpm.tcti, "worker-2")
     api = FakeApi()
-    first = join_lab.start("pcrs-only", api=api, registry_sync_interval=3600)
-    second = join_lab.start(
-        None, api=api, bindings_file=str(tmp_path / "cp2-bindings.json"), registry_sync_interval=3600
-    )
+    first = join_lab.start("pcrs-only", api=api)
+    second = join_lab.start(None, api=api, bindings_file=str(tmp_path / "cp2-bindings.json"))
+    # The second service's watch has not delivered the first's binding yet.
+    api.withheld.add("configmaps")
     join_with_client(join_lab, first)
     assert second.issuer.registry.mirror.get(DISK_UUID) is None
     with pytest.raises(JoinError) as err:

@@ -92,6 +92,8 @@ class Node:
         )
         self.kubeadm = RecordingKubeadm(str(self.root))
         self.log_stream = io.StringIO()
+        # Each unit the join starts, with the status file, whether the disk has its key and kubeadm's calls by then.
+        self.started: list[tuple[str, str, bool, int]] = []
 
     def joining(self) -> NodeJoin:
         tcti, boot_id = self.tcti, self.boot_id
@@ -117,12 +119,17 @@ class Node:
         with open(self.config().status_file, encoding="utf-8") as handle:
             return json.load(handle)
 
+    def start(self, unit: str) -> None:
+        joins = sum(1 for call in self.kubeadm.calls if call[1] == "join")
+        self.started.append((unit, self.status()["state"], self.key_opens(self.disk_key()), joins))
+
     def run(self, sleep=None) -> str:
         return boot.run(
             self.config(),
             StructuredLog(self.log_stream),
             self.joining(),
             self.kubeadm,
+            start=self.start,
             **({"sleep": sleep} if sleep else {}),
         )
 
@@ -476,3 +483,49 @@ def test_pool_node_without_a_name_joins_under_the_name_derived_from_its_ek(
     [(minted_for, _token)] = service.minter.tokens
     assert minted_for == name
     assert [entry["node_name"] for entry in node.logs() if entry["event"] == "kubeadm-join"] == [name]
+
+
+def test_a_fresh_node_says_the_disk_is_open_and_starts_the_runtime_before_kubeadm_join(node):
+    """containerd and the kubelet wait for the state disk (confidential-state-disk.service waits for this status);
+    kubeadm join's preflight needs the runtime, so the join starts it once the disk is open, before kubeadm runs."""
+    assert node.run() == FRESH
+    assert node.started == [("containerd.service", "joining", True, 0)]
+    assert node.status()["state"] == MEMBER
+
+
+def test_a_member_or_a_rebooted_node_starts_nothing_itself(node, start_swtpm):
+    node.run()
+    node.started.clear()
+    assert node.run() == MEMBER
+    node.reboot(start_swtpm)
+    assert node.run() == REBOOTED
+    assert node.started == [] and node.status()["state"] == MEMBER
+
+
+def test_wait_returns_once_the_state_disk_is_open(node, capsys):
+    status_file = node.config().status_file
+    written = []
+
+    def sleep(seconds):
+        assert seconds == boot.WAIT_POLL_SECONDS
+        # The join waits for keys first, then its ticket opens the disk.
+        boot.write_status(status_file, "waiting-for-keys" if not written else "joining")
+        written.append(seconds)
+
+    assert boot.wait(status_file, sleep=sleep) == 0
+    assert len(written) == 2
+    assert capsys.readouterr().err.count("waiting for the boot-time join to open the state disk (no status yet") == 1
+    assert boot.main(["--wait", status_file]) == 0
+
+
+def test_starting_the_runtime_leaves_a_node_without_it_alone_and_fails_otherwise(tmp_path, monkeypatch):
+    systemctl = tmp_path / "systemctl"
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    systemctl.write_text('#!/bin/sh\necho "Unit $3 not found." >&2\nexit 5\n')
+    systemctl.chmod(0o755)
+    boot.start_unit("containerd.service")
+    systemctl.write_text('#!/bin/sh\necho "Job for $3 failed." >&2\nexit 1\n')
+    with pytest.raises(
+        OSError, match=r"systemctl start containerd.service failed \(exit 1\): Job for containerd.service"
+    ):
+        boot.start_unit("containerd.service")
