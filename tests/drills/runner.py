@@ -24,7 +24,8 @@ import quickstart  # noqa: E402 pylint: disable=wrong-import-position
 from drilllab import DrillLab, log  # noqa: E402 pylint: disable=wrong-import-position
 
 # The order matters: each drill starts from the healthy cluster the one before it left.
-ORDER = ("reboot", "outage", "restore", "renew", "rollover", "ha")
+# upgrade before ha: ha powers a control plane off for good, and the upgrade wants every node Ready.
+ORDER = ("reboot", "outage", "restore", "renew", "rollover", "upgrade", "ha")
 
 
 def available() -> list[str]:

@@ -14,6 +14,9 @@ STATE_DIR = Path(os.environ.get("KUBELET_STANDIN_STATE", "/run/kubelet-standin")
 LOG_DIR = Path(os.environ.get("KUBELET_STANDIN_LOGS", "/var/log/pods"))
 # The components kubeadm runs as static pods; kube-proxy, pause and coredns have no local binary.
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
+# Where binaries of other versions are (<dir>/<version>/bin/<component>): the lab binds its relabelled build's there,
+# so that an image of that tag (after `kubeadm upgrade`) maps to a binary of exactly that version.
+IMAGE_VERSIONS_DIR = Path(os.environ.get("KUBELET_STANDIN_IMAGE_VERSIONS", "/opt/kubernetes/versions"))
 _VERSIONS: dict[tuple, str] = {}
 
 
@@ -49,7 +52,7 @@ def binary_version(path: Path, *args: str) -> str:
             out = subprocess.run(
                 [str(path), *(args or ["--version"])], capture_output=True, text=True, timeout=30, check=False
             ).stdout
-            found = re.search(r"(?:^v|Kubernetes v|etcd Version: )(\d+\.\d+\.\d+)", out)
+            found = re.search(r"(?:^v|Kubernetes v|etcd Version: )(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)", out)
             if not found:
                 raise StandinError(f"{path} printed no version: {out.strip()[:80]!r}")
             _VERSIONS[key] = found.group(1)
@@ -65,18 +68,19 @@ def kubernetes_version() -> str:
 
 def resolve_image(reference: str) -> tuple[str, Path, str]:
     """(component, local binary, its version) of an image whose tag the binary's version matches: exactly for kube-*,
-    in major.minor for etcd (nodes have Debian's etcd 3.4.23, kubeadm 1.20 asks for etcd:3.4.13-0)."""
+    in major.minor for etcd (nodes have Debian's etcd 3.4.23, kubeadm 1.20 asks for etcd:3.4.13-0). The binary beside
+    the stand-in is looked at first, then IMAGE_VERSIONS_DIR/<tag>/bin/<component>."""
     name, colon, tag = reference.rpartition(":")
     if "@" in reference or not colon or "/" in tag or not name:
         raise StandinError(f"image {reference!r}: a [registry/]path/component:tag reference is needed")
     component = name.rsplit("/", 1)[-1]
     if component not in COMPONENTS:
         raise StandinError(f"image {reference!r}: no local binary for {component!r} (only {', '.join(COMPONENTS)})")
-    binary = bin_dir() / component
-    version = binary_version(binary) if binary.exists() else ""
     wanted = tag.split("-")[0].split(".")[:2] if component == "etcd" else [tag]
-    if not version or (version.split(".")[:2] if component == "etcd" else ["v" + version]) != wanted:
-        raise StandinError(
-            f"image {reference!r}: {binary} " + (f"is version {version}" if version else "does not exist")
-        )
-    return component, binary, version
+    found = []
+    for binary in (bin_dir() / component, IMAGE_VERSIONS_DIR / tag / "bin" / component):
+        version = binary_version(binary) if binary.exists() else ""
+        if version and (version.split(".")[:2] if component == "etcd" else ["v" + version]) == wanted:
+            return component, binary, version
+        found.append(f"{binary} " + (f"is version {version}" if version else "does not exist"))
+    raise StandinError(f"image {reference!r}: " + "; ".join(found))

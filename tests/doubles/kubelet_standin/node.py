@@ -202,7 +202,10 @@ class NodeAgent:
                     existing.get("metadata", {}).get("annotations", {}).get("kubernetes.io/config.mirror")
                     != mirror_hash
                 ):
-                    self._pod("DELETE", path, missing_ok=True)
+                    # At once, as the kubelet deletes a stale mirror pod: a graceful deletion would wait for a
+                    # kubelet to confirm it, and this one keeps the path mirrored, so it never would (a changed
+                    # manifest, e.g. after kubeadm upgrade, would never get its mirror pod).
+                    self._pod("DELETE", path, {"gracePeriodSeconds": 0}, missing_ok=True)
                     raise
             self.mirrored[path] = mirror_hash
         statuses = [

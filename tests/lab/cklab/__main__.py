@@ -75,18 +75,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _kubernetes(paths: LabPaths, verify_only: bool) -> int:
     if not verify_only:
-        print(kubernetes.ensure_kubernetes(paths, lab.log))
+        for release in kubernetes.RELEASES:
+            print(kubernetes.ensure_kubernetes(paths, lab.log, release))
         return 0
-    problems = kubernetes.verify_kubernetes(paths, log=lab.log)
-    for name, problem in problems.items():
-        lab.log(f"kubernetes: {name}: {problem}")
-    if problems:
-        return 1
-    lab.log(
-        f"kubernetes: {kubernetes.RELEASE.version}: all {len(kubernetes.RELEASE.artefacts)} binaries match SHA256SUMS"
-    )
-    print(kubernetes.CacheLayout(paths, kubernetes.RELEASE).bin_dir)
-    return 0
+    failed = False
+    for release in kubernetes.RELEASES:
+        problems = kubernetes.verify_kubernetes(paths, release, log=lab.log)
+        for name, problem in problems.items():
+            lab.log(f"kubernetes: {release.version}: {name}: {problem}")
+        if problems:
+            failed = True
+            continue
+        lab.log(f"kubernetes: {release.version}: all {len(release.artefacts)} binaries match SHA256SUMS")
+        print(kubernetes.CacheLayout(paths, release).bin_dir)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

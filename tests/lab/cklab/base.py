@@ -29,6 +29,10 @@ KUBERNETES_MOUNT = "/opt/kubernetes/bin"
 # (paths.kubernetes_bin) and linked into /usr/local/bin, where the stand-in looks for them. kubeadm, kubelet, kubectl
 # and helm are not here: the node role installs them from the lab's mirror.
 IMAGE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "etcdctl")
+# The relabelled build's control-plane binaries (paths.upgrade_bin), bound at <mount>/<version>/bin/<name>: the
+# stand-in maps an image of that tag to them once `kubeadm upgrade` writes such images into the manifests.
+IMAGE_VERSIONS_MOUNT = "/opt/kubernetes/versions"
+UPGRADE_IMAGE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 # The stand-in's crictl answers kubeadm's CRI calls (the lab's row provides no crictl).
 STANDIN_TOOLS = ("crictl",)
 # The program the node role's kubelet unit runs in the lab (node_stack_kubelet_path).

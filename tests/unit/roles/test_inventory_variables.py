@@ -36,10 +36,11 @@ KNOWN = {
 }
 INVENTORY_SPEC = SPECS["node"]["inventory"]["options"]
 # Names with the collection's prefixes that the docs use for something other than a variable an operator sets:
-# modules, playbooks and what the roles register for the operator to read.
+# modules, playbooks, the roles' entry points and what the roles register for the operator to read.
 NOT_VARIABLES = (
     {path.stem for path in (REPO / "plugins" / "modules").glob("*.py")}
     | {path.stem for path in (REPO / "playbooks").glob("*.yml")}
+    | {name for entry_points in SPECS.values() for name in entry_points}
     | {"upgrade_results", "upgrade_backup_path", "joinservice_api_host"}
 )
 

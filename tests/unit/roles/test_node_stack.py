@@ -270,7 +270,7 @@ def test_another_version_is_refused_on_a_node_in_a_cluster_and_nothing_is_swappe
     assert refused.returncode != 0 and _recap(refused.stdout)["changed"] == 1, refused.stdout
     message = " ".join(refused.stdout.split())
     assert "runs Kubernetes v9.9.9, but kubernetes_version asks for 9.9.10" in message, refused.stdout
-    assert "not yet available" in message and "nothing was changed" in message
+    assert "run playbooks/upgrade_kubernetes.yml" in message and "nothing was changed" in message
     assert (
         kubeadm.read_bytes() == b"#!/bin/sh\necho v9.9.9\n"
         and {p.name for p in staging.glob("installed-*.sha256")} == stamps
@@ -293,3 +293,28 @@ def test_another_version_is_refused_on_a_node_in_a_cluster_and_nothing_is_swappe
     swapped = _play(tmp_path, rows["9.9.9"], destdir, "cache", *other)
     assert swapped.returncode == 0, swapped.stdout
     assert kubeadm.read_bytes() == b"#!/bin/sh\necho v9.9.10\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
+def test_the_upgrade_playbooks_request_installs_another_version_under_a_running_node(tmp_path):
+    rows = _versioned_rows(tmp_path / "offline")
+    destdir = tmp_path / "root"
+    assert _play(tmp_path, rows["9.9.9"], destdir).returncode == 0
+    kubeadm = destdir / "usr/local/bin/kubeadm"
+    staging = destdir / "var/cache/confidential-kubernetes/artifacts"
+    stamps = {p.name for p in staging.glob("installed-*.sha256")}
+    (destdir / "etc/kubernetes").mkdir(parents=True)
+    (destdir / "etc/kubernetes/kubelet.conf").write_text("kind: Config\n")
+    upgrade = {"kubernetes_version": "9.9.10", "kubernetes_versions_extra": rows, "node_stack_upgrade": True}
+
+    upgraded = _play(tmp_path, rows["9.9.9"], destdir, "cache", "-e", json.dumps(upgrade))
+    assert upgraded.returncode == 0 and kubeadm.read_bytes() == b"#!/bin/sh\necho v9.9.10\n", upgraded.stdout
+    # The new version's stamp is the node's record of it; a re-run changes nothing.
+    assert len({p.name for p in staging.glob("installed-*.sha256")} - stamps) == 1
+    again = _play(tmp_path, rows["9.9.9"], destdir, "cache", "-e", json.dumps(upgrade))
+    assert _recap(again.stdout)["changed"] == 0, again.stdout
+    # Without the request the old version is now the other one: refused, naming both.
+    back = _play(tmp_path, rows["9.9.9"], destdir)
+    assert back.returncode != 0 and "runs Kubernetes v9.9.10, but kubernetes_version asks for 9.9.9" in " ".join(
+        back.stdout.split()
+    ), back.stdout

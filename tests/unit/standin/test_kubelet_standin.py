@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+import kubelet_standin
 from kubelet_standin import ENDPOINT, StandinError, api, kubelet, node, pods
 
 DOUBLES = Path(__file__).resolve().parents[2] / "doubles"
@@ -169,6 +170,46 @@ def test_an_image_is_present_only_as_a_local_binary_of_its_version(image, presen
     else:
         assert "level=fatal" in inspected.stderr and "no such image" in inspected.stderr
         assert "pulling image" in pulled.stderr
+
+
+def fake_binary(path: Path, output: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho '{output}'\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("placed_version", "image", "present"),
+    [
+        # The lab's relabelled 1.20.2 after `kubeadm upgrade`: the tag has a pre-release suffix.
+        ("v1.20.3-lab.1", "k8s.gcr.io/kube-apiserver:v1.20.3-lab.1", True),
+        ("v1.20.3-lab.1", "k8s.gcr.io/kube-apiserver:v1.20.3", False),
+        # A binary under the tag's directory that reports another version is not that image.
+        ("v1.20.2", "k8s.gcr.io/kube-apiserver:v1.20.3-lab.1", False),
+    ],
+)
+def test_an_image_of_another_version_maps_to_the_binary_of_exactly_that_version(
+    tmp_path, monkeypatch, placed_version, image, present
+):
+    beside = fake_binary(tmp_path / "bin/kube-apiserver", "Kubernetes v1.20.2")
+    tag = image.rpartition(":")[2]
+    other = fake_binary(tmp_path / f"versions/{tag}/bin/kube-apiserver", f"Kubernetes {placed_version}")
+    monkeypatch.setenv("KUBELET_STANDIN_BIN_DIR", str(beside.parent))
+    monkeypatch.setattr(kubelet_standin, "IMAGE_VERSIONS_DIR", tmp_path / "versions")
+    if present:
+        assert kubelet_standin.resolve_image(image) == ("kube-apiserver", other, placed_version.lstrip("v"))
+    else:
+        with pytest.raises(StandinError) as refused:
+            kubelet_standin.resolve_image(image)
+        assert f"{beside} is version 1.20.2" in str(refused.value)
+        assert f"{other} is version {placed_version.lstrip('v')}" in str(refused.value)
+
+
+def test_the_version_of_the_kubernetes_binaries_beside_it_keeps_a_pre_release_suffix(tmp_path, monkeypatch):
+    fake_binary(tmp_path / "kubeadm", "v1.20.3-lab.1")
+    monkeypatch.setenv("KUBELET_STANDIN_BIN_DIR", str(tmp_path))
+    assert kubelet_standin.kubernetes_version() == "v1.20.3-lab.1"
 
 
 @pytest.mark.parametrize("args", [["info"], ["-r", "unix:///run/containerd/containerd.sock", "info"]])
