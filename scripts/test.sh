@@ -22,10 +22,12 @@ stage() {
 parallel_rows=()
 faults_pid=
 faults_log=
+installed_collections=
 stage_times() {
   local rc=$? now i next
   now=$(date +%s)
   stop_faults
+  [ -z "$installed_collections" ] || rm -rf "$installed_collections"
   printf '\n=== stage times (exit %s) ===\n' "$rc"
   for i in "${!stage_names[@]}"; do
     next=${stage_starts[$((i + 1))]:-$now}
@@ -100,7 +102,6 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
 
   stage "quick start and day-2 drills on one 3 + 2 lab, from the installed collection (tests/drills/run)"
   ANSIBLE_COLLECTIONS_PATH="$installed_collections" tests/drills/run
-  rm -rf "$installed_collections"
 
   # The fault and hygiene suites run on a lab of their own (index 2) beside the molecule scenarios (the default lab):
   # each keeps about one core busy, mostly waiting on SSH, the API server and swtpm, so together they take about the

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from drilllab import collection_root
+
 NAMESPACE = "drill-restore"
 COUNT = 200
 ETCDCTL = (
@@ -60,8 +62,7 @@ def _etcd_identity(lab, node: str) -> str:
 
 def _other_clusters_snapshot(directory: Path) -> None:
     """A genuine snapshot of another cluster: other root secrets, the collection's own format, a matching manifest."""
-    collections = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(":")[0]
-    sys.path.insert(0, collections)
+    sys.path.insert(0, str(collection_root().parents[2]))
     # pylint: disable=import-outside-toplevel
     from ansible_collections.confidential.kubernetes.plugins.module_utils._backup import snapshot
     from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets

@@ -25,6 +25,15 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
+def collection_root() -> Path:
+    """The collection the drills run: the first ANSIBLE_COLLECTIONS_PATH entry's confidential.kubernetes (in CI the
+    copy installed from its Galaxy tarball). An AssertionError when the variable is unset."""
+    first = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(":")[0]
+    if not first:
+        raise AssertionError("ANSIBLE_COLLECTIONS_PATH is not set: the drills run the collection it names")
+    return Path(first) / "ansible_collections" / "confidential" / "kubernetes"
+
+
 @dataclass(frozen=True)
 class PlaybookRun:
     """One ansible-playbook run: its exit status, its whole output and what its recap counted."""

@@ -12,14 +12,13 @@ verify before anything is locked, site, and a re-run that must report changed=0.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shutil
 from pathlib import Path
 
 import yaml
 
-from drilllab import REPO, DrillLab
+from drilllab import REPO, DrillLab, collection_root
 
 WORKED_EXAMPLE = REPO / "docs" / "inventory.md"
 # Variables of the worked example the lab must set otherwise, and why.
@@ -67,10 +66,7 @@ def docs_inventory(example: dict, lab_inventory: dict) -> dict:
 def collection_task_files(output: str) -> int:
     """How many task files site.yml's -vv output names, each checked to lie in the collection that
     ANSIBLE_COLLECTIONS_PATH names first; an AssertionError naming any other."""
-    first = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(":")[0]
-    if not first:
-        raise AssertionError("ANSIBLE_COLLECTIONS_PATH is not set: the drills run the collection it names")
-    root = f"{first.rstrip('/')}/ansible_collections/confidential/kubernetes/"
+    root = f"{collection_root()}/"
     files = set(re.findall(r"^task path: ([^:\n]+):\d+$", output, re.MULTILINE))
     if not any(name == f"{root}roles/init/tasks/main.yml" for name in files):
         raise AssertionError(f"site.yml did not run the init role of {root}")
