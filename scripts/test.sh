@@ -19,37 +19,52 @@ stage() {
   stage_starts+=("$(date +%s)")
   printf '\n=== %s ===\n' "$*"
 }
-parallel_rows=()
-faults_pid=
-faults_log=
+# The second lab lane (see below): its pid while it runs, its output and its rows of the stage times.
+lane_pid=
+lane_log=
+lane_rows=
 installed_collections=
 stage_times() {
   local rc=$? now i next
   now=$(date +%s)
-  stop_faults
+  stop_lane
   [ -z "$installed_collections" ] || rm -rf "$installed_collections"
   printf '\n=== stage times (exit %s) ===\n' "$rc"
   for i in "${!stage_names[@]}"; do
     next=${stage_starts[$((i + 1))]:-$now}
     printf '%6ss  %s\n' "$((next - stage_starts[i]))" "${stage_names[$i]:0:100}"
   done
-  for i in "${!parallel_rows[@]}"; do
-    printf '%s\n' "${parallel_rows[$i]:0:108}"
-  done
+  [ -z "$lane_rows" ] || cat "$lane_rows"
   local total=$((now - suite_started)) verdict=met
   [ "$total" -le "$suite_target" ] || verdict=MISSED
   printf '%6ss  total (target with the caches a machine keeps: <= %s s; %s)\n' "$total" "$suite_target" "$verdict"
+  [ -z "$lane_rows" ] || rm -f "$lane_rows"
 }
-# A stage that fails while the fault suite still runs beside it: stop the suite (its pid, then its lab) and show
-# what it printed so far.
-stop_faults() {
-  [ -n "$faults_pid" ] || return 0
-  kill -- "-$faults_pid" 2>/dev/null || true
-  wait "$faults_pid" 2>/dev/null || true
-  CK_LAB_INDEX=2 CK_LAB_DIR=/var/tmp/ck-faults-lab tests/lab/lab down >/dev/null 2>&1 || true
-  printf '\n=== the fault and hygiene suites, stopped early: their output so far ===\n'
-  tail -n 40 "$faults_log" || true
-  rm -f "$faults_log"
+# A stage that fails while the second lane still runs: stop the lane (its process group, then its lab) and show what
+# it printed so far.
+stop_lane() {
+  [ -n "$lane_pid" ] || return 0
+  kill -- "-$lane_pid" 2>/dev/null || true
+  wait "$lane_pid" 2>/dev/null || true
+  CK_LAB_INDEX=2 CK_LAB_DIR=/var/tmp/ck-lane-lab tests/lab/lab down >/dev/null 2>&1 || true
+  printf '\n=== the second lab lane, stopped early: its output so far ===\n'
+  tail -n 40 "$lane_log" || true
+  rm -f "$lane_log"
+}
+# The second lab lane, on a lab of its own (index 2): the fault and hygiene suites, then the Kubernetes upgrade drill
+# on 1 control plane + 2 workers (one API server: the gap an operator of such a cluster sees; the drills' 3 + 2 lab
+# upgrades the HA shape). Each step appends its time to LANE_ROWS.
+lab_lane() {
+  set -euo pipefail
+  local started
+  started=$(date +%s)
+  tests/faults/run
+  printf '%6ss  %s\n' "$(($(date +%s) - started))" \
+    "(lane 2) fault (kill -9) and secret hygiene suites (CI subset; tests/faults/run --full)" >>"$LANE_ROWS"
+  started=$(date +%s)
+  ANSIBLE_COLLECTIONS_PATH="$INSTALLED_COLLECTIONS" tests/drills/run --control-planes 1 --workers 2 upgrade
+  printf '%6ss  %s\n' "$(($(date +%s) - started))" \
+    "(lane 2) Kubernetes upgrade drill on 1 + 2, from the installed collection (tests/drills/run)" >>"$LANE_ROWS"
 }
 trap stage_times EXIT
 
@@ -103,33 +118,32 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
   stage "quick start and day-2 drills on one 3 + 2 lab, from the installed collection (tests/drills/run)"
   ANSIBLE_COLLECTIONS_PATH="$installed_collections" tests/drills/run
 
-  # The fault and hygiene suites run on a lab of their own (index 2) beside the molecule scenarios (the default lab):
-  # each keeps about one core busy, mostly waiting on SSH, the API server and swtpm, so together they take about the
-  # time of the longer one. Their output is printed when they end; their time is a row of its own.
-  faults_log=$(mktemp /tmp/ck-faults-output.XXXXXX)
-  faults_started=$(date +%s)
-  # In a session of its own (setsid), so that a failure elsewhere stops the suite and every process it started.
-  CK_LAB_INDEX=2 CK_LAB_DIR=/var/tmp/ck-faults-lab setsid tests/faults/run >"$faults_log" 2>&1 &
-  faults_pid=$!
-  printf '\n=== beside the molecule scenarios: fault (kill -9) and secret hygiene suites on lab 2 (pid %s) ===\n' \
-    "$faults_pid"
+  # Beside the molecule scenarios (the default lab) a second lane runs on lab 2 (lab_lane above): each lane keeps
+  # about one core busy, mostly waiting on SSH, the API server and swtpm, so together they take about the time of the
+  # longer one. The lane runs in a session of its own (setsid), so that a failure elsewhere stops it and every
+  # process it started; its output is printed when it ends, its steps' times are rows of their own.
+  lane_log=$(mktemp /tmp/ck-lane-output.XXXXXX)
+  lane_rows=$(mktemp /tmp/ck-lane-rows.XXXXXX)
+  CK_LAB_INDEX=2 CK_LAB_DIR=/var/tmp/ck-lane-lab LANE_ROWS="$lane_rows" INSTALLED_COLLECTIONS="$installed_collections" \
+    setsid bash -c "$(declare -f lab_lane); lab_lane" >"$lane_log" 2>&1 &
+  lane_pid=$!
+  printf '\n=== beside the molecule scenarios, lane 2 (pid %s): fault and hygiene suites, upgrade drill on 1 + 2 ===\n' \
+    "$lane_pid"
 
   for scenario in extensions/molecule/*/; do
     stage "molecule test -s $(basename "$scenario") (lab scenario)"
     molecule test -s "$(basename "$scenario")"
   done
 
-  stage "waiting for the fault (kill -9) and secret hygiene suites on lab 2 (CI subset; tests/faults/run --full)"
-  faults_rc=0
-  wait "$faults_pid" || faults_rc=$?
-  faults_pid=
-  parallel_rows+=("$(printf '%6ss  %s' "$(($(date +%s) - faults_started))" \
-    "(beside molecule) fault (kill -9) and secret hygiene suites on lab 2 (tests/faults/run)")")
-  cat "$faults_log"
-  rm -f "$faults_log"
-  [ "$faults_rc" = 0 ] || {
-    echo "the fault and hygiene suites failed (exit $faults_rc)" >&2
-    exit "$faults_rc"
+  stage "waiting for lane 2: fault and hygiene suites, then the upgrade drill on 1 + 2 (rows below)"
+  lane_rc=0
+  wait "$lane_pid" || lane_rc=$?
+  lane_pid=
+  cat "$lane_log"
+  rm -f "$lane_log"
+  [ "$lane_rc" = 0 ] || {
+    echo "lane 2 failed (exit $lane_rc): its output is above" >&2
+    exit "$lane_rc"
   }
 fi
 
