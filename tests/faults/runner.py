@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO / ".venv" / "collections"))
 
 from secretscan import Scanner, encodings, needles_to_hex, pem_needles  # noqa: E402 pylint: disable=wrong-import-position
 
+from ansible_collections.confidential.kubernetes.plugins.module_utils._backup import snapshot  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.root_secrets import RootSecrets  # noqa: E402
 
@@ -198,6 +199,7 @@ class ClusterSecrets:
             document = json.loads(secrets_file.read_text())
             raw = {name: base64.b64decode(document[name]) for name in ("master_key", "master_salt", "measurement_salt")}
             raw["measurement_secret"] = derive.measurement_secret(raw["master_key"], raw["master_salt"])
+            raw["etcd_backup_key"] = snapshot.backup_key(raw["master_key"], raw["master_salt"])
             for name, value in raw.items():
                 found[name] = encodings(value)
             for node in self.lab.hosts():
