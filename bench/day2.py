@@ -1,7 +1,8 @@
 """Benchmark of day 2 on the lab's real control plane: the drills runner (tests/drills/run) brings up 3 control planes +
-2 workers and runs the outage drill (every node loses power, recover.yml) and the restore drill (backup.yml, etcd wiped,
-restore.yml); this prints the seconds from recover.yml's start to a serving API (target <= 60 s), the snapshot + fetch
-seconds and encrypted size for 200 ConfigMaps, the restore seconds and the object counts.
+2 workers and runs the outage drill (every node loses power, recover.yml), the restore drill (backup.yml, etcd wiped,
+restore.yml) and the upgrade drill (upgrade_kubernetes.yml to the lab's relabelled 1.20.2); this prints the seconds
+from recover.yml's start to a serving API (target <= 60 s), the snapshot + fetch seconds and encrypted size for 200
+ConfigMaps, the restore seconds, the upgrade's duration and longest API gap, and the object counts.
 
 Run as root: .venv/bin/python bench/day2.py [--control-planes N] [--workers M] [--figures FILE]
 Uses the lab of CK_LAB_INDEX (default 0) in CK_LAB_DIR and tears it down after (the runner does); refuses to run while
@@ -22,7 +23,7 @@ import _figures
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "tests" / "drills" / "run"
-DRILLS = ("outage", "restore")
+DRILLS = ("outage", "restore", "upgrade")
 API_READY_TARGET = 60.0  # seconds from recover.yml's start until an API server answers /readyz, 3 control planes
 OBJECTS = 200
 BENCHMARK = "day2"
@@ -104,6 +105,34 @@ def figures_from(document: dict) -> list[dict]:
                 "objects",
                 f"= {OBJECTS}",
                 _count(restore.get("configmaps_restored")) == OBJECTS,
+            ),
+        ]
+    upgrade = drills.get("upgrade", {}).get("figures", {}) if drills.get("upgrade", {}).get("result") == "ok" else {}
+    if upgrade:
+        kept = str(upgrade.get("configmaps_kept", ""))
+        rows += [
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: upgrade_kubernetes.yml {upgrade.get('from')} to {upgrade.get('to')}",
+                upgrade.get("upgrade_s"),
+                "s",
+            ),
+            _figures.figure(
+                BENCHMARK, f"{shape}: longest time no API server answered", upgrade.get("longest_api_gap_s"), "s"
+            ),
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: longest time the first control plane's API did not answer",
+                upgrade.get("longest_gap_of_first_control_plane_s"),
+                "s",
+            ),
+            _figures.figure(
+                BENCHMARK,
+                f"{shape}: ConfigMaps after the upgrade",
+                _count(kept),
+                "objects",
+                f"= {kept.partition('/')[2]}",
+                bool(kept.partition("/")[2]) and _count(kept) == _count(kept.partition("/")[2]),
             ),
         ]
     return rows

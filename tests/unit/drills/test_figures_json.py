@@ -48,6 +48,19 @@ RESTORE = {
     "nodes_ready_after_s": 12.0,
     "refused": "tampered,truncated",
 }
+UPGRADE = {
+    "from": "1.20.2",
+    "to": "1.20.3-lab.1 (a relabelled 1.20.2)",
+    "nodes": 5,
+    "upgrade_s": 325.0,
+    "longest_api_gap_s": 2.6,
+    "longest_gap_of_first_control_plane_s": 33.8,
+    "configmaps_kept": "20/20",
+    "site_refusal_s": 9.1,
+    "verify_s": 12.0,
+    "rerun_s": 17.0,
+}
+DRILLS = {"outage": OUTAGE, "restore": RESTORE, "upgrade": UPGRADE}
 
 
 class _Lab:
@@ -73,18 +86,18 @@ def _run_main(monkeypatch, tmp_path, drills: dict, *argv: str) -> tuple[int, dic
     monkeypatch.setattr(runner, "DrillLab", _Lab)
     monkeypatch.setattr(runner.quickstart, "bring_up", lambda lab: {"site_seconds": 10.0, "rerun_seconds": 10.0})
     monkeypatch.setattr(runner, "load", load)
-    monkeypatch.setattr(runner, "available", lambda: ["outage", "restore"])
+    monkeypatch.setattr(runner, "available", lambda: list(DRILLS))
     path = tmp_path / "drills.json"
-    monkeypatch.setattr(sys, "argv", ["runner.py", "--figures-json", str(path), *argv, "outage", "restore"])
+    monkeypatch.setattr(sys, "argv", ["runner.py", "--figures-json", str(path), *argv, *DRILLS])
     return runner.main(), json.loads(path.read_text())
 
 
 def test_runner_writes_every_drill_and_day2_reads_the_figures(monkeypatch, tmp_path):
-    rc, document = _run_main(monkeypatch, tmp_path, {"outage": OUTAGE, "restore": RESTORE})
+    rc, document = _run_main(monkeypatch, tmp_path, DRILLS)
     assert rc == 0
     assert (document["control_planes"], document["workers"]) == (3, 2)
     steps = [(d["name"], d["result"]) for d in document["drills"]]
-    assert steps == [("bring-up", "ok"), ("outage", "ok"), ("restore", "ok")]
+    assert steps == [("bring-up", "ok"), ("outage", "ok"), ("restore", "ok"), ("upgrade", "ok")]
     assert document["drills"][1]["figures"] == OUTAGE
 
     rows = {row["figure"].removeprefix("3 cp + 2 workers: "): row for row in day2.figures_from(document)}
@@ -96,6 +109,12 @@ def test_runner_writes_every_drill_and_day2_reads_the_figures(monkeypatch, tmp_p
     assert rows["encrypted snapshot size (1893 keys)"]["value"] == 2712345
     assert rows["restore.yml run"]["value"] == 120.4
     assert rows["ConfigMaps after the restore"]["met"] is True
+    upgrade = rows["upgrade_kubernetes.yml 1.20.2 to 1.20.3-lab.1 (a relabelled 1.20.2)"]
+    assert (upgrade["value"], upgrade["unit"]) == (325.0, "s")
+    assert rows["longest time no API server answered"]["value"] == 2.6
+    assert rows["longest time the first control plane's API did not answer"]["value"] == 33.8
+    kept = rows["ConfigMaps after the upgrade"]
+    assert (kept["value"], kept["target"], kept["met"]) == (20, "= 20", True)
     assert all(
         set(row) == {"benchmark", "figure", "value", "unit", "target", "met"} and row["benchmark"] == "day2"
         for row in rows.values()
@@ -104,15 +123,17 @@ def test_runner_writes_every_drill_and_day2_reads_the_figures(monkeypatch, tmp_p
 
 def test_slow_recover_and_lost_objects_miss_their_targets(monkeypatch, tmp_path):
     slow = dict(OUTAGE, api_ready_seconds=61.0, configmaps="199/200")
-    dummy, document = _run_main(monkeypatch, tmp_path, {"outage": slow, "restore": RESTORE})
+    lost = dict(UPGRADE, configmaps_kept="19/20")
+    dummy, document = _run_main(monkeypatch, tmp_path, dict(DRILLS, outage=slow, upgrade=lost))
     rows = {row["figure"].removeprefix("3 cp + 2 workers: "): row for row in day2.figures_from(document)}
     assert rows["recover.yml start to API ready"]["met"] is False
     assert rows["ConfigMaps after the outage"]["value"] == 199 and rows["ConfigMaps after the outage"]["met"] is False
+    assert rows["ConfigMaps after the upgrade"]["value"] == 19 and rows["ConfigMaps after the upgrade"]["met"] is False
 
 
 def test_a_failed_drill_is_a_missed_row_and_the_next_did_not_run(monkeypatch, tmp_path):
     rc, document = _run_main(
-        monkeypatch, tmp_path, {"outage": AssertionError("after recover: 150/200 ConfigMaps"), "restore": RESTORE}
+        monkeypatch, tmp_path, dict(DRILLS, outage=AssertionError("after recover: 150/200 ConfigMaps"))
     )
     assert rc == 1
     rows = day2.figures_from(document)
@@ -120,14 +141,13 @@ def test_a_failed_drill_is_a_missed_row_and_the_next_did_not_run(monkeypatch, tm
     assert failed == [
         "3 cp + 2 workers: outage: FAILED: after recover: 150/200 ConfigMaps",
         "3 cp + 2 workers: restore: did not run",
+        "3 cp + 2 workers: upgrade: did not run",
     ]
     assert not any("API ready" in row["figure"] for row in rows)
 
 
 @pytest.mark.parametrize("control_planes, target", [(1, ""), (3, "<= 60 s")])
 def test_the_api_target_is_for_three_control_planes(monkeypatch, tmp_path, control_planes, target):
-    dummy, document = _run_main(
-        monkeypatch, tmp_path, {"outage": OUTAGE, "restore": RESTORE}, f"--control-planes={control_planes}"
-    )
+    dummy, document = _run_main(monkeypatch, tmp_path, DRILLS, f"--control-planes={control_planes}")
     ready = [row for row in day2.figures_from(document) if "API ready" in row["figure"]]
     assert [row["target"] for row in ready] == [target]
