@@ -253,17 +253,24 @@ def _versioned_rows(root: Path) -> dict:
     return rows
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
-def test_another_version_is_refused_on_a_node_in_a_cluster_and_nothing_is_swapped(tmp_path):
+def _node_in_cluster(tmp_path: Path):
+    """A node with the 9.9.9 stack installed and a kubelet.conf (a member of a cluster): the rows, its root, its
+    kubeadm, its artefact staging directory and the install stamps there."""
     rows = _versioned_rows(tmp_path / "offline")
     destdir = tmp_path / "root"
-    other = ["-e", json.dumps({"kubernetes_version": "9.9.10", "kubernetes_versions_extra": rows})]
     assert _play(tmp_path, rows["9.9.9"], destdir).returncode == 0
     kubeadm = destdir / "usr/local/bin/kubeadm"
     staging = destdir / "var/cache/confidential-kubernetes/artifacts"
     stamps = {p.name for p in staging.glob("installed-*.sha256")}
     (destdir / "etc/kubernetes").mkdir(parents=True)
     (destdir / "etc/kubernetes/kubelet.conf").write_text("kind: Config\n")
+    return rows, destdir, kubeadm, staging, stamps
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
+def test_another_version_is_refused_on_a_node_in_a_cluster_and_nothing_is_swapped(tmp_path):
+    rows, destdir, kubeadm, staging, stamps = _node_in_cluster(tmp_path)
+    other = ["-e", json.dumps({"kubernetes_version": "9.9.10", "kubernetes_versions_extra": rows})]
 
     refused = _play(tmp_path, rows["9.9.9"], destdir, "cache", *other)
     # Only the controller's artefact cache took the new version.
@@ -297,14 +304,7 @@ def test_another_version_is_refused_on_a_node_in_a_cluster_and_nothing_is_swappe
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
 def test_the_upgrade_playbooks_request_installs_another_version_under_a_running_node(tmp_path):
-    rows = _versioned_rows(tmp_path / "offline")
-    destdir = tmp_path / "root"
-    assert _play(tmp_path, rows["9.9.9"], destdir).returncode == 0
-    kubeadm = destdir / "usr/local/bin/kubeadm"
-    staging = destdir / "var/cache/confidential-kubernetes/artifacts"
-    stamps = {p.name for p in staging.glob("installed-*.sha256")}
-    (destdir / "etc/kubernetes").mkdir(parents=True)
-    (destdir / "etc/kubernetes/kubelet.conf").write_text("kind: Config\n")
+    rows, destdir, kubeadm, staging, stamps = _node_in_cluster(tmp_path)
     upgrade = {"kubernetes_version": "9.9.10", "kubernetes_versions_extra": rows, "node_stack_upgrade": True}
 
     upgraded = _play(tmp_path, rows["9.9.9"], destdir, "cache", "-e", json.dumps(upgrade))
