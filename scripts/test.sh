@@ -60,11 +60,11 @@ lab_lane() {
   started=$(date +%s)
   tests/faults/run
   printf '%6ss  %s\n' "$(($(date +%s) - started))" \
-    "(lane 2) fault (kill -9) and secret hygiene suites (CI subset; tests/faults/run --full)" >>"$LANE_ROWS"
+    "(lane 2) fault (kill -9) and secret hygiene suites (CI subset; tests/faults/run --full)" >>"${LANE_ROWS:?}"
   started=$(date +%s)
-  ANSIBLE_COLLECTIONS_PATH="$INSTALLED_COLLECTIONS" tests/drills/run --control-planes 1 --workers 2 upgrade
+  ANSIBLE_COLLECTIONS_PATH="${INSTALLED_COLLECTIONS:?}" tests/drills/run --control-planes 1 --workers 2 upgrade
   printf '%6ss  %s\n' "$(($(date +%s) - started))" \
-    "(lane 2) Kubernetes upgrade drill on 1 + 2, from the installed collection (tests/drills/run)" >>"$LANE_ROWS"
+    "(lane 2) Kubernetes upgrade drill on 1 + 2, from the installed collection (tests/drills/run)" >>"${LANE_ROWS:?}"
 }
 trap stage_times EXIT
 
