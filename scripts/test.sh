@@ -55,16 +55,18 @@ stop_lane() {
 # on 1 control plane + 2 workers (one API server: the gap an operator of such a cluster sees; the drills' 3 + 2 lab
 # upgrades the HA shape). Each step appends its time to LANE_ROWS.
 lab_lane() {
-  set -euo pipefail
-  local started
+  set -uo pipefail
+  local started rc=0
   started=$(date +%s)
-  tests/faults/run
+  tests/faults/run || rc=$?
   printf '%6ss  %s\n' "$(($(date +%s) - started))" \
-    "(lane 2) fault (kill -9) and secret hygiene suites (CI subset; tests/faults/run --full)" >>"${LANE_ROWS:?}"
+    "(lane 2) fault (kill -9) and secret hygiene suites (tests/faults/run, CI subset), exit $rc" >>"${LANE_ROWS:?}"
+  [ "$rc" = 0 ] || return "$rc"
   started=$(date +%s)
-  ANSIBLE_COLLECTIONS_PATH="${INSTALLED_COLLECTIONS:?}" tests/drills/run --control-planes 1 --workers 2 upgrade
+  ANSIBLE_COLLECTIONS_PATH="${INSTALLED_COLLECTIONS:?}" tests/drills/run --control-planes 1 --workers 2 upgrade || rc=$?
   printf '%6ss  %s\n' "$(($(date +%s) - started))" \
-    "(lane 2) Kubernetes upgrade drill on 1 + 2, from the installed collection (tests/drills/run)" >>"${LANE_ROWS:?}"
+    "(lane 2) Kubernetes upgrade drill on 1 + 2, from the installed collection, exit $rc" >>"${LANE_ROWS:?}"
+  return "$rc"
 }
 trap stage_times EXIT
 

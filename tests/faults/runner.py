@@ -434,6 +434,9 @@ HYGIENE_PLAYBOOKS: list[tuple[str, list[str]]] = [
     ("recover.yml", []),
     ("backup.yml", []),
     ("renew.yml", ["-e", "certificates_force=true"]),
+    # At the running version: the preflight (nodes, etcd, certificates) and the path that finds nothing to upgrade.
+    # The upgrade itself (kubeadm upgrade apply/node, drain, the new stack) runs in the upgrade drill (tests/drills).
+    ("upgrade_kubernetes.yml", []),
 ]
 HYGIENE_DESTRUCTIVE_PLAYBOOKS: list[tuple[str, list[str]]] = [
     ("restore.yml", ["-e", "confirm_restore=CLUSTER_ID"]),
