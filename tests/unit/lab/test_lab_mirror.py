@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
-from cklab import LabError, lab as lab_commands, mirror
+from cklab import LabError, kubernetes, lab as lab_commands, mirror
 from cklab.base import STANDIN_KUBELET
 from cklab.paths import LabPaths
 
@@ -221,7 +221,9 @@ def test_an_unknown_version_is_refused_with_the_supported_list(lab):
     before = lab.installed()
     run = lab.stack(kubernetes_version="1.19.0")
     assert run.returncode != 0
-    supported = ", ".join(_versions.supported(_versions.merged_table(_versions.load_table(), {"1.20.2": {}})))
+    # The lab's rows: its 1.20.2 build and the relabelled one the upgrade drill targets.
+    lab_rows = {release.version.lstrip("v"): {} for release in kubernetes.RELEASES}
+    supported = ", ".join(_versions.supported(_versions.merged_table(_versions.load_table(), lab_rows)))
     assert f"Kubernetes 1.19.0 is not in the versions table; supported: {supported}" in run.stdout
     assert lab.installed() == before
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
-from cklab import lab as lab_commands, plan, tpm
+from cklab import kubernetes, lab as lab_commands, plan, tpm
 from cklab.paths import LabPaths
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -106,7 +106,9 @@ def test_occupied_api_server_port_fails_init_before_the_lock(lab):
 def test_wrong_kubernetes_version_fails_init_before_the_lock(lab):
     # site.yml: the node role finds no such row, before anything is installed.
     output = _failure(lab.site("-e", "kubernetes_version=v1.20.3"))
-    supported = ", ".join(_versions.supported(_versions.merged_table(_versions.load_table(), {"1.20.2": {}})))
+    # The lab's rows: its 1.20.2 build and the relabelled one the upgrade drill targets.
+    lab_rows = {release.version.lstrip("v"): {} for release in kubernetes.RELEASES}
+    supported = ", ".join(_versions.supported(_versions.merged_table(_versions.load_table(), lab_rows)))
     assert f"Kubernetes 1.20.3 is not in the versions table; supported: {supported}" in output
     assert lab.unlocked(CP)
     # init.yml alone over the installed 1.20.2 stack: init's preflight compares the installed binaries.

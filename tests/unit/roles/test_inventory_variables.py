@@ -41,7 +41,7 @@ NOT_VARIABLES = (
     {path.stem for path in (REPO / "plugins" / "modules").glob("*.py")}
     | {path.stem for path in (REPO / "playbooks").glob("*.yml")}
     | {name for entry_points in SPECS.values() for name in entry_points}
-    | {"upgrade_results", "upgrade_backup_path", "joinservice_api_host"}
+    | {"upgrade_results", "upgrade_backup_path", "upgrade_kubernetes_plan", "joinservice_api_host"}
 )
 
 
