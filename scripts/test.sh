@@ -23,6 +23,8 @@ stage() {
 lane_pid=
 lane_log=
 lane_rows=
+# The second lane's lab: its own index and directory, named once for starting the lane and for stopping its lab.
+lane_lab=(CK_LAB_INDEX=2 CK_LAB_DIR=/var/tmp/ck-lane-lab)
 installed_collections=
 stage_times() {
   local rc=$? now i next
@@ -46,7 +48,7 @@ stop_lane() {
   [ -n "$lane_pid" ] || return 0
   kill -- "-$lane_pid" 2>/dev/null || true
   wait "$lane_pid" 2>/dev/null || true
-  CK_LAB_INDEX=2 CK_LAB_DIR=/var/tmp/ck-lane-lab tests/lab/lab down >/dev/null 2>&1 || true
+  env "${lane_lab[@]}" tests/lab/lab down >/dev/null 2>&1 || true
   printf '\n=== the second lab lane, stopped early: its output so far ===\n'
   tail -n 40 "$lane_log" || true
   rm -f "$lane_log"
@@ -126,7 +128,7 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
   # process it started; its output is printed when it ends, its steps' times are rows of their own.
   lane_log=$(mktemp /tmp/ck-lane-output.XXXXXX)
   lane_rows=$(mktemp /tmp/ck-lane-rows.XXXXXX)
-  CK_LAB_INDEX=2 CK_LAB_DIR=/var/tmp/ck-lane-lab LANE_ROWS="$lane_rows" INSTALLED_COLLECTIONS="$installed_collections" \
+  env "${lane_lab[@]}" LANE_ROWS="$lane_rows" INSTALLED_COLLECTIONS="$installed_collections" \
     setsid bash -c "$(declare -f lab_lane); lab_lane" >"$lane_log" 2>&1 &
   lane_pid=$!
   printf '\n=== beside the molecule scenarios, lane 2 (pid %s): fault and hygiene suites, upgrade drill on 1 + 2 ===\n' \
