@@ -1,11 +1,11 @@
-"""Command line of the lab: `lab up|down|stop|start|reboot|status|ssh|kubernetes`."""
+"""Command line of the lab: `lab up|down|stop|start|reboot|status|ssh|kubernetes|guest`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import LabError, kubernetes, lab
+from . import LabError, guest, kubernetes, lab
 from .paths import LabPaths
 
 
@@ -44,6 +44,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check every binary against SHA256SUMS, change nothing; exit 1 on any problem",
     )
+    image = commands.add_parser(
+        "guest", help="build (once) and verify the VM nodes' guest image in the cache; prints its directory"
+    )
+    image.add_argument(
+        "--verify-only",
+        action="store_true",
+        help="check the image, kernel and initrd against the manifest, change nothing; exit 1 on any problem",
+    )
     return top
 
 
@@ -64,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             return lab.status(paths)
         if args.command == "kubernetes":
             return _kubernetes(paths, args.verify_only)
+        if args.command == "guest":
+            return _guest(paths, args.verify_only)
         return lab.ssh(paths, args.node, args.remote)
     except LabError as exc:
         print(f"lab {args.command}: error: {exc}", file=sys.stderr)
@@ -86,6 +96,20 @@ def _kubernetes(paths: LabPaths, verify_only: bool) -> int:
         f"kubernetes: {kubernetes.RELEASE.version}: all {len(kubernetes.RELEASE.artefacts)} binaries match SHA256SUMS"
     )
     print(kubernetes.CacheLayout(paths, kubernetes.RELEASE).bin_dir)
+    return 0
+
+
+def _guest(paths: LabPaths, verify_only: bool) -> int:
+    if not verify_only:
+        print(guest.ensure_guest(paths, lab.log).root_image.parent)
+        return 0
+    problems = guest.verify_guest(paths, log=lab.log)
+    for name, problem in problems.items():
+        lab.log(f"guest: {name}: {problem}")
+    if problems:
+        return 1
+    lab.log(f"guest: image {guest.image_key()[:20]}: {' '.join(guest.FILES)} match the manifest")
+    print(guest.GuestLayout(paths, guest.image_key()).image_dir)
     return 0
 
 
