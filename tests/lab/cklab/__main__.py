@@ -18,11 +18,18 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--control-planes", type=int, default=1, metavar="N")
     up.add_argument("--workers", type=int, default=2, metavar="M")
     up.add_argument(
+        "--vm-workers",
+        type=int,
+        default=0,
+        metavar="V",
+        help="QEMU workers vm-0.. beside the nspawn nodes (guest image built once; minutes to boot under TCG)",
+    )
+    up.add_argument(
         "--tamper",
         nargs="+",
         default=[],
         metavar="NODE",
-        help="boot these nodes with a different kernel command line (PCR 8)",
+        help="boot these nodes with a different kernel command line (PCR 8; a VM's real one, PCR 9)",
     )
     commands.add_parser("down", help="stop every node and remove bridge, veths and node state")
     for name, what in (
@@ -60,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = LabPaths.from_environment()
     try:
         if args.command == "up":
-            lab.up(paths, args.control_planes, args.workers, args.tamper)
+            lab.up(paths, args.control_planes, args.workers, args.tamper, args.vm_workers)
             return 0
         if args.command == "down":
             lab.down(paths)

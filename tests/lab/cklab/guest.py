@@ -240,15 +240,29 @@ def verify_guest(paths: LabPaths, log: Log = print) -> dict[str, str]:
         return _verified(layout)[1]
 
 
+def cached_guest(paths: LabPaths, log: Log = print) -> GuestImage:
+    """The cached image, verified; LabError naming the problems when it cannot be used (nothing is built)."""
+    layout = GuestLayout(paths, image_key())
+    with _locked(layout, fcntl.LOCK_SH, log):
+        image, problems = _verified(layout)
+    if image is None:
+        found = "; ".join(f"{name}: {problem}" for name, problem in problems.items())
+        raise LabError(f"the cached guest image cannot be used ({found}); 'lab up' or 'lab guest' builds it")
+    return image
+
+
 # ---- ensure -----------------------------------------------------------------------------
 
 
 def ensure_guest(paths: LabPaths, log: Log = print) -> GuestImage:
-    """The verified guest image: built the first time, rebuilt whole when a file differs from its manifest."""
+    """The verified guest image: built the first time, rebuilt whole when a file differs from its manifest. The host
+    packages that run it (HOST_PACKAGES) are installed when missing, also beside a cached image."""
     layout = GuestLayout(paths, image_key())
     started = time.monotonic()
     with _locked(layout, fcntl.LOCK_EX, log):
         image, problems = _verified(layout)
+        if image is not None and missing_debian_packages(HOST_PACKAGES):
+            log(f"guest: apt: {_apt_step(StepRunner(layout.logs, subject='guest'))}")
         if image is not None:
             log(
                 f"guest: image {layout.key[:20]} verified ({len(FILES)} files match) in {time.monotonic() - started:.1f} s"

@@ -34,6 +34,12 @@ def paths(tmp_path) -> LabPaths:
     return LabPaths(lab_dir=tmp_path / "lab", cache_dir=tmp_path / "cache", repo_root=tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def host_packages_present(monkeypatch):
+    """No test here installs Debian packages: the host has what runs a VM."""
+    monkeypatch.setattr(guest, "missing_debian_packages", lambda packages: [])
+
+
 def test_a_matching_image_is_used_without_a_build(paths, monkeypatch):
     fake_image(paths, guest.image_key())
     monkeypatch.setattr(guest, "_build", lambda layout, log: pytest.fail("built although the image matched"))
@@ -103,3 +109,23 @@ def test_the_build_steps_report_their_failure_as_guest_steps(tmp_path):
     runner = kubernetes.StepRunner(tmp_path / "logs", subject="guest")
     with pytest.raises(LabError, match=r"^guest mkfs step: sh -c exit 2 failed \(exit 2\)"):
         runner.run("mkfs", ["sh", "-c", "exit 2"])
+
+
+def test_power_commands_get_the_cached_image_only_when_it_verifies(paths, monkeypatch):
+    monkeypatch.setattr(guest, "_build", lambda layout, log: pytest.fail("a power command must not build"))
+    with pytest.raises(LabError, match="manifest.json: missing .* 'lab up' or 'lab guest' builds it"):
+        guest.cached_guest(paths, lambda line: None)
+    layout = fake_image(paths, guest.image_key())
+    assert guest.cached_guest(paths, lambda line: None).kernel == layout.image_dir / "vmlinuz"
+    (layout.image_dir / "vmlinuz").write_bytes(b"another kernel")
+    with pytest.raises(LabError, match="vmlinuz: sha256 "):
+        guest.cached_guest(paths, lambda line: None)
+
+
+def test_host_packages_missing_beside_a_cached_image_are_installed(paths, monkeypatch):
+    fake_image(paths, guest.image_key())
+    monkeypatch.setattr(guest, "missing_debian_packages", lambda packages: ["ovmf"])
+    monkeypatch.setattr(guest, "_apt_step", lambda runner: "installed ovmf")
+    lines: list[str] = []
+    guest.ensure_guest(paths, lines.append)
+    assert lines[0] == "guest: apt: installed ovmf"
