@@ -292,7 +292,7 @@ def _locked(layout: GuestLayout, mode: int, log: Log) -> Iterator[None]:
 
 def _build(layout: GuestLayout, log: Log) -> None:
     """Every step afresh into a staging dir that becomes the image dir, manifest last."""
-    log(f"guest: building image {layout.key[:20]} (first time: about 10 minutes on 2 cores)")
+    log(f"guest: building image {layout.key[:20]} (about 3 minutes on 2 cores)")
     runner = StepRunner(layout.logs, subject="guest")
     seconds: dict[str, float] = {}
 
