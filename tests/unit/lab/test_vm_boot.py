@@ -7,23 +7,35 @@ with CK_LAB_VM_TEST=1 (and root, and the lab's Kubernetes build; the guest image
 
 What it pins: the VM answers SSH on its lab address with the host key the lab recorded; it has /dev/tpmrm0 (its own
 swtpm, EK certificate from the lab CA); the firmware's real event log replays, by the collection's parser, to the PCRs
-the TPM reports; cgroup v1; dm-crypt maps its state disk; the cp-0 container reaches it over the bridge; `lab down`
-leaves no QEMU, swtpm or tap.
+the TPM reports; the collection's node code (TCTI auto) enrols the VM's PCRs and event log and makes evidence that the
+collection's verifier accepts against the lab's EK CA, and refuses naming the LoadOptions event when the policy holds
+another kernel command line; cgroup v1; dm-crypt maps its state disk; the cp-0 container reaches it over the bridge;
+`lab down` leaves no QEMU, swtpm or tap.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import secrets
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from cklab import lab as lab_commands, measure, plan, tpm, vm
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import (
+    controller,
+    policy as policy_module,
+    verifier,
+)
+from cklab import base, lab as lab_commands, measure, plan, tpm, vm
 from cklab.paths import LabPaths
 
-LAB = Path(__file__).resolve().parents[2] / "lab" / "lab"
+REPO = Path(__file__).resolve().parents[3]
+LAB = REPO / "tests" / "lab" / "lab"
 EVENT_LOG = "/sys/kernel/security/tpm0/binary_bios_measurements"
 FIRMWARE_PCRS = tuple(range(10))
 
@@ -35,7 +47,8 @@ pytestmark = [
 
 def guest_run(paths: LabPaths, address: str, script: str, stdin: bytes = b"", timeout: float = 300) -> bytes:
     done = subprocess.run(
-        lab_commands.ssh_command(paths, address, "sh", "-euc", f"'{script}'"),
+        # An emulated guest on a loaded machine can take more than the lab's 5 s to send its SSH banner.
+        lab_commands.ssh_command(paths, address, "sh", "-euc", f"'{script}'", connect_timeout=60),
         input=stdin,
         capture_output=True,
         timeout=timeout,
@@ -54,6 +67,67 @@ def firmware_log_matches_tpm(paths: LabPaths, address: str) -> dict[int, str]:
     assert set(replayed) <= set(FIRMWARE_PCRS) and {4, 9} <= set(replayed)
     assert {pcr: quoted[pcr] for pcr in replayed} == replayed
     return replayed
+
+
+# What the collection's attestation code imports, from the nspawn base's node venv (bookworm's Python 3.11, as the VM's):
+# the VM's image has no node venv yet (VM.md, next steps).
+NODE_PACKAGES = (
+    "_cffi_backend.cpython-311-x86_64-linux-gnu.so",
+    "cffi",
+    "pycparser",
+    "cryptography",
+    "packaging",
+    "tpm2_pytss",
+    "yaml",
+    "_yaml",
+    "typing_extensions.py",
+)
+NODE_CODE = "/opt/cklab-check"
+ATTEST = """
+import json, sys
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, node
+measured = node.read_measurements("auto", list(range(10)), "sha256", "ek-certificate", [], None)
+evidence = node.produce_evidence("auto", sys.argv[1], "x25519", True, None, None, True)["evidence"]
+json.dump({"tcti": issuer.resolve_tcti("auto"), "policy": measured, "evidence": evidence}, sys.stdout)
+"""
+
+
+def _without_caches(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if "__pycache__" in member.name else member
+
+
+def push_node_code(paths: LabPaths, address: str) -> None:
+    """The collection's module_utils and the packages they import into NODE_CODE in the guest."""
+    site = base.cached_base(paths).root / "opt/confidential-kubernetes/venv/lib/python3.11/site-packages"
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for name in NODE_PACKAGES:
+            tar.add(site / name, arcname=name, filter=_without_caches)
+        module_utils = "ansible_collections/confidential/kubernetes/plugins/module_utils"
+        tar.add(REPO / "plugins" / "module_utils", arcname=module_utils, filter=_without_caches)
+    guest_run(paths, address, f"mkdir -p {NODE_CODE} && tar -xzf - -C {NODE_CODE}", stdin=archive.getvalue())
+
+
+def collection_attests_the_vm(paths: LabPaths, address: str) -> None:
+    nonce = secrets.token_hex(32)
+    output = guest_run(paths, address, f"PYTHONPATH={NODE_CODE} python3 - {nonce}", stdin=ATTEST.encode())
+    answer = json.loads(output)
+    assert answer["tcti"] == "device:/dev/tpmrm0"
+    golden = policy_module.parse_policy(json.dumps(answer["policy"]), "vm-0")
+    ek_cas = verifier.load_ca_certificates(paths.ek_ca.read_bytes())
+    controller.verify(answer["evidence"], nonce, golden, ek_cas, None)
+    # The policy of another kernel command line: refused, naming the event the EFI stub measured it in.
+    other = json.loads(json.dumps(answer["policy"]))
+    other["pcrs"]["9"]["allowed"] = ["00" * 32]
+    for event in other["event_log"]:
+        if event["description"] == "LOADED_IMAGE::LoadOptions":
+            event["digest"] = "11" * 32
+    with pytest.raises(
+        verifier.VerificationError, match="PCR 9: EV_EVENT_TAG LOADED_IMAGE::LoadOptions digest changed"
+    ):
+        controller.verify(
+            answer["evidence"], nonce, policy_module.parse_policy(json.dumps(other), "other"), ek_cas, None
+        )
 
 
 STATE_DISK_CHECK = f"""
@@ -90,6 +164,8 @@ def test_a_vm_worker_boots_beside_an_nspawn_control_plane_and_is_a_real_node(tmp
         assert guest_run(paths, node.address, "hostname").decode().strip() == "vm-0"
         assert guest_run(paths, node.address, "test -c /dev/tpmrm0 && stat -fc %T /sys/fs/cgroup").strip() == b"tmpfs"
         firmware_log_matches_tpm(paths, node.address)
+        push_node_code(paths, node.address)
+        collection_attests_the_vm(paths, node.address)
         assert guest_run(paths, node.address, STATE_DISK_CHECK).decode().splitlines() == ["mapped"]
         reach = lab(
             "ssh", "cp-0", "python3", "-c", f'"import socket; socket.create_connection((\\"{node.address}\\", 22), 10)"'
