@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dataclasses
+import json
+
 import pytest
 import yaml
 
-from cklab import LabError, plan, vm
+from cklab import LabError, __main__ as cli, lab as lab_commands, plan, vm
+from cklab.paths import LabPaths
 from cklab.inventory import VM_HOST_VARIABLES, render_inventory
 
 PVM_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge sse sse2 hypervisor\n"
@@ -65,6 +69,23 @@ def test_tap_mac_and_network_unit_are_derived_from_the_node():
     assert f"Address={node.address}/24" in unit
     assert f"Gateway={plan.HOST_ADDRESS}" in unit
     assert "DHCP" not in unit
+
+
+def test_up_takes_the_number_of_vm_workers():
+    assert cli.parser().parse_args(["up", "--vm-workers", "1"]).vm_workers == 1
+    assert cli.parser().parse_args(["up"]).vm_workers == 0
+
+
+def test_power_commands_keep_a_vms_kind_and_take_an_older_record_for_nspawn(tmp_path):
+    paths = dataclasses.replace(LabPaths.from_environment(), lab_dir=tmp_path)
+    for node in plan.plan_nodes(1, 0, vm_workers=1):
+        record = dataclasses.asdict(node)
+        if node.kind == plan.KIND_NSPAWN:
+            del record["kind"]  # written before VM nodes existed
+        paths.node_dir(node.name).mkdir(parents=True)
+        (paths.node_dir(node.name) / "node.json").write_text(json.dumps(record))
+    chosen = lab_commands.recorded_nodes(paths, [])
+    assert [(n.name, n.kind) for n in chosen] == [("cp-0", "nspawn"), ("vm-0", "vm")]
 
 
 # ---- accelerator ------------------------------------------------------------------------
