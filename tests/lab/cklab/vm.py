@@ -25,7 +25,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from .base import hosts_file
 from .guest import SEED_LABEL, GuestImage
 from .host import run
 from .measure import TAMPER_ARGUMENT
-from .nodes import live_pid, wait_gone
+from .nodes import live_pid, send_signal, wait_gone
 from .paths import LabPaths
 from .plan import BRIDGE, HOST_ADDRESS, LAB_INDEX, PREFIX_LENGTH, TAP_PREFIX, NodeSpec
 
@@ -338,7 +338,14 @@ def remove_tap(name: str) -> None:
         run(["ip", "link", "delete", tap], what=f"ip link delete {tap}")
 
 
-def start(paths: LabPaths, node: NodeSpec, image: GuestImage, setup_conf: Path, authorized_key: str, log) -> int:
+def start(
+    paths: LabPaths,
+    node: NodeSpec,
+    image: GuestImage,
+    setup_conf: Path,
+    authorized_key: str,
+    log: Callable[[str], None],
+) -> int:
     """Manufacture the TPM (once, EK certificate checked), prepare the node, start its swtpm and QEMU; return QEMU's
     pid. Booting takes minutes under TCG: the caller waits for SSH."""
     files = node_files(paths, node.name)
@@ -368,7 +375,6 @@ def start(paths: LabPaths, node: NodeSpec, image: GuestImage, setup_conf: Path, 
         command_line=KERNEL_COMMAND_LINE + (TAMPER_ARGUMENT if node.tampered else ""),
     )
     files["qemu_pid"].unlink(missing_ok=True)
-    files["console_log"].unlink(missing_ok=True)
     directory = paths.node_dir(node.name)
     with open(directory / "qemu.log", "ab") as qemu_log:
         process = subprocess.Popen(
@@ -392,9 +398,9 @@ def _check_ek_certificate(paths: LabPaths, name: str) -> None:
         tpm.export_ek_ca(paths)
         tpm.verify_ek_certificate(paths, name)
     finally:
-        os.kill(pid, signal.SIGTERM)
+        send_signal(pid, signal.SIGTERM)
         if wait_gone([pid], STOP_WAIT_SECONDS):
-            os.kill(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
 
 
 def _start_swtpm(paths: LabPaths, name: str) -> None:
@@ -412,7 +418,7 @@ def _start_swtpm(paths: LabPaths, name: str) -> None:
         command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.monotonic() + tpm.SOCKET_WAIT_SECONDS
-    while not (socket.exists() and files["swtpm_pid"].is_file()):
+    while not (tpm.accepts_connections(socket) and files["swtpm_pid"].is_file()):
         if process.poll() is not None:
             raise LabError(f"swtpm of {name} exited with {process.returncode}; see {paths.node_dir(name)}/swtpm.log")
         if time.monotonic() > deadline:
@@ -428,16 +434,10 @@ def stop(paths: LabPaths, name: str) -> None:
     """Power the VM off (QEMU ends at SIGTERM, like pulling the plug), stop its swtpm, remove its tap."""
     pids = [pid for which in ("qemu", "swtpm") if (pid := live_pid(paths, name, which))]
     for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        send_signal(pid, signal.SIGTERM)
     left = wait_gone(pids, STOP_WAIT_SECONDS)
     for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        send_signal(pid, signal.SIGKILL)
     if wait_gone(left, 5.0):
         raise LabError(f"{name}: processes would not stop: {' '.join(map(str, left))}")
     remove_tap(name)
