@@ -1,11 +1,11 @@
-"""Command line of the lab: `lab up|down|stop|start|reboot|status|ssh|kubernetes`."""
+"""Command line of the lab: `lab up|down|stop|start|reboot|status|ssh|kubernetes|guest`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import LabError, kubernetes, lab
+from . import LabError, guest, kubernetes, lab
 from .paths import LabPaths
 
 
@@ -18,11 +18,18 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--control-planes", type=int, default=1, metavar="N")
     up.add_argument("--workers", type=int, default=2, metavar="M")
     up.add_argument(
+        "--vm-workers",
+        type=int,
+        default=0,
+        metavar="V",
+        help="QEMU workers vm-0.. beside the nspawn nodes (guest image built once; minutes to boot under TCG)",
+    )
+    up.add_argument(
         "--tamper",
         nargs="+",
         default=[],
         metavar="NODE",
-        help="boot these nodes with a different kernel command line (PCR 8)",
+        help="boot these nodes with a different kernel command line (PCR 8; a VM's real one, PCR 9)",
     )
     commands.add_parser("down", help="stop every node and remove bridge, veths and node state")
     for name, what in (
@@ -44,6 +51,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check every binary against SHA256SUMS, change nothing; exit 1 on any problem",
     )
+    image = commands.add_parser(
+        "guest", help="build (once) and verify the VM nodes' guest image in the cache; prints its directory"
+    )
+    image.add_argument(
+        "--verify-only",
+        action="store_true",
+        help="check the image, kernel and initrd against the manifest, change nothing; exit 1 on any problem",
+    )
     return top
 
 
@@ -52,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = LabPaths.from_environment()
     try:
         if args.command == "up":
-            lab.up(paths, args.control_planes, args.workers, args.tamper)
+            lab.up(paths, args.control_planes, args.workers, args.tamper, args.vm_workers)
             return 0
         if args.command == "down":
             lab.down(paths)
@@ -64,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             return lab.status(paths)
         if args.command == "kubernetes":
             return _kubernetes(paths, args.verify_only)
+        if args.command == "guest":
+            return _guest(paths, args.verify_only)
         return lab.ssh(paths, args.node, args.remote)
     except LabError as exc:
         print(f"lab {args.command}: error: {exc}", file=sys.stderr)
@@ -89,6 +106,20 @@ def _kubernetes(paths: LabPaths, verify_only: bool) -> int:
         lab.log(f"kubernetes: {release.version}: all {len(release.artefacts)} binaries match SHA256SUMS")
         print(kubernetes.CacheLayout(paths, release).bin_dir)
     return 1 if failed else 0
+
+
+def _guest(paths: LabPaths, verify_only: bool) -> int:
+    if not verify_only:
+        print(guest.ensure_guest(paths, lab.log).root_image.parent)
+        return 0
+    problems = guest.verify_guest(paths, log=lab.log)
+    for name, problem in problems.items():
+        lab.log(f"guest: {name}: {problem}")
+    if problems:
+        return 1
+    lab.log(f"guest: image {guest.image_key()[:20]}: {' '.join(guest.FILES)} match the manifest")
+    print(guest.GuestLayout(paths, guest.image_key()).image_dir)
+    return 0
 
 
 if __name__ == "__main__":

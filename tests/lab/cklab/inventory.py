@@ -7,7 +7,8 @@ from pathlib import Path
 
 from .base import STANDIN_KUBELET
 from .paths import KUBERNETES_VERSION
-from .plan import NodeSpec
+from .plan import KIND_VM, NodeSpec
+from .vm import STATE_DISK_DEVICE
 
 NODE_PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
 NODE_TPM_TCTI = "swtpm:path=/run/tpm/swtpm.sock"
@@ -21,6 +22,21 @@ LAB_IGNORED_PREFLIGHT_ERRORS = ["ImagePull"]
 # stay Pending for ever, and kubeadm 1.20's upgrade apply, which upgrades an addon only when its ConfigMap exists, would
 # then wait 42.6 min for a ready CoreDNS replica after the static pods (postupgrade.go, TryRunCommand(..., 10)).
 LAB_SKIPPED_INIT_PHASES = ["addon/coredns", "addon/kube-proxy"]
+# A VM node (cklab/vm.py) is a real host where the nspawn nodes are not: the production TCTI auto-detection finds its
+# /dev/tpmrm0, the kernel's own event log is read, and its state disk is a block device that dm-crypt maps.
+VM_HOST_VARIABLES = {
+    "lab_node_kind": KIND_VM,
+    "ansible_python_interpreter": "/usr/bin/python3",
+    "confidential_tpm_tcti": "auto",
+    "confidential_tpm_event_log": "/sys/kernel/security/tpm0/binary_bios_measurements",
+    "confidential_state_disk": {
+        "device": STATE_DISK_DEVICE,
+        "state": "formatted",
+        "pbkdf_memory": 32768,
+        "pbkdf_iterations": 4,
+    },
+    "confidential_state_disk_allow_unmapped": False,
+}
 
 
 def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
@@ -109,5 +125,7 @@ def render_inventory(
             lines.append(f"          ansible_host: {_scalar(node.address)}")
             if node.tampered:
                 lines.append("          lab_tampered: true")
+            if node.kind == KIND_VM:
+                lines += [f"          {key}: {_scalar(value)}" for key, value in VM_HOST_VARIABLES.items()]
     lines += ["    cluster:", "      children:", "        control_plane: {}", "        workers: {}"]
     return "\n".join(lines) + "\n"

@@ -369,10 +369,11 @@ def _install(
 
 
 class StepRunner:
-    """Runs a step's commands with output to build/logs/STEP.log; a failure quotes the output's tail."""
+    """Runs a step's commands with output to LOGS/STEP.log; a failure names the subject and quotes the output's tail."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, subject: str = "kubernetes") -> None:
         self.logs = logs
+        self.subject = subject
 
     def run(
         self,
@@ -401,7 +402,7 @@ class StepRunner:
                     start_new_session=True,
                 )
             except FileNotFoundError as exc:
-                raise LabError(f"kubernetes {step} step: {args[0]}: command not found") from exc
+                raise LabError(f"{self.subject} {step} step: {args[0]}: command not found") from exc
             try:
                 code = process.wait(timeout=timeout)
             except BaseException as exc:
@@ -426,7 +427,7 @@ class StepRunner:
     def _failure(self, step: str, args: Sequence[str], what: str, log_file: Path, start: int) -> str:
         tail = self._output(log_file, start).rstrip().splitlines()[-TAIL_LINES:] or ["(no output)"]
         quoted = "\n".join(f"  | {line}" for line in tail)
-        return f"kubernetes {step} step: {' '.join(args[:4])} failed ({what}); last lines of {log_file}:\n{quoted}"
+        return f"{self.subject} {step} step: {' '.join(args[:4])} failed ({what}); last lines of {log_file}:\n{quoted}"
 
 
 def _timed(log: Log, message: str, started: float) -> None:

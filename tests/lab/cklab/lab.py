@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import LabError, base as base_image, cni, kubernetes, measure, mirror, network, nodes, tpm
+from . import LabError, base as base_image, cni, guest, kubernetes, measure, mirror, network, nodes, tpm, vm
 from .host import check_host, ensure_inotify_instances, missing_packages, run
 from .inventory import render_inventory, ssh_options
 from .paths import LabPaths
-from .plan import BRIDGE, NodeSpec, is_lab_node_name, plan_nodes
+from .plan import BRIDGE, KIND_NSPAWN, KIND_VM, NodeSpec, is_lab_node_name, plan_nodes
 
 START_WORKERS = 8
 SSH_PORT = 22
@@ -48,15 +48,21 @@ def boot_timeout(node_count: int) -> float:
     return 60.0 + 2.0 * node_count
 
 
+def vm_boot_timeout() -> float:
+    """Bound on a VM's wait for SSH: about 2 minutes alone under TCG on 2 cores, 5 beside others (REAL-NODE.md)."""
+    return float(os.environ.get("CK_LAB_VM_BOOT_TIMEOUT") or 900.0)
+
+
 # ---- up ---------------------------------------------------------------------------------
 
 
-def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) -> None:
-    wanted = plan_nodes(control_planes, workers, set(tamper))
+def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str], vm_workers: int = 0) -> None:
+    wanted = plan_nodes(control_planes, workers, set(tamper), vm_workers)
     check_host()
     bin_dir = kubernetes.ensure_kubernetes(paths, log=log)
     # The relabelled build the upgrade moves to (its kube-* binaries are bound into the nodes, its row is offered).
     upgrade_dir = kubernetes.ensure_kubernetes(paths, log=log, release=kubernetes.RELABELLED).parent
+    image = guest.ensure_guest(paths, log=log) if vm_workers else None
     # The nodes mount the Kubernetes tool doubles from here; they may not be written yet.
     (paths.doubles_dir / "bin").mkdir(parents=True, exist_ok=True)
     with locked(paths):
@@ -64,7 +70,7 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str]) ->
         _ensure_lab_identity(paths)
         started = time.monotonic()
         try:
-            fresh = _converge(paths, wanted, base)
+            fresh = _converge(paths, wanted, base, image)
             # The nodes get kubeadm, kubelet, kubectl and helm through the node role, from this mirror.
             network.ensure_bridge()
             tree = mirror.tree_dir(bin_dir.parent)
@@ -131,7 +137,20 @@ def _ensure_lab_identity(paths: LabPaths) -> None:
     tpm.write_ca_config(paths)
 
 
-def _converge(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base) -> list[NodeSpec]:
+def _image_id(node: NodeSpec, base: base_image.Base, image: guest.GuestImage | None) -> str | None:
+    """What a node boots: the nspawn base's image id, or a VM's guest image key."""
+    if node.kind == KIND_VM:
+        return image.key if image is not None else None
+    return base.image_id
+
+
+def _is_running(paths: LabPaths, node: NodeSpec) -> bool:
+    return vm.is_running(paths, node.name) if node.kind == KIND_VM else nodes.is_running(paths, node.name)
+
+
+def _converge(
+    paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base, image: guest.GuestImage | None
+) -> list[NodeSpec]:
     """Make the running nodes exactly `wanted`; return the nodes that were (re)started."""
     wanted_names = {node.name for node in wanted}
     surplus = [name for name in _recorded_names(paths) if name not in wanted_names]
@@ -143,16 +162,18 @@ def _converge(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base) ->
     to_start = []
     for node in wanted:
         record = nodes.recorded(paths, node.name)
+        image_id = _image_id(node, base, image)
         same = (
             record is not None
-            and record.get("image_id") == base.image_id
+            and record.get("image_id") == image_id
             and record.get("tampered") == node.tampered
             and record.get("address") == node.address
+            and record.get("kind", KIND_NSPAWN) == node.kind
         )
-        if same and nodes.is_running(paths, node.name):
+        if same and _is_running(paths, node):
             continue
-        if record is not None and record.get("image_id") != base.image_id:
-            # A node over another base keeps nothing: its upper dir belongs to that base.
+        if record is not None and (record.get("image_id") != image_id or record.get("kind", KIND_NSPAWN) != node.kind):
+            # A node over another base keeps nothing: its upper dir (a VM's root overlay) belongs to that base.
             _stop_nodes(paths, [node.name])
             shutil.rmtree(paths.node_dir(node.name), ignore_errors=True)
         to_start.append(node)
@@ -168,12 +189,31 @@ def _converge(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base) ->
         tpm.manufacture(paths, to_start[0].name, setup_conf)
     authorized_key = (paths.ssh_dir / "id_ed25519.pub").read_text()
     log(f"starting {' '.join(node.name for node in to_start)}")
+    _start_nodes(paths, to_start, base, image, setup_conf, authorized_key)
+    return to_start
+
+
+def _start_nodes(
+    paths: LabPaths,
+    chosen: list[NodeSpec],
+    base: base_image.Base,
+    image: guest.GuestImage | None,
+    setup_conf: Path,
+    authorized_key: str,
+) -> None:
+    """VMs first, one after the other (their boot is the long one), then the nspawn nodes in parallel."""
+    failures = []
+    for node in (node for node in chosen if node.kind == KIND_VM):
+        try:
+            vm.start(paths, node, image, setup_conf, authorized_key, log)
+        except LabError as exc:
+            failures.append(f"{node.name}: {exc}")
+    containers = [node for node in chosen if node.kind != KIND_VM]
     with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
-        results = list(pool.map(lambda n: _start_node(paths, n, base, setup_conf, authorized_key), to_start))
-    failures = [message for message in results if message]
+        results = list(pool.map(lambda n: _start_node(paths, n, base, setup_conf, authorized_key), containers))
+    failures += [message for message in results if message]
     if failures:
         raise LabError("; ".join(failures))
-    return to_start
 
 
 def _start_node(
@@ -211,7 +251,8 @@ def _write_outputs(
     paths.measurement_policy.write_text(measure.golden_policy(base.image_id))
     known_hosts = []
     for node in wanted:
-        key = nodes.host_public_key(paths, node.name).read_text().split()
+        public_key = vm.host_public_key if node.kind == KIND_VM else nodes.host_public_key
+        key = public_key(paths, node.name).read_text().split()
         known_hosts.append(f"{node.address} {key[0]} {key[1]}\n")
     paths.known_hosts.write_text("".join(known_hosts))
     paths.inventory.write_text(
@@ -254,30 +295,43 @@ def ssh_ok(paths: LabPaths, address: str, timeout: float = 10.0) -> bool:
     return done.returncode == 0
 
 
+def _main_pid(paths: LabPaths, node: NodeSpec) -> int | None:
+    """The process that is the node: its QEMU, or its nspawn."""
+    return nodes.live_pid(paths, node.name, "qemu" if node.kind == KIND_VM else "nspawn")
+
+
 def _wait_for_ssh(paths: LabPaths, wanted: list[NodeSpec], seconds: float) -> None:
-    """Wait (bounded) until every node runs a command over SSH; report the ones that do not."""
-    deadline = time.monotonic() + seconds
+    """Wait (bounded: `seconds` for nspawn nodes, vm_boot_timeout() for VMs) until every node runs a command over SSH;
+    report the ones that do not."""
+    started = time.monotonic()
+    bound = {node.name: vm_boot_timeout() if node.kind == KIND_VM else seconds for node in wanted}
     waiting = {node.name: node for node in wanted}
 
     def answers(node: NodeSpec) -> bool:
         return _port_open(node.address) and ssh_ok(paths, node.address)
 
+    def overdue() -> list[str]:
+        return [name for name in waiting if time.monotonic() - started > bound[name]]
+
     with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
-        while waiting and time.monotonic() < deadline:
-            dead = [name for name in waiting if nodes.live_pid(paths, name, "nspawn") is None]
-            if dead:
+        while waiting and not overdue():
+            if any(_main_pid(paths, node) is None for node in waiting.values()):
                 break
             ready = dict(zip(waiting, pool.map(answers, waiting.values())))
             for name, ok in ready.items():
-                if ok:
-                    del waiting[name]
+                if ok and waiting.pop(name).kind == KIND_VM:
+                    since = vm.seconds_since_start(paths, name)
+                    rss = (vm.qemu_rss_kib(paths, name) or 0) / 1024
+                    log(f"{name} answers SSH {since:.0f} s after QEMU started (QEMU RSS {rss:.0f} MiB)")
             if waiting:
-                time.sleep(0.2)
+                # A VM boots for minutes: no need to knock every 0.2 s.
+                time.sleep(2.0 if any(node.kind == KIND_VM for node in waiting.values()) else 0.2)
     if waiting:
-        for name in waiting:
-            state = "exited" if nodes.live_pid(paths, name, "nspawn") is None else "no SSH answer"
-            log(f"{name} ({state}); console log tail:\n{nodes.console_tail(paths, name)}")
-        raise LabError(f"nodes did not answer SSH within {seconds:g} s: {' '.join(waiting)}")
+        for node in waiting.values():
+            state = "exited" if _main_pid(paths, node) is None else "no SSH answer"
+            log(f"{node.name} ({state}); console log tail:\n{nodes.console_tail(paths, node.name)}")
+        limits = " / ".join(sorted({f"{bound[name]:g} s" for name in waiting}))
+        raise LabError(f"nodes did not answer SSH within {limits}: {' '.join(waiting)}")
 
 
 # ---- power: stop, start, reboot ---------------------------------------------------------
@@ -295,7 +349,13 @@ def recorded_nodes(paths: LabPaths, names: list[str]) -> list[NodeSpec]:
         raise LabError(f"not nodes of this lab: {' '.join(unknown)} (it has {have})")
     chosen = sorted(names or known, key=_node_order)
     return [
-        NodeSpec(known[n]["name"], known[n]["role"], known[n]["address"], bool(known[n].get("tampered")))
+        NodeSpec(
+            known[n]["name"],
+            known[n]["role"],
+            known[n]["address"],
+            bool(known[n].get("tampered")),
+            known[n].get("kind", KIND_NSPAWN),
+        )
         for n in chosen
     ]
 
@@ -312,11 +372,11 @@ def stop(paths: LabPaths, names: list[str]) -> None:
 def start(paths: LabPaths, names: list[str]) -> None:
     """Power nodes on (all for none; running ones are left alone): swtpm started afresh (PCRs reset), boot measured."""
     chosen = recorded_nodes(paths, names)
-    base = _base_of(paths, chosen)
+    base, image = _base_of(paths, chosen)
     with locked(paths):
         started = time.monotonic()
-        stopped = [node for node in chosen if not nodes.is_running(paths, node.name)]
-        _power_on(paths, stopped, base)
+        stopped = [node for node in chosen if not _is_running(paths, node)]
+        _power_on(paths, stopped, base, image)
     names = " ".join(node.name for node in stopped) or "nothing (all running)"
     log(f"started {names} in {time.monotonic() - started:.1f} s")
 
@@ -324,36 +384,36 @@ def start(paths: LabPaths, names: list[str]) -> None:
 def reboot(paths: LabPaths, names: list[str]) -> None:
     """Power nodes off and on (all for none): like a host's reboot, the TPM restarts, so PCRs (15 too) reset."""
     chosen = recorded_nodes(paths, names)
-    base = _base_of(paths, chosen)
+    base, image = _base_of(paths, chosen)
     with locked(paths):
         started = time.monotonic()
         _stop_nodes(paths, [node.name for node in chosen])
-        _power_on(paths, chosen, base)
+        _power_on(paths, chosen, base, image)
     log(f"rebooted {' '.join(node.name for node in chosen)} in {time.monotonic() - started:.1f} s")
 
 
-def _base_of(paths: LabPaths, chosen: list[NodeSpec]) -> base_image.Base:
-    """The cached base the nodes were made over (nothing is built: a node over another base needs `lab up`)."""
+def _base_of(paths: LabPaths, chosen: list[NodeSpec]) -> tuple[base_image.Base, guest.GuestImage | None]:
+    """The cached base (and guest image, for VMs) the nodes were made over, verified (nothing is built: a node over
+    another base needs `lab up`)."""
     base = base_image.cached_base(paths)
+    image = None
+    if any(node.kind == KIND_VM for node in chosen):
+        image = guest.cached_guest(paths, log=log)
     for node in chosen:
-        if base is None or (nodes.recorded(paths, node.name) or {}).get("image_id") != base.image_id:
+        if base is None or (nodes.recorded(paths, node.name) or {}).get("image_id") != _image_id(node, base, image):
             raise LabError(
                 f"{node.name} was made over another base image than the cached one; run 'lab up' to rebuild it"
             )
-    return base
+    return base, image
 
 
-def _power_on(paths: LabPaths, chosen: list[NodeSpec], base: base_image.Base) -> None:
+def _power_on(paths: LabPaths, chosen: list[NodeSpec], base: base_image.Base, image: guest.GuestImage | None) -> None:
     if not chosen:
         return
     network.ensure_bridge()
     setup_conf = tpm.write_ca_config(paths)
     authorized_key = (paths.ssh_dir / "id_ed25519.pub").read_text()
-    with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
-        results = list(pool.map(lambda n: _start_node(paths, n, base, setup_conf, authorized_key), chosen))
-    failures = [message for message in results if message]
-    if failures:
-        raise LabError("; ".join(failures))
+    _start_nodes(paths, chosen, base, image, setup_conf, authorized_key)
     _wait_for_ssh(paths, chosen, boot_timeout(len(chosen)))
 
 
@@ -376,6 +436,10 @@ def _recorded_names(paths: LabPaths) -> list[str]:
 
 
 def _stop_nodes(paths: LabPaths, names: list[str]) -> None:
+    vms = [name for name in names if (nodes.recorded(paths, name) or {}).get("kind") == KIND_VM]
+    for name in vms:
+        vm.stop(paths, name)
+    names = [name for name in names if name not in vms]
     nspawn_pids = [pid for name in names if (pid := nodes.live_pid(paths, name, "nspawn"))]
     swtpm_pids = [pid for name in names if (pid := nodes.live_pid(paths, name, "swtpm"))]
     nodes.stop_processes(nspawn_pids, swtpm_pids)
@@ -403,7 +467,18 @@ def _teardown(paths: LabPaths) -> None:
 
 
 # Programs the lab starts with the lab dir in their arguments; nothing else is ever killed.
-LAB_PROGRAMS = ("systemd-nspawn", "swtpm", "swtpm_setup", "swtpm_localca", "ssh", "ssh-keygen", "openssl")
+LAB_PROGRAMS = (
+    "systemd-nspawn",
+    vm.QEMU,
+    "swtpm",
+    "swtpm_setup",
+    "swtpm_localca",
+    "ssh",
+    "ssh-keygen",
+    "openssl",
+    "mkfs.ext4",
+    "qemu-img",
+)
 
 
 def _ancestors() -> set[int]:
@@ -471,7 +546,7 @@ def status(paths: LabPaths) -> int:
     if not names:
         print("no lab nodes")
         return 0
-    rows = [("NAME", "ROLE", "ADDRESS", "TAMPERED", "NSPAWN", "SWTPM", "SSH")]
+    rows = [("NAME", "ROLE", "ADDRESS", "TAMPERED", "NSPAWN/QEMU", "SWTPM", "SSH")]
     with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
         records = {name: nodes.recorded(paths, name) or {} for name in names}
         reachable = dict(
@@ -496,7 +571,7 @@ def status(paths: LabPaths) -> int:
                 record.get("role", "?"),
                 record.get("address", "?"),
                 "yes" if record.get("tampered") else "no",
-                str(nodes.live_pid(paths, name, "nspawn") or "-"),
+                str(nodes.live_pid(paths, name, "qemu" if record.get("kind") == KIND_VM else "nspawn") or "-"),
                 str(nodes.live_pid(paths, name, "swtpm") or "-"),
                 "ok" if reachable[name] else "no",
             )
@@ -514,7 +589,7 @@ def _node_order(name: str) -> tuple[int, int]:
 
 def ssh(paths: LabPaths, name: str, command: list[str]) -> int:
     if not is_lab_node_name(name):
-        raise LabError(f"no lab node is called {name!r} (names are cp-N and worker-N)")
+        raise LabError(f"no lab node is called {name!r} (names are cp-N, worker-N and vm-N)")
     record = nodes.recorded(paths, name)
     if record is None:
         raise LabError(f"{name} is not part of the lab in {paths.lab_dir}; run 'lab up' first")

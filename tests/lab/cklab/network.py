@@ -1,4 +1,4 @@
-"""The lab bridge on the host, and the veths nspawn attaches to it."""
+"""The lab bridge on the host, the veths nspawn attaches to it and the VM nodes' taps."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from . import LabError
 from .host import run
-from .plan import BRIDGE, HOST_ADDRESS, MACHINE_PREFIX, PREFIX_LENGTH, is_lab_node_name
+from .plan import BRIDGE, HOST_ADDRESS, MACHINE_PREFIX, PREFIX_LENGTH, TAP_PREFIX, is_lab_node_name
 
 
 def _links() -> list[dict]:
@@ -34,12 +34,14 @@ def ensure_bridge() -> None:
 
 
 def lab_veths() -> list[str]:
-    """Host-side veths of lab nodes: nspawn names them vb-<machine name>, or they hang off the bridge."""
+    """Host-side veths and taps of lab nodes: nspawn names veths vb-<machine name>, the lab taps TAP_PREFIX<name>, or
+    they hang off the bridge."""
     found = []
     for link in _links():
         name = link.get("ifname", "")
         base = name.split("@", 1)[0]
         ours = base.startswith("vb-" + MACHINE_PREFIX) and is_lab_node_name(base[3 + len(MACHINE_PREFIX) :])
+        ours = ours or (base.startswith(TAP_PREFIX) and is_lab_node_name(base[len(TAP_PREFIX) :]))
         if ours or link.get("master") == BRIDGE:
             found.append(base)
     return found

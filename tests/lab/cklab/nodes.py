@@ -179,7 +179,8 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _signal(pid: int, signo: int) -> None:
+def send_signal(pid: int, signo: int) -> None:
+    """Signal a process that may have ended meanwhile."""
     try:
         os.kill(pid, signo)
     except ProcessLookupError:
@@ -209,7 +210,7 @@ def _exists(pid: int) -> bool:
 def stop_container(nspawn_pid: int) -> None:
     """Kill the container's init, which ends its whole pid namespace, then let nspawn clean up."""
     for child in _children(nspawn_pid):
-        _signal(child, signal.SIGKILL)
+        send_signal(child, signal.SIGKILL)
 
 
 def stop_processes(nspawn_pids: list[int], other_pids: list[int], container_inits: list[int] = ()) -> None:
@@ -220,12 +221,12 @@ def stop_processes(nspawn_pids: list[int], other_pids: list[int], container_init
     for pid in nspawn_pids:
         stop_container(pid)
     for pid in container_inits:
-        _signal(pid, signal.SIGKILL)
+        send_signal(pid, signal.SIGKILL)
     for pid in other_pids:
-        _signal(pid, signal.SIGTERM)
+        send_signal(pid, signal.SIGTERM)
     left = wait_gone([*nspawn_pids, *other_pids, *container_inits], STOP_WAIT_SECONDS)
     for pid in left:
-        _signal(pid, signal.SIGKILL)
+        send_signal(pid, signal.SIGKILL)
     left = wait_gone(left, 5.0)
     if left:
         raise LabError(f"processes would not stop: {' '.join(map(str, left))}")

@@ -1,7 +1,8 @@
 """The shape of a lab: node names, roles and addresses on the lab bridge.
 
-Control planes take 10.77.I.10-19 and workers 10.77.I.20-254, so a lab holds up to
-10 control planes and 235 workers. I is CK_LAB_INDEX (0-9, default 0): labs with
+Control planes take 10.77.I.10-19, nspawn workers 10.77.I.20-239 and VM workers (vm-N, cklab/vm.py)
+10.77.I.240-254, so a lab holds up to 10 control planes, 220 workers and 15 VM workers, and adding
+nodes of one kind never moves another's address. I is CK_LAB_INDEX (0-9, default 0): labs with
 different indexes (and different CK_LAB_DIRs) run side by side on their own bridges.
 """
 
@@ -25,15 +26,22 @@ BRIDGE = f"cklab{LAB_INDEX}"
 NETWORK_PREFIX = f"10.77.{LAB_INDEX}"
 # nspawn names a node's host-side veth vb-<machine name>; a per-lab prefix keeps them apart.
 MACHINE_PREFIX = f"l{LAB_INDEX}-" if LAB_INDEX else ""
+# A VM node's tap device on the bridge is TAP_PREFIX + its name (cklab/vm.py).
+TAP_PREFIX = f"ckv{LAB_INDEX}-"
 PREFIX_LENGTH = 24
 HOST_ADDRESS = f"{NETWORK_PREFIX}.1"
 CONTROL_PLANE_FIRST = 10
 WORKER_FIRST = 20
+VM_WORKER_FIRST = 240
 MAX_CONTROL_PLANES = WORKER_FIRST - CONTROL_PLANE_FIRST
-MAX_WORKERS = 254 - WORKER_FIRST + 1
+MAX_WORKERS = VM_WORKER_FIRST - WORKER_FIRST
+MAX_VM_WORKERS = 254 - VM_WORKER_FIRST + 1
 
 ROLE_CONTROL_PLANE = "control_plane"
 ROLE_WORKER = "worker"
+KIND_NSPAWN = "nspawn"
+KIND_VM = "vm"
+NODE_NAME_PREFIXES = ("cp-", "worker-", "vm-")
 
 
 @dataclass(frozen=True)
@@ -42,26 +50,36 @@ class NodeSpec:
     role: str
     address: str
     tampered: bool = False
+    kind: str = KIND_NSPAWN
 
     @property
     def group(self) -> str:
         return "control_plane" if self.role == ROLE_CONTROL_PLANE else "workers"
 
 
-def plan_nodes(control_planes: int, workers: int, tampered: frozenset[str] | set[str] = frozenset()) -> list[NodeSpec]:
-    """The nodes of a lab with that many control planes and workers, control planes first."""
+def plan_nodes(
+    control_planes: int, workers: int, tampered: frozenset[str] | set[str] = frozenset(), vm_workers: int = 0
+) -> list[NodeSpec]:
+    """The nodes of a lab with that many control planes, workers and VM workers, in that order."""
     if not 1 <= control_planes <= MAX_CONTROL_PLANES:
         raise LabError(f"--control-planes must be between 1 and {MAX_CONTROL_PLANES}, not {control_planes}")
     if not 0 <= workers <= MAX_WORKERS:
         raise LabError(f"--workers must be between 0 and {MAX_WORKERS}, not {workers}")
+    if not 0 <= vm_workers <= MAX_VM_WORKERS:
+        raise LabError(f"--vm-workers must be between 0 and {MAX_VM_WORKERS}, not {vm_workers}")
     nodes = [
         NodeSpec(f"cp-{i}", ROLE_CONTROL_PLANE, f"{NETWORK_PREFIX}.{CONTROL_PLANE_FIRST + i}")
         for i in range(control_planes)
-    ] + [NodeSpec(f"worker-{i}", ROLE_WORKER, f"{NETWORK_PREFIX}.{WORKER_FIRST + i}") for i in range(workers)]
+    ]
+    nodes += [NodeSpec(f"worker-{i}", ROLE_WORKER, f"{NETWORK_PREFIX}.{WORKER_FIRST + i}") for i in range(workers)]
+    nodes += [
+        NodeSpec(f"vm-{i}", ROLE_WORKER, f"{NETWORK_PREFIX}.{VM_WORKER_FIRST + i}", kind=KIND_VM)
+        for i in range(vm_workers)
+    ]
     unknown = sorted(set(tampered) - {node.name for node in nodes})
     if unknown:
         raise LabError(f"--tamper names no node of this lab: {', '.join(unknown)}")
-    return [NodeSpec(n.name, n.role, n.address, n.name in tampered) for n in nodes]
+    return [NodeSpec(n.name, n.role, n.address, n.name in tampered, n.kind) for n in nodes]
 
 
 def network_unit(node: NodeSpec) -> str:
@@ -81,7 +99,7 @@ def network_unit(node: NodeSpec) -> str:
 
 def is_lab_node_name(name: str) -> bool:
     """Whether a name has the form of a lab node name (used to find leftovers)."""
-    for prefix in ("cp-", "worker-"):
+    for prefix in NODE_NAME_PREFIXES:
         if name.startswith(prefix) and name[len(prefix) :].isdigit():
             return True
     return False

@@ -139,7 +139,7 @@ def start(paths: LabPaths, name: str) -> int:
     finally:
         log.close()
     deadline = time.monotonic() + SOCKET_WAIT_SECONDS
-    while not (_accepts(Path(f"{sock}.ctrl")) and _accepts(sock)):
+    while not (accepts_connections(Path(f"{sock}.ctrl")) and accepts_connections(sock)):
         if process.poll() is not None:
             raise LabError(f"swtpm of {name} exited with {process.returncode}; see {paths.node_dir(name)}/swtpm.log")
         if time.monotonic() > deadline:
@@ -148,7 +148,7 @@ def start(paths: LabPaths, name: str) -> int:
     return process.pid
 
 
-def _accepts(path: Path) -> bool:
+def accepts_connections(path: Path) -> bool:
     """Whether swtpm listens on this socket yet (it exists before listen() is called)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:

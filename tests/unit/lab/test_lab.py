@@ -57,8 +57,8 @@ def test_adding_a_worker_keeps_existing_addresses():
     [
         (0, 2, "--control-planes must be between 1 and 10"),
         (11, 2, "--control-planes must be between 1 and 10"),
-        (1, -1, "--workers must be between 0 and 235"),
-        (1, 236, "--workers must be between 0 and 235"),
+        (1, -1, "--workers must be between 0 and 220"),
+        (1, 221, "--workers must be between 0 and 220"),
     ],
 )
 def test_lab_sizes_beyond_the_address_plan_are_rejected(control_planes, workers, message):
@@ -67,9 +67,11 @@ def test_lab_sizes_beyond_the_address_plan_are_rejected(control_planes, workers,
 
 
 def test_largest_lab_ends_at_the_last_host_address():
-    nodes = plan.plan_nodes(plan.MAX_CONTROL_PLANES, plan.MAX_WORKERS)
+    nodes = plan.plan_nodes(plan.MAX_CONTROL_PLANES, plan.MAX_WORKERS, vm_workers=plan.MAX_VM_WORKERS)
     assert nodes[plan.MAX_CONTROL_PLANES - 1].address == f"{plan.NETWORK_PREFIX}.19"
+    assert nodes[plan.MAX_CONTROL_PLANES + plan.MAX_WORKERS - 1].address == f"{plan.NETWORK_PREFIX}.239"
     assert nodes[-1].address == f"{plan.NETWORK_PREFIX}.254"
+    assert len({node.address for node in nodes}) == len(nodes)
 
 
 def test_tamper_marks_only_the_named_node():
