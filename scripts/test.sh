@@ -2,7 +2,8 @@
 # The whole test suite: unit tests (real swtpm), the lab's own test, ansible-doc,
 # ansible-lint, ansible-test sanity, the molecule scenarios on the lab, and a lab run of the collection as
 # installed from its Galaxy tarball.
-# Set SKIP_SANITY=1 or SKIP_MOLECULE=1 to leave a stage out while iterating.
+# Set SKIP_SANITY=1 or SKIP_MOLECULE=1 to leave a stage out while iterating (with SKIP_MOLECULE=1, pytest and the
+# security suites run on their own instead of in the second lab lane).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -53,22 +54,36 @@ stop_lane() {
   tail -n 40 "$lane_log" || true
   rm -f "$lane_log"
 }
-# The second lab lane, on a lab of its own (index 2): the fault and hygiene suites, then the Kubernetes upgrade drill
-# on 1 control plane + 2 workers (one API server: the gap an operator of such a cluster sees; the drills' 3 + 2 lab
-# upgrades the HA shape). Each step appends its time to LANE_ROWS.
+# The unit tests and the security suites: in the second lane beside the lab stages, or on their own with
+# SKIP_MOLECULE=1. Two pytest workers (pytest-xdist): most tests wait on processes (ansible-playbook, helm, the API
+# server, swtpm) about half of the time; each worker has its own real control plane and its own lab index
+# (CK_LAB_INDEX + worker number).
+run_pytest() {
+  python -m pytest -p no:cacheprovider -q -n 2 --durations=15 tests/unit tests/faults/test_faults.py
+}
+PYTEST_STAGE="pytest: unit tests on real swtpm, the real API server, helm and kubeadm, and the lab tool"
+SECURITY_STAGE="security suites: fuzzing (atheris), protocol attacks, the init/join race (tests/security)"
+# One step of the second lane: runs the rest of its arguments and appends its time and exit status to LANE_ROWS.
+lane_step() {
+  local name=$1 started rc=0
+  shift
+  started=$(date +%s)
+  "$@" || rc=$?
+  printf '%6ss  %s, exit %s\n' "$(($(date +%s) - started))" "(lane 2) $name" "$rc" >>"${LANE_ROWS:?}"
+  return "$rc"
+}
+# The second lab lane, on a lab of its own (index 2; pytest's workers then use 2 and 3): the fault and hygiene
+# suites, the Kubernetes upgrade drill on 1 control plane + 2 workers (one API server: the gap an operator of such a
+# cluster sees; the drills' 3 + 2 lab upgrades the HA shape), then pytest and the security suites. It stops at the
+# first step that fails.
 lab_lane() {
   set -uo pipefail
-  local started rc=0
-  started=$(date +%s)
-  tests/faults/run || rc=$?
-  printf '%6ss  %s\n' "$(($(date +%s) - started))" \
-    "(lane 2) fault (kill -9) and secret hygiene suites (tests/faults/run, CI subset), exit $rc" >>"${LANE_ROWS:?}"
-  [ "$rc" = 0 ] || return "$rc"
-  started=$(date +%s)
-  ANSIBLE_COLLECTIONS_PATH="${INSTALLED_COLLECTIONS:?}" tests/drills/run --control-planes 1 --workers 2 upgrade || rc=$?
-  printf '%6ss  %s\n' "$(($(date +%s) - started))" \
-    "(lane 2) Kubernetes upgrade drill on 1 + 2, from the installed collection, exit $rc" >>"${LANE_ROWS:?}"
-  return "$rc"
+  lane_step "fault (kill -9) and secret hygiene suites (tests/faults/run, CI subset)" tests/faults/run || return
+  lane_step "Kubernetes upgrade drill on 1 + 2, from the installed collection" \
+    env ANSIBLE_COLLECTIONS_PATH="${INSTALLED_COLLECTIONS:?}" tests/drills/run --control-planes 1 --workers 2 upgrade ||
+    return
+  lane_step "$PYTEST_STAGE" run_pytest || return
+  lane_step "$SECURITY_STAGE" tests/security/run
 }
 trap stage_times EXIT
 
@@ -119,27 +134,29 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
   installed_collections=$(mktemp -d /tmp/ck-installed-collection.XXXXXX)
   bash scripts/installed-collection.sh "$installed_collections"
 
-  stage "quick start and day-2 drills on one 3 + 2 lab, from the installed collection (tests/drills/run)"
-  ANSIBLE_COLLECTIONS_PATH="$installed_collections" tests/drills/run
-
-  # Beside the molecule scenarios (the default lab) a second lane runs on lab 2 (lab_lane above): each lane keeps
-  # about one core busy, mostly waiting on SSH, the API server and swtpm, so together they take about the time of the
-  # longer one. The lane runs in a session of its own (setsid), so that a failure elsewhere stops it and every
-  # process it started; its output is printed when it ends, its steps' times are rows of their own.
+  # Beside the lab stages of the default lab (the drills, then the molecule scenarios) a second lane (lab_lane
+  # above) runs the fault and hygiene suites and the upgrade drill on lab 2, then pytest and the security suites.
+  # A lab stage keeps about one core busy, mostly waiting on SSH, the API server and swtpm; the lanes share the two
+  # cores. The lane runs in a session of its own (setsid), so that a failure elsewhere stops it and every process it
+  # started; its output is printed when it ends, its steps' times are rows of their own.
   lane_log=$(mktemp /tmp/ck-lane-output.XXXXXX)
   lane_rows=$(mktemp /tmp/ck-lane-rows.XXXXXX)
   env "${lane_lab[@]}" LANE_ROWS="$lane_rows" INSTALLED_COLLECTIONS="$installed_collections" \
-    setsid bash -c "$(declare -f lab_lane); lab_lane" >"$lane_log" 2>&1 &
+    PYTEST_STAGE="$PYTEST_STAGE" SECURITY_STAGE="$SECURITY_STAGE" \
+    setsid bash -c "$(declare -f lab_lane lane_step run_pytest); lab_lane" >"$lane_log" 2>&1 &
   lane_pid=$!
-  printf '\n=== beside the molecule scenarios, lane 2 (pid %s): fault and hygiene suites, upgrade drill on 1 + 2 ===\n' \
+  printf '\n=== beside the lab stages, lane 2 (pid %s): fault and hygiene suites, upgrade drill on 1 + 2, pytest, security ===\n' \
     "$lane_pid"
+
+  stage "quick start and day-2 drills on one 3 + 2 lab, from the installed collection (tests/drills/run)"
+  ANSIBLE_COLLECTIONS_PATH="$installed_collections" tests/drills/run
 
   for scenario in extensions/molecule/*/; do
     stage "molecule test -s $(basename "$scenario") (lab scenario)"
     molecule test -s "$(basename "$scenario")"
   done
 
-  stage "waiting for lane 2: fault and hygiene suites, then the upgrade drill on 1 + 2 (rows below)"
+  stage "waiting for lane 2: fault and hygiene suites, upgrade drill on 1 + 2, pytest, security (rows below)"
   lane_rc=0
   wait "$lane_pid" || lane_rc=$?
   lane_pid=
@@ -149,15 +166,13 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
     echo "lane 2 failed (exit $lane_rc): its output is above" >&2
     exit "$lane_rc"
   }
+else
+  stage "$PYTEST_STAGE"
+  run_pytest
+
+  stage "$SECURITY_STAGE"
+  tests/security/run
 fi
-
-stage "pytest: unit tests on real swtpm, the real API server, helm and kubeadm, and the lab tool"
-# Two workers (pytest-xdist): most tests wait on processes (ansible-playbook, helm, the API server, swtpm) about half
-# of the time, so two keep both cores busy; each worker has its own real control plane and its own lab index.
-python -m pytest -p no:cacheprovider -q -n 2 --durations=15 tests/unit tests/faults/test_faults.py
-
-stage "security suites: fuzzing (atheris), protocol attacks, the init/join race (tests/security)"
-tests/security/run
 
 stage "load: 2000 joins by 64 clients with a service restart and a policy change (tests/load)"
 python tests/load/join_load.py
