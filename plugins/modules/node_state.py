@@ -139,13 +139,13 @@ options:
   stamp_files:
     description:
       - The installed files O(stamp_dest) lists, in order; at least one regular file. Needs O(stamp_dest).
-      - A directory among them is recorded with its mode (a C(#dir) line): the stamp verifies only while it is a
+      - A directory among them is recorded with its mode (a C(#dir) line) - the stamp verifies only while it is a
         directory with that mode.
     type: list
     elements: path
   stamp_absent:
     description:
-      - Paths that the install removed, recorded in O(stamp_dest) (C(#absent) lines): the stamp verifies only while
+      - Paths that the install removed, recorded in O(stamp_dest) (C(#absent) lines) - the stamp verifies only while
         none of them exists. One that exists fails the stamp (in check mode it would be written).
     type: list
     elements: path

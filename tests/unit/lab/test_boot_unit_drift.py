@@ -113,10 +113,10 @@ def test_drift_on_the_node_is_repaired_and_systemd_reloaded(lab):
 
 
 def test_a_changed_template_input_is_installed_and_the_default_again(lab):
-    changes = lab.join("-e", "join_boot_total_timeout=301")
-    assert changes == {CP.name: changes[CP.name], WORKER.name: changes[WORKER.name]} and min(changes.values()) > 0
+    # The join playbook installs the boot-time join on the nodes that join (the first control plane's is init.yml's).
+    assert lab.join("-e", "join_boot_total_timeout=301")[WORKER.name] > 0
     assert "total_timeout: 301" in lab.ok(WORKER, f"cat {CONFIG}")
-    assert min(lab.join().values()) > 0
+    assert lab.join()[WORKER.name] > 0
     assert "total_timeout: 300" in lab.ok(WORKER, f"cat {CONFIG}")
     assert lab.join() == {CP.name: 0, WORKER.name: 0}
 
