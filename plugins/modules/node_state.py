@@ -137,9 +137,19 @@ options:
       - A file that cannot be read, or whose name holds a newline or backslash, fails naming it.
     type: path
   stamp_files:
-    description: The installed files O(stamp_dest) lists, in order; at least one. Needs O(stamp_dest).
+    description:
+      - The installed files O(stamp_dest) lists, in order; at least one regular file. Needs O(stamp_dest).
+      - A directory among them is recorded with its mode (a C(#dir) line) - the stamp verifies only while it is a
+        directory with that mode.
     type: list
     elements: path
+  stamp_absent:
+    description:
+      - Paths that the install removed, recorded in O(stamp_dest) (C(#absent) lines) - the stamp verifies only while
+        none of them exists. One that exists fails the stamp (in check mode it would be written).
+    type: list
+    elements: path
+    default: []
   services:
     description: systemd units whose state is reported in RV(services).
     type: list
@@ -293,6 +303,7 @@ def main() -> None:
             archive_sha256=dict(type="str"),
             stamp_dest=dict(type="path"),
             stamp_files=dict(type="list", elements="path"),
+            stamp_absent=dict(type="list", elements="path", default=[]),
         ),
         required_together=[("archive", "archive_dest", "archive_sha256"), ("stamp_dest", "stamp_files")],
         supports_check_mode=True,
@@ -333,7 +344,7 @@ def main() -> None:
     try:
         node.prepare(preparation, outcome)
         if params["stamp_dest"]:
-            node.write_stamp(params["stamp_dest"], params["stamp_files"], outcome)
+            node.write_stamp(params["stamp_dest"], params["stamp_files"], outcome, params["stamp_absent"])
     except NodeStateError as exc:
         module.fail_json(msg=str(exc), changed=bool(outcome.changes), changes=outcome.changes, **result)
     except OSError as exc:

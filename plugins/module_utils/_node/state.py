@@ -432,11 +432,12 @@ class NodeState:
             except OSError as exc:
                 raise NodeStateError(f"sysctl {key} = {value}: {exc.strerror}") from None
 
-    def write_stamp(self, path: str, files: list[str], outcome: Outcome) -> None:
-        """The stamp of ``files`` at ``path`` (mode 0644), written when it differs. In check mode a file the install
-        would write may be missing yet: the stamp would change."""
+    def write_stamp(self, path: str, files: list[str], outcome: Outcome, absent: list[str] | None = None) -> None:
+        """The stamp of ``files`` and of the ``absent`` paths at ``path`` (mode 0644), written when it differs. In
+        check mode a file the install would write may be missing yet, or one it would remove still there: the stamp
+        would change."""
         try:
-            content = stamp.text(files, settle=not self.check_mode)
+            content = stamp.text(files, settle=not self.check_mode, absent=tuple(absent or ()))
         except stamp.UnreadableFile:
             if not self.check_mode:
                 raise

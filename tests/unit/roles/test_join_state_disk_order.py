@@ -21,8 +21,8 @@ WAIT_UNIT = "confidential-state-disk.service"
 
 
 def _install(tmp_path: Path, **variables) -> subprocess.CompletedProcess:
-    """The ordering tasks of boot_unit.yml, as the role runs them (its defaults, vars and templates)."""
-    tasks = yaml.safe_load((REPO / "roles" / "join" / "tasks" / "boot_unit.yml").read_text())
+    """The ordering tasks of boot_unit_install.yml, as the role runs them (its defaults, vars and templates)."""
+    tasks = yaml.safe_load((REPO / "roles" / "join" / "tasks" / "boot_unit_install.yml").read_text())
     (ordering,) = (task for task in tasks if task.get("ansible.builtin.import_tasks") == "state_disk_order.yml")
     assert ordering["name"] == "Order containerd and the kubelet after the state disk is open"
     (tmp_path / "system").mkdir(exist_ok=True)

@@ -399,6 +399,59 @@ def test_a_file_too_new_to_trust_is_stamped_without_a_fingerprint_and_hashed(
     assert reads.count == len(paths)
 
 
+def _installed_with_a_directory(tmp_path: Path) -> dict:
+    """An install that makes a directory (0700), writes a file in it and removed a file beside it."""
+    args, paths = _installed(tmp_path)
+    (tmp_path / "conf").mkdir(mode=0o700)
+    (tmp_path / "conf" / "join.yml").write_text("endpoints: []\n")
+    return {
+        **args,
+        "stamp_files": [str(tmp_path / "conf"), *paths, str(tmp_path / "conf" / "join.yml")],
+        "stamp_absent": [str(tmp_path / "removed.conf")],
+    }
+
+
+def test_a_stamp_records_a_directorys_mode_and_a_removed_file(node, tmp_path, settled_soon):
+    args = _installed_with_a_directory(tmp_path)
+    assert run_module(args)["changed"] is True
+    lines = Path(args["stamp_dest"]).read_text().splitlines()
+    assert f"#dir 0700 {tmp_path / 'conf'}" in lines and f"#absent {tmp_path / 'removed.conf'}" in lines
+    if shutil.which("sha256sum"):
+        check = ["sha256sum", "--check", "--strict", "--quiet", args["stamp_dest"]]
+        assert subprocess.run(check, check=False).returncode == 0
+    assert run_module(args)["changed"] is False
+    pattern = str(tmp_path / "staging/installed-*.sha256")
+    assert run_module({"stamps": pattern})["stamps"] == {args["stamp_dest"]: True}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda root: os.chmod(root / "conf", 0o755),
+        lambda root: (shutil.rmtree(root / "conf"), (root / "conf").write_text("")),
+        lambda root: (root / "removed.conf").write_text("[Unit]\n"),
+        lambda root: (root / "removed.conf").symlink_to(root / "nowhere"),
+    ],
+    ids=["directory mode changed", "a file in the directory's place", "removed file back", "dangling link there"],
+)
+def test_a_stamp_fails_when_a_directory_or_a_removed_file_drifts(node, tmp_path, settled_soon, change):
+    args = _installed_with_a_directory(tmp_path)
+    run_module(args)
+    change(tmp_path)
+    assert run_module({"stamps": str(tmp_path / "staging/installed-*.sha256")})["stamps"] == {
+        args["stamp_dest"]: False
+    }
+
+
+def test_a_removed_file_that_exists_cannot_be_stamped(node, tmp_path, settled_soon):
+    args = _installed_with_a_directory(tmp_path)
+    (tmp_path / "removed.conf").write_text("")
+    assert run_module({**args, "_ansible_check_mode": True})["changes"] == [f"write {args['stamp_dest']}"]
+    failed = run_module(args, AnsibleFailJson)
+    assert failed["msg"] == f"cannot stamp {tmp_path / 'removed.conf'} as absent: it exists"
+    assert not Path(args["stamp_dest"]).exists()
+
+
 def test_a_stamp_of_an_older_version_verifies_by_hashing_every_file(node, tmp_path, count_file_hashes):
     old = _stamp(tmp_path, "old", {"kubeadm": b"kubeadm", "kubelet": b"kubelet"})
     pattern = str(tmp_path / "installed-*.sha256")
