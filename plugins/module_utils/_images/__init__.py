@@ -11,7 +11,6 @@ must match it. ``oci.py`` verifies the archives; ``containerd.py`` imports them 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 try:
@@ -21,12 +20,10 @@ except ImportError:  # the controller reads and writes the lock file; nodes neve
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._files import write_file_atomically
 from ansible_collections.confidential.kubernetes.plugins.module_utils._images.oci import DIGEST
+from ansible_collections.confidential.kubernetes.plugins.module_utils._versions import IMAGE_REF
 
-# registry/path:tag with an optional @sha256:digest.
-REFERENCE = re.compile(
-    r"^(?P<repository>[a-z0-9.-]+(?::[0-9]+)?(?:/[a-z0-9._-]+)+):(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127})"
-    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
-)
+# registry/path:tag with an optional @sha256:digest, as the versions table writes them.
+REFERENCE = IMAGE_REF
 LOCK_KEY = "images"
 LOCK_HEADER = (
     "# Digests of the container images this controller fetched first, by reference (confidential.kubernetes\n"
@@ -67,6 +64,11 @@ def parse_image(name: str, value: str) -> Image:
     if match is None:
         raise ValueError(f"image {name} is not registry/path:tag[@sha256:<digest>] ({value!r})")
     return Image(name, match.group("repository"), match.group("tag"), match.group("digest"))
+
+
+def row_images(images: dict, names: tuple[str, ...]) -> list[Image]:
+    """The images ``names`` of a row's ``images`` mapping, in that order, each with its pinned digest or None."""
+    return [parse_image(name, images[name]) for name in names]
 
 
 def read_lock(path: str) -> dict[str, str]:
