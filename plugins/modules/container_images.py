@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: container_images
 short_description: Fetch and verify the container images of one Kubernetes version, as OCI archives, into the controller's cache
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Runs on the controller. Selects the row of O(kubernetes_version) in the versions table (as
     M(confidential.kubernetes.kubernetes_artifacts) does) and fetches its images O(images) - kube-apiserver,
@@ -32,6 +32,7 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
+  - confidential.kubernetes._versions
 attributes:
   check_mode:
     support: full
@@ -42,10 +43,6 @@ attributes:
   idempotent:
     support: full
 options:
-  kubernetes_version:
-    description: The Kubernetes version whose row names the images, for example C(1.36.4) (a leading C(v) is ignored).
-    type: str
-    required: true
   architectures:
     description: The nodes' machine names as Ansible reports them (C(x86_64), C(aarch64)); each archive must hold their manifests.
     type: list
@@ -56,21 +53,6 @@ options:
     type: list
     elements: str
     default: [kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd, coredns, pause]
-  versions_file:
-    description: The versions table; the collection's own by default.
-    type: path
-  versions_extra:
-    description: Rows merged over the table, keyed by version, as for M(confidential.kubernetes.kubernetes_artifacts).
-    type: dict
-    default: {}
-  allow_end_of_life:
-    description: Use a row whose Kubernetes minor is past its end of life.
-    type: bool
-    default: false
-  today:
-    description: The day end of life is judged on (C(YYYY-MM-DD)); the controller's date when empty.
-    type: str
-    default: ""
   cache_dir:
     description: The controller directory holding verified artefacts; the images go to its C(images/) directory.
     type: path

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: containerd_images
 short_description: Import pinned container images from verified OCI archives into containerd, before kubeadm runs
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Runs on a node with containerd running. Asks containerd once (C(ctr images ls) in O(namespace)) which of
     O(images) it has under their reference with the pinned digest; a converged node stops there.
