@@ -3,64 +3,15 @@ image the test builds itself."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
-import tempfile
-import time
 from pathlib import Path
 
-import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.modules import containerd_images
 from tests.unit.plugins.module_utils._images.oci_layout import build_layout, write_archive
 from tests.unit.plugins.modules.module_runner import module_outcome, run_main  # noqa: F401 (the fixture)
 
 REFERENCE = "registry.k8s.io/pause:3.10.2"
-
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="a private containerd needs root (snapshots are mounts)"),
-    pytest.mark.skipif(
-        shutil.which("containerd") is None or shutil.which("ctr") is None,
-        reason="no containerd/ctr binary: apt-get install containerd (scripts/setup.sh installs it for CI)",
-    ),
-]
-
-
-@pytest.fixture
-def containerd():
-    """A private containerd (own root, state and socket under a short temporary directory); yields its socket."""
-    # A unix socket path has at most 108 bytes: pytest's tmp_path can be longer.
-    base = Path(tempfile.mkdtemp(prefix="ck-ctd-", dir="/tmp"))
-    address = base / "containerd.sock"
-    (base / "config.toml").write_text(
-        "version = 2\n"
-        f'root = "{base}/root"\nstate = "{base}/state"\n'
-        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-        f'[grpc]\n  address = "{address}"\n'
-        f'[ttrpc]\n  address = "{address}.ttrpc"\n'
-    )
-    with open(base / "containerd.log", "wb") as log:
-        process = subprocess.Popen(
-            ["containerd", "--config", str(base / "config.toml")], stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-        deadline = time.monotonic() + 20
-        while not address.is_socket():
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"containerd did not start: {(base / 'containerd.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield str(address)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-        subprocess.run(["umount", "-R", str(base / "root")], capture_output=True, check=False)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _listed(address: str) -> dict[str, str]:
@@ -138,5 +89,6 @@ def test_an_image_present_under_another_digest_is_replaced_by_the_pinned_one(con
 
 def test_containerd_not_running_is_named(tmp_path):
     archive, digest, dummy = _archive(tmp_path)
-    result = run_main(containerd_images.main, _args(str(tmp_path / "none.sock"), archive, digest))
+    args = _args(str(tmp_path / "none.sock"), archive, digest, ctr_path="/usr/bin/ctr")
+    result = run_main(containerd_images.main, args)
     assert result["failed"] and "containerd is not running" in result["msg"] and "none.sock" in result["msg"]
