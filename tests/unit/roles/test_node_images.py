@@ -4,7 +4,9 @@ private containerd standing in for the node's."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import tomllib
 
 import yaml
 
@@ -70,3 +72,50 @@ def test_a_tampered_image_archive_is_refused_naming_it_and_nothing_is_imported(t
     assert run.returncode != 0
     assert f"etcd ({row['images']['etcd']})" in run.stdout and "tampered" in run.stdout, run.stdout
     assert _listed(containerd) == {}
+
+
+def test_a_site_registry_moves_the_pause_image_and_mirrors_are_written_as_hosts_toml(tmp_path):
+    row = _offline_tree(tmp_path / "offline")
+    destdir = tmp_path / "root"
+    mirrors = {
+        "registry.k8s.io": ["https://registry.example.com", "http://10.0.0.5:5000"],
+        "quay.io": ["https://q.example"],
+    }
+    options = [
+        "-e",
+        "kubernetes_image_repository=registry.example.com/k8s",
+        "-e",
+        json.dumps({"confidential_registry_mirrors": mirrors}),
+    ]
+    run = _play(tmp_path, row, destdir, "cache", *options)
+    assert run.returncode == 0, run.stdout + run.stderr
+    config = tomllib.loads((destdir / "etc/containerd/config.toml").read_text())
+    pause_tag = row["images"]["pause"].rsplit(":", 1)[1]
+    assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == (
+        f"registry.example.com/k8s/pause:{pause_tag}"
+    )
+    assert config["plugins"]["io.containerd.cri.v1.images"]["registry"]["config_path"] == "/etc/containerd/certs.d"
+    hosts = tomllib.loads((destdir / "etc/containerd/certs.d/registry.k8s.io/hosts.toml").read_text())
+    assert hosts["server"] == "https://registry.k8s.io"
+    assert list(hosts["host"]) == mirrors["registry.k8s.io"]
+    assert all(host["capabilities"] == ["pull", "resolve"] for host in hosts["host"].values())
+    assert (
+        tomllib.loads((destdir / "etc/containerd/certs.d/quay.io/hosts.toml").read_text())["server"]
+        == "https://quay.io"
+    )
+    stamp = next((destdir / "var/cache/confidential-kubernetes/artifacts").glob("installed-*.sha256")).read_text()
+    assert "/etc/containerd/certs.d/quay.io/hosts.toml" in stamp
+    again = _play(tmp_path, row, destdir, "cache", *options)
+    assert again.returncode == 0 and _recap(again.stdout)["changed"] == 0, again.stdout
+
+
+def test_without_a_site_registry_the_rows_pause_image_and_no_registry_config(tmp_path):
+    row = _offline_tree(tmp_path / "offline")
+    destdir = tmp_path / "root"
+    run = _play(tmp_path, row, destdir)
+    assert run.returncode == 0, run.stdout + run.stderr
+    images = tomllib.loads((destdir / "etc/containerd/config.toml").read_text())["plugins"][
+        "io.containerd.cri.v1.images"
+    ]
+    assert images == {"pinned_images": {"sandbox": row["images"]["pause"]}}
+    assert not (destdir / "etc/containerd/certs.d").exists()
