@@ -61,8 +61,20 @@ def test_the_rows_images_are_imported_by_digest_and_a_rerun_changes_nothing(tmp_
     assert {reference: listed.get(reference) for reference in digests} == digests
     lock = yaml.safe_load((tmp_path / "cache" / "images.lock.yml").read_text())["images"]
     assert lock == digests
+    assert _recap(first.stdout)["changed"] > 0
     second = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd))
     assert second.returncode == 0 and _recap(second.stdout)["changed"] == 0, second.stdout
+    # An image removed from containerd: check mode says so and imports nothing; a run imports it alone.
+    pause = row["images"]["pause"]
+    subprocess.run(["ctr", "--address", containerd, "--namespace", "k8s.io", "images", "rm", pause], check=True)
+    checked = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd), "--check")
+    assert checked.returncode == 0 and _recap(checked.stdout)["changed"] > 0, checked.stdout + checked.stderr
+    assert pause not in _listed(containerd)
+    third = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd))
+    assert third.returncode == 0 and _listed(containerd)[pause] == digests[pause], third.stdout
+    assert _recap(third.stdout)["changed"] > 0
+    fourth = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd))
+    assert fourth.returncode == 0 and _recap(fourth.stdout)["changed"] == 0, fourth.stdout
 
 
 def test_a_tampered_image_archive_is_refused_naming_it_and_nothing_is_imported(tmp_path, containerd):
