@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import datetime
 import os
 
 from ansible.plugins.action import ActionBase
@@ -16,13 +15,9 @@ from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _ar
 display = Display()
 
 ARGUMENT_SPEC = dict(
-    kubernetes_version=dict(type="str", required=True),
+    _artifacts.ROW_ARGUMENT_SPEC,
     architectures=dict(type="list", elements="str", default=["x86_64"]),
     artifacts=dict(type="list", elements="str", default=list(_versions.ARTIFACTS)),
-    versions_file=dict(type="path"),  # the collection's own table by default (its path differs per installation)
-    versions_extra=dict(type="dict", default={}),
-    allow_end_of_life=dict(type="bool", default=False),
-    today=dict(type="str", default=""),
     cache_dir=dict(type="path", default="~/.cache/confidential-kubernetes/artifacts"),
     mirror_url=dict(type="str", default=""),
     source_dir=dict(type="path", default=""),
@@ -49,17 +44,7 @@ class ActionModule(ActionBase):
             return result
         wanted = tuple(name for name in names if name in params["artifacts"])
         try:
-            today = datetime.date.fromisoformat(params["today"]) if params["today"] else datetime.date.today()
-        except ValueError:
-            result.update(failed=True, msg=f"today is {params['today']!r}, not a date YYYY-MM-DD")
-            return result
-        try:
-            shipped = _versions.load_table(params["versions_file"] or _versions.TABLE_FILE)
-            table = _versions.merged_table(shipped, params["versions_extra"])
-            version = str(params["kubernetes_version"]).lstrip("v")
-            strict = frozenset(shipped) - frozenset(str(v) for v in params["versions_extra"])
-            row = _versions.select_row(table, version, strict)
-            _versions.refuse_end_of_life(row, today, params["allow_end_of_life"])
+            row = _artifacts.row_of(params)
             arches = sorted({_versions.node_arch(machine) for machine in params["architectures"]})
             artifacts = _versions.row_artifacts(row, arches, wanted)
         except _versions.VersionTableError as exc:

@@ -65,6 +65,12 @@ options:
       - The Kubernetes version, for example V(v1.36.4).
       - Omitted, the version of the installed kubeadm, so that kubeadm never looks a version up on the internet.
     type: str
+  image_repository:
+    description:
+      - The registry kubeadm takes the control plane's images from (its C(imageRepository)), for example a site
+        registry C(registry.example.com/k8s); kubeadm's default (C(registry.k8s.io)) when omitted.
+      - The node role's containerd takes its pause image from the same registry.
+    type: str
   cluster_name:
     description: The cluster name in the kubeconfigs.
     type: str
@@ -226,6 +232,7 @@ def main() -> None:
             bind_port=dict(type="int", default=6443),
             control_plane_endpoint=dict(type="str"),
             kubernetes_version=dict(type="str"),
+            image_repository=dict(type="str"),
             cluster_name=dict(type="str"),
             cert_sans=dict(type="list", elements="str", default=[]),
             pod_subnet=dict(type="str"),

@@ -40,6 +40,7 @@ author:
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
+  - confidential.kubernetes._versions
 attributes:
   check_mode:
     support: full
@@ -51,10 +52,6 @@ attributes:
   idempotent:
     support: full
 options:
-  kubernetes_version:
-    description: The Kubernetes version whose row pins every artefact, for example C(1.36.4) (a leading C(v) is ignored).
-    type: str
-    required: true
   architectures:
     description:
       - The nodes' machine names as Ansible reports them (C(ansible_architecture)) - C(x86_64) or C(aarch64).
@@ -70,25 +67,6 @@ options:
     type: list
     elements: str
     default: [kubeadm, kubelet, kubectl, crictl, containerd, runc, cni_plugins, helm]
-  versions_file:
-    description: The versions table; the collection's own by default.
-    type: path
-  versions_extra:
-    description:
-      - Rows merged over the table, keyed by version, in the table's format (a row here replaces a shipped row
-        whole). Their URLs may be plain C(http) (a local mirror), and an artefact set to null says explicitly that
-        the row provides none (for example a local build without crictl); shipped rows must be complete and C(https).
-    type: dict
-    default: {}
-  allow_end_of_life:
-    description:
-      - Use a row whose Kubernetes minor is past its end of life. The roles set it from C(kubernetes_allow_end_of_life).
-    type: bool
-    default: false
-  today:
-    description: The day end of life is judged on (C(YYYY-MM-DD)); the controller's date when empty.
-    type: str
-    default: ""
   cache_dir:
     description: The controller directory holding verified artefacts.
     type: path

@@ -13,6 +13,7 @@ write, truncate or chmod since, and not replaced (see ``_files.Fingerprint``).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import os
 import re
@@ -32,6 +33,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._files imp
     file_digest,
     write_file_atomically,
 )
+from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
 from ansible_collections.confidential.kubernetes.plugins.module_utils._versions import Artifact
 
 CHUNK = 1 << 20
@@ -43,6 +45,32 @@ VERIFIED_RECORD = re.compile(r"^([0-9a-f]{64}) ([0-7]{4}) ([0-9]+ [0-9]+ [0-9]+ 
 
 class ArtifactError(RuntimeError):
     """An artefact cannot be fetched, or its sha256 is not the table's."""
+
+
+# The options every action that reads a row of the versions table takes, and how it reads them (row_of).
+ROW_ARGUMENT_SPEC = dict(
+    kubernetes_version=dict(type="str", required=True),
+    versions_file=dict(type="path"),  # the collection's own table by default (its path differs per installation)
+    versions_extra=dict(type="dict", default={}),
+    allow_end_of_life=dict(type="bool", default=False),
+    today=dict(type="str", default=""),
+)
+
+
+def row_of(params: dict) -> _versions.Row:
+    """The checked row of ``kubernetes_version`` (the shipped table with the extra rows over it), refused when it is
+    end of life and not allowed; VersionTableError otherwise."""
+    try:
+        today = datetime.date.fromisoformat(params["today"]) if params["today"] else datetime.date.today()
+    except ValueError:
+        raise _versions.VersionTableError(f"today is {params['today']!r}, not a date YYYY-MM-DD") from None
+    shipped = _versions.load_table(params["versions_file"] or _versions.TABLE_FILE)
+    table = _versions.merged_table(shipped, params["versions_extra"])
+    version = str(params["kubernetes_version"]).lstrip("v")
+    strict = frozenset(shipped) - frozenset(str(v) for v in params["versions_extra"])
+    row = _versions.select_row(table, version, strict)
+    _versions.refuse_end_of_life(row, today, params["allow_end_of_life"])
+    return row
 
 
 def source_url(artifact: Artifact, mirror_url: str | None) -> str:
@@ -124,25 +152,30 @@ def _cached_file_verifies(path: str, artifact: Artifact) -> bool:
     """Whether the cached file is the table's: its recorded fingerprint holds, or it hashes to the table's sha256 (and
     then its fingerprint is recorded, when it has settled, for the next run)."""
     record = path + VERIFIED_SUFFIX
-    recorded = _read_record(record)
+    recorded = read_record(record)
     try:
         found = file_digest(path, recorded if recorded is not None and recorded.sha256 == artifact.sha256 else None)
     except OSError as exc:
         raise ArtifactError(f"cannot read the cached {artifact.label} at {path}: {exc}") from exc
     if found.sha256 != artifact.sha256:
         return False
-    if found.fingerprint is not None and found != recorded:
-        try:
-            # Written whole or not at all, so that a concurrent run reads either record; both name a verified file.
-            write_file_atomically(
-                record, f"{found.sha256} {found.mode:04o} {found.fingerprint}\n".encode("ascii"), 0o644
-            )
-        except OSError:
-            pass  # a cache this controller cannot write to is still verified, by hashing, on every run
+    if found != recorded:
+        write_record(record, found)
     return True
 
 
-def _read_record(record: str) -> FileDigest | None:
+def write_record(record: str, found: FileDigest) -> None:
+    """Record a verified file's digest and fingerprint, when it has settled, for the next run's fast path."""
+    if found.fingerprint is None:
+        return
+    try:
+        # Written whole or not at all, so that a concurrent run reads either record; both name a verified file.
+        write_file_atomically(record, f"{found.sha256} {found.mode:04o} {found.fingerprint}\n".encode("ascii"), 0o644)
+    except OSError:
+        pass  # a cache this controller cannot write to is still verified, by hashing, on every run
+
+
+def read_record(record: str) -> FileDigest | None:
     """The digest a ``.verified`` record holds; None when there is none, or it is not one."""
     try:
         with open(record, encoding="ascii") as handle:

@@ -1,4 +1,4 @@
-"""Shared fixtures: the collection import path and real swtpm instances."""
+"""Shared fixtures: the collection import path, real swtpm instances and a private real containerd."""
 
 from __future__ import annotations
 
@@ -257,3 +257,44 @@ class FileHashes:
 def count_file_hashes(monkeypatch):
     """Call it to start counting the files module_utils._files hashes; returns the counter (its .count)."""
     return lambda: FileHashes(monkeypatch)
+
+
+@pytest.fixture
+def containerd():
+    """A private real containerd (own root, state and socket under a short temporary directory); yields its socket.
+    Skips where it cannot run: not root (snapshots are mounts), or no containerd/ctr (scripts/setup.sh installs
+    Debian's containerd for CI)."""
+    if os.geteuid() != 0:
+        pytest.skip("a private containerd needs root (its snapshots are mounts)")
+    if shutil.which("containerd") is None or shutil.which("ctr") is None:
+        pytest.skip("no containerd/ctr binary: apt-get install containerd (scripts/setup.sh installs it for CI)")
+    # A unix socket path has at most 108 bytes: pytest's tmp_path can be longer.
+    base = Path(tempfile.mkdtemp(prefix="ck-ctd-", dir="/tmp"))
+    address = base / "containerd.sock"
+    (base / "config.toml").write_text(
+        "version = 2\n"
+        f'root = "{base}/root"\nstate = "{base}/state"\n'
+        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{address}"\n'
+        f'[ttrpc]\n  address = "{address}.ttrpc"\n'
+    )
+    with open(base / "containerd.log", "wb") as log:
+        process = subprocess.Popen(
+            ["containerd", "--config", str(base / "config.toml")], stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while not address.is_socket():
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"containerd did not start: {(base / 'containerd.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield str(address)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        subprocess.run(["umount", "-R", str(base / "root")], capture_output=True, check=False)
+        shutil.rmtree(base, ignore_errors=True)

@@ -122,6 +122,7 @@ class InitOptions:
     bind_port: int = 6443
     control_plane_endpoint: str | None = None
     kubernetes_version: str | None = None
+    image_repository: str | None = None
     cluster_name: str | None = None
     cert_sans: list | None = None
     pod_subnet: str | None = None
@@ -165,6 +166,7 @@ def render_init_config(options: InitOptions, api_version: str) -> str:
             "kind": "ClusterConfiguration",
             "clusterName": options.cluster_name,
             "kubernetesVersion": options.kubernetes_version,
+            "imageRepository": options.image_repository,
             "controlPlaneEndpoint": options.control_plane_endpoint,
             # Older kubeadm is given ECDSA CAs instead (ca.py); RSA-2048 is kubeadm's default either way.
             "encryptionAlgorithm": "ECDSA-P256"

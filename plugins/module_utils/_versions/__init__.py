@@ -32,8 +32,11 @@ ARCHITECTURES = ("amd64", "arm64")
 MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
-# An image reference with an explicit tag: registry/path:tag.
-IMAGE_REF = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+# An image reference with an explicit tag and, where upstream publishes one, its digest: registry/path:tag[@sha256:...].
+IMAGE_REF = re.compile(
+    r"^(?P<repository>[a-z0-9.-]+(?::[0-9]+)?(?:/[a-z0-9._-]+)+):(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127})"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
 # A Debian package name (Debian policy 5.6.7).
 PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 # The keys a row may carry beside its artefacts and images.
@@ -144,7 +147,10 @@ def row_problems(version: str, row, shipped: bool = True) -> list[str]:
     else:
         for image in IMAGES:
             if not IMAGE_REF.match(str(images.get(image) or "")):
-                problems.append(f"{version}: image {image} is missing or has no tag ({images.get(image)!r})")
+                problems.append(
+                    f"{version}: image {image} is missing or not registry/path:tag[@sha256:<digest>] "
+                    f"({images.get(image)!r})"
+                )
     packages = row.get("host_packages", [])
     if not isinstance(packages, list) or not all(isinstance(p, str) and PACKAGE.match(p) for p in packages):
         problems.append(f"{version}: host_packages is not a list of Debian package names ({packages!r})")

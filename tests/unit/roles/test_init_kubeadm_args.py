@@ -78,6 +78,7 @@ def test_the_preflight_and_the_init_render_the_same_configuration_with_the_extra
         init_kubelet_binary_path=str(kubelet),
         __init_state={"admin_kubeconfig_exists": True},
         init_kubeadm_extra={"binary_path": str(kubeadm), "pod_subnet": "10.1.0.0/16", "cluster_name": "lab"},
+        kubernetes_image_repository="registry.example.com/k8s",
     )
     env = dict(
         os.environ,
@@ -103,5 +104,6 @@ def test_the_preflight_and_the_init_render_the_same_configuration_with_the_extra
     assert init_configuration["nodeRegistration"]["kubeletExtraArgs"] == [{"name": "node-ip", "value": "192.0.2.7"}]
     assert cluster["networking"] == {"podSubnet": "10.1.0.0/16", "serviceSubnet": "10.96.0.0/12"}
     assert cluster["clusterName"] == "lab" and cluster["controlPlaneEndpoint"] == "192.0.2.7:6443"
+    assert cluster["imageRepository"] == "registry.example.com/k8s"
     assert cluster["kubernetesVersion"] == "v1.31.0" and cluster["apiServer"]["certSANs"] == ["192.0.2.7"]
     assert kubelet_configuration["cgroupDriver"] == "systemd"

@@ -39,6 +39,7 @@ UPSTREAM_FIELDS = {
             "etcd",
             "networking",
             "kubernetesVersion",
+            "imageRepository",
             "controlPlaneEndpoint",
             "apiServer",
             "controllerManager",
@@ -71,6 +72,7 @@ UPSTREAM_FIELDS = {
             "etcd",
             "networking",
             "kubernetesVersion",
+            "imageRepository",
             "controlPlaneEndpoint",
             "apiServer",
             "controllerManager",
@@ -113,6 +115,7 @@ UPSTREAM_FIELDS = {
             "etcd",
             "networking",
             "kubernetesVersion",
+            "imageRepository",
             "controlPlaneEndpoint",
             "apiServer",
             "controllerManager",
@@ -153,6 +156,7 @@ def full_init_options() -> InitOptions:
         advertise_address="10.77.0.10",
         control_plane_endpoint="10.77.0.10:6443",
         kubernetes_version="v1.20.2",
+        image_repository="registry.example.com/k8s",
         cluster_name="lab",
         cert_sans=["10.77.0.10"],
         pod_subnet="10.244.0.0/16",
@@ -209,6 +213,7 @@ def test_rendering_uses_upstream_field_names_only(api_version):
     assert set(join["nodeRegistration"]) <= fields["nodeRegistration"]
     assert set(cluster["apiServer"]) <= fields["apiServer"]
     assert kubelet["kind"] == "KubeletConfiguration" and kubelet["cgroupDriver"] == "systemd"
+    assert cluster["imageRepository"] == "registry.example.com/k8s"
     assert join["discovery"]["bootstrapToken"] == {
         "apiServerEndpoint": "10.77.0.10:6443",
         "token": TOKEN,
@@ -247,7 +252,8 @@ def test_real_kubeadm_1_20_reads_the_rendering_without_an_unknown_field(tmp_path
     )
     assert loaded.returncode == 0, loaded.stderr
     assert "unknown field" not in loaded.stderr and "strict.go" not in loaded.stderr, loaded.stderr
-    assert "k8s.gcr.io/kube-apiserver:v1.20.2" in loaded.stdout.split()
+    # kubeadm takes the control plane's images from the site registry (imageRepository).
+    assert "registry.example.com/k8s/kube-apiserver:v1.20.2" in loaded.stdout.split()
     # The same documents as v1beta3, which kubeadm 1.20 does not know, are refused.
     config.write_text(render_init_config(full_init_options(), "v1beta3"))
     refused = subprocess.run(

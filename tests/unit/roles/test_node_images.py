@@ -1,0 +1,133 @@
+"""The node role imports the row's pinned images into a real containerd before kubeadm would run: the stack staged into
+a temporary root (as test_node_stack.py does), the images from a local directory of OCI archives the test builds, a
+private containerd standing in for the node's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tomllib
+
+import yaml
+
+from tests.unit.plugins.module_utils._images.oci_layout import build_layout, write_archive
+from tests.unit.roles.test_node_stack import _offline_tree, _play, _recap
+
+
+def _images(root, row: dict, tampered: str = "") -> dict:
+    """Every image of the row as an OCI archive under root/images/<repository>/<tag>.oci.tar; their digests."""
+    digests = {}
+    for name, reference in row["images"].items():
+        members, digests[reference] = build_layout(reference, f"{name}\n".encode())
+        if name == tampered:
+            layer = next(n for n, blob in members.items() if n.startswith("blobs/") and b"hello.txt" in blob)
+            members[layer] = members[layer].replace(f"{name}\n".encode(), f"{name}!".encode())
+        repository, tag = reference.rsplit(":", 1)
+        target = root / "images" / repository / f"{tag}.oci.tar"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_archive(target, members)
+    return digests
+
+
+def _listed(address: str) -> dict[str, str]:
+    output = subprocess.run(
+        ["ctr", "--address", address, "--namespace", "k8s.io", "images", "ls"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    return {line.split()[0]: line.split()[2] for line in output.splitlines()[1:]}
+
+
+def _options(tmp_path, address: str) -> list[str]:
+    return [
+        "-e",
+        f"kubernetes_images_dir={tmp_path / 'site'}",
+        "-e",
+        f"node_images_containerd_address={address}",
+        "-e",
+        "node_images_ctr_path=/usr/bin/ctr",
+    ]
+
+
+def test_the_rows_images_are_imported_by_digest_and_a_rerun_changes_nothing(tmp_path, containerd):
+    row = _offline_tree(tmp_path / "offline")
+    digests = _images(tmp_path / "site", row)
+    destdir = tmp_path / "root"
+    first = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd))
+    assert first.returncode == 0, first.stdout + first.stderr
+    listed = _listed(containerd)
+    assert {reference: listed.get(reference) for reference in digests} == digests
+    lock = yaml.safe_load((tmp_path / "cache" / "images.lock.yml").read_text())["images"]
+    assert lock == digests
+    assert _recap(first.stdout)["changed"] > 0
+    second = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd))
+    assert second.returncode == 0 and _recap(second.stdout)["changed"] == 0, second.stdout
+    # An image removed from containerd: check mode says so and imports nothing; a run imports it alone.
+    pause = row["images"]["pause"]
+    subprocess.run(["ctr", "--address", containerd, "--namespace", "k8s.io", "images", "rm", pause], check=True)
+    checked = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd), "--check")
+    assert checked.returncode == 0 and _recap(checked.stdout)["changed"] > 0, checked.stdout + checked.stderr
+    assert pause not in _listed(containerd)
+    third = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd))
+    assert third.returncode == 0 and _listed(containerd)[pause] == digests[pause], third.stdout
+    assert _recap(third.stdout)["changed"] > 0
+    fourth = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd))
+    assert fourth.returncode == 0 and _recap(fourth.stdout)["changed"] == 0, fourth.stdout
+
+
+def test_a_tampered_image_archive_is_refused_naming_it_and_nothing_is_imported(tmp_path, containerd):
+    row = _offline_tree(tmp_path / "offline")
+    _images(tmp_path / "site", row, tampered="etcd")
+    run = _play(tmp_path, row, tmp_path / "root", "cache", *_options(tmp_path, containerd))
+    assert run.returncode != 0
+    assert f"etcd ({row['images']['etcd']})" in run.stdout and "tampered" in run.stdout, run.stdout
+    assert _listed(containerd) == {}
+
+
+def test_a_site_registry_moves_the_pause_image_and_mirrors_are_written_as_hosts_toml(tmp_path):
+    row = _offline_tree(tmp_path / "offline")
+    destdir = tmp_path / "root"
+    mirrors = {
+        "registry.k8s.io": ["https://registry.example.com", "http://10.0.0.5:5000"],
+        "quay.io": ["https://q.example"],
+    }
+    options = [
+        "-e",
+        "kubernetes_image_repository=registry.example.com/k8s",
+        "-e",
+        json.dumps({"confidential_registry_mirrors": mirrors}),
+    ]
+    run = _play(tmp_path, row, destdir, "cache", *options)
+    assert run.returncode == 0, run.stdout + run.stderr
+    config = tomllib.loads((destdir / "etc/containerd/config.toml").read_text())
+    pause_tag = row["images"]["pause"].rsplit(":", 1)[1]
+    assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == (
+        f"registry.example.com/k8s/pause:{pause_tag}"
+    )
+    assert config["plugins"]["io.containerd.cri.v1.images"]["registry"]["config_path"] == "/etc/containerd/certs.d"
+    hosts = tomllib.loads((destdir / "etc/containerd/certs.d/registry.k8s.io/hosts.toml").read_text())
+    assert hosts["server"] == "https://registry.k8s.io"
+    assert list(hosts["host"]) == mirrors["registry.k8s.io"]
+    assert all(host["capabilities"] == ["pull", "resolve"] for host in hosts["host"].values())
+    assert (
+        tomllib.loads((destdir / "etc/containerd/certs.d/quay.io/hosts.toml").read_text())["server"]
+        == "https://quay.io"
+    )
+    stamp = next((destdir / "var/cache/confidential-kubernetes/artifacts").glob("installed-*.sha256")).read_text()
+    assert "/etc/containerd/certs.d/quay.io/hosts.toml" in stamp
+    again = _play(tmp_path, row, destdir, "cache", *options)
+    assert again.returncode == 0 and _recap(again.stdout)["changed"] == 0, again.stdout
+
+
+def test_without_a_site_registry_the_rows_pause_image_and_no_registry_config(tmp_path):
+    row = _offline_tree(tmp_path / "offline")
+    destdir = tmp_path / "root"
+    run = _play(tmp_path, row, destdir)
+    assert run.returncode == 0, run.stdout + run.stderr
+    images = tomllib.loads((destdir / "etc/containerd/config.toml").read_text())["plugins"][
+        "io.containerd.cri.v1.images"
+    ]
+    assert images == {"pinned_images": {"sandbox": row["images"]["pause"]}}
+    assert not (destdir / "etc/containerd/certs.d").exists()
