@@ -438,9 +438,7 @@ def test_a_stamp_fails_when_a_directory_or_a_removed_file_drifts(node, tmp_path,
     args = _installed_with_a_directory(tmp_path)
     run_module(args)
     change(tmp_path)
-    assert run_module({"stamps": str(tmp_path / "staging/installed-*.sha256")})["stamps"] == {
-        args["stamp_dest"]: False
-    }
+    assert run_module({"stamps": str(tmp_path / "staging/installed-*.sha256")})["stamps"] == {args["stamp_dest"]: False}
 
 
 def test_a_removed_file_that_exists_cannot_be_stamped(node, tmp_path, settled_soon):
