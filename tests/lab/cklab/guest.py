@@ -37,12 +37,14 @@ from .paths import LabPaths
 
 Log = Callable[[str], None]
 
-IMAGE_VERSION = "cklab-guest-1"
+IMAGE_VERSION = "cklab-guest-2"
 SUITE = "bookworm"
 IMAGE_SIZE = "4G"
 # What the lab needs on the host to build the image and run VMs (swtpm comes with the lab's own packages).
 HOST_PACKAGES = ("qemu-system-x86", "qemu-utils", "ovmf", "debootstrap", "e2fsprogs")
-# REAL-NODE.md's list: a systemd guest with sshd, the TPM tools, dm-crypt, containerd and what kubeadm checks for.
+# REAL-NODE.md's list: a systemd guest with sshd, the TPM tools, dm-crypt, containerd and what kubeadm checks for;
+# and what the node role apt-installs (node_runtime_packages, python3-apt for its apt module) and the CNI plugins the
+# kubelet's pod network uses: the VM reaches no Debian mirror, so the role finds them present (issue 28).
 PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -66,6 +68,10 @@ PACKAGES = (
     "procps",
     "e2fsprogs",
     "ca-certificates",
+    "python3-venv",
+    "python3-apt",
+    "cryptsetup-bin",
+    "containernetworking-plugins",
 )
 FILES = ("root.img", "vmlinuz", "initrd.img")
 MANIFEST = "manifest.json"
@@ -231,6 +237,11 @@ def _verified(layout: GuestLayout) -> tuple[GuestImage | None, dict[str, str]]:
         layout.key, directory / "root.img", directory / "vmlinuz", directory / "initrd.img", record["kernel_release"]
     )
     return image, {}
+
+
+def manifest_digests(image: GuestImage) -> dict[str, str]:
+    """The sha256 of each file of a verified image, as its manifest records them (what measured boot digests)."""
+    return parse_manifest((image.kernel.parent / MANIFEST).read_text(), image.key)["sha256"]
 
 
 def verify_guest(paths: LabPaths, log: Log = print) -> dict[str, str]:

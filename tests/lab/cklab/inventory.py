@@ -8,7 +8,7 @@ from pathlib import Path
 from .base import STANDIN_KUBELET
 from .paths import KUBERNETES_VERSION
 from .plan import KIND_VM, NodeSpec
-from .vm import STATE_DISK_DEVICE
+from .vm import EVENT_LOG as VM_EVENT_LOG, STATE_DISK_DEVICE
 
 NODE_PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
 NODE_TPM_TCTI = "swtpm:path=/run/tpm/swtpm.sock"
@@ -22,16 +22,30 @@ LAB_IGNORED_PREFLIGHT_ERRORS = ["ImagePull"]
 # stay Pending for ever, and kubeadm 1.20's upgrade apply, which upgrades an addon only when its ConfigMap exists, would
 # then wait 42.6 min for a ready CoreDNS replica after the static pods (postupgrade.go, TryRunCommand(..., 10)).
 LAB_SKIPPED_INIT_PHASES = ["addon/coredns", "addon/kube-proxy"]
+# The VM's container runtime: the image's containerd (Debian's 1.6), which the real kubelet talks to.
+VM_CRI_SOCKET = "unix:///run/containerd/containerd.sock"
+# crictl is not in bookworm and the lab's row has none; kubeadm join's preflight only checks that it is on the PATH.
+VM_IGNORED_PREFLIGHT_ERRORS = ["FileExisting-crictl"]
 # A VM node (cklab/vm.py) is a real host where the nspawn nodes are not: the production TCTI auto-detection finds its
-# /dev/tpmrm0, the kernel's own event log is read, and its state disk is a block device that dm-crypt maps.
+# /dev/tpmrm0, the kernel's own event log is read, and its state disk is a block device that dm-crypt maps. It runs
+# the real kubelet the role installs on the image's containerd, and the role loads kernel modules and turns swap off
+# there: none of the nspawn nodes' stand-in settings apply.
 VM_HOST_VARIABLES = {
     "lab_node_kind": KIND_VM,
+    # The node play runs before the node venv exists (the role makes it); the later plays set the venv's Python.
     "ansible_python_interpreter": "/usr/bin/python3",
+    # The VM reaches no Debian mirror: an air-gapped site, whose image holds the packages the role installs
+    # (guest.PACKAGES); the node role refuses, naming it, a package the image lacks.
+    "confidential_air_gapped": True,
+    "node_stack_kubelet_path": "/usr/local/bin/kubelet",
+    "node_stack_kernel_modules": True,
+    "node_stack_swap_off": True,
+    "join_kubeadm_extra": {"cri_socket": VM_CRI_SOCKET, "ignore_preflight_errors": VM_IGNORED_PREFLIGHT_ERRORS},
     "confidential_tpm_tcti": "auto",
-    "confidential_tpm_event_log": "/sys/kernel/security/tpm0/binary_bios_measurements",
+    "confidential_tpm_event_log": VM_EVENT_LOG,
     "confidential_state_disk": {
         "device": STATE_DISK_DEVICE,
-        "state": "formatted",
+        "state": "mounted",
         "pbkdf_memory": 32768,
         "pbkdf_iterations": 4,
     },

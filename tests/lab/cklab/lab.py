@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import LabError, base as base_image, cni, guest, kubernetes, measure, mirror, network, nodes, tpm, vm
+from . import LabError, base as base_image, cni, guest, kubernetes, measure, mirror, network, nodes, tpm, vm, vmruntime
 from .host import check_host, ensure_inotify_instances, missing_packages, run
 from .inventory import render_inventory, ssh_options
-from .paths import LabPaths
+from .paths import KUBERNETES_VERSION, LabPaths
 from .plan import BRIDGE, KIND_NSPAWN, KIND_VM, NodeSpec, is_lab_node_name, plan_nodes
 
 START_WORKERS = 8
@@ -75,14 +75,14 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str], vm
             network.ensure_bridge()
             tree = mirror.tree_dir(bin_dir.parent)
             mirror_url = mirror.serve(paths, tree)
+            row = mirror.load_row(bin_dir.parent)
             _write_outputs(
-                paths,
-                wanted,
-                base,
-                cni.with_chart({**mirror.load_row(bin_dir.parent), **mirror.load_row(upgrade_dir)}, paths, tree),
-                mirror_url,
+                paths, wanted, base, cni.with_chart({**row, **mirror.load_row(upgrade_dir)}, paths, tree), mirror_url
             )
             _wait_for_ssh(paths, wanted, boot_timeout(len(fresh)))
+            if image is not None:
+                _enrol_vms(paths, wanted, base, image)
+                _prepare_vm_runtimes(paths, wanted, row)
         except LabError:
             log("tearing the lab down after the failure")
             _teardown(paths)
@@ -258,6 +258,66 @@ def _write_outputs(
     paths.inventory.write_text(
         render_inventory(wanted, paths.lab_dir, paths.ssh_key, paths.known_hosts, versions_row, mirror_url)
     )
+
+
+def _enrol_vms(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base, image: guest.GuestImage) -> None:
+    """The measurement policy with the VM nodes' golden values beside the nspawn nodes': PCRs 0-8 from a booted VM's
+    firmware log (the firmware and kernel are the image's, the same in every VM), PCR 9 computed from the image's
+    manifest and the untampered command line; every untampered VM must replay to exactly those values."""
+    vms = [node for node in wanted if node.kind == KIND_VM]
+    if not vms:
+        return
+    untampered = [node for node in vms if not node.tampered]
+    raw_logs = {node.name: _read_event_log(paths, node) for node in untampered or vms[:1]}
+    for name, raw in raw_logs.items():
+        # Kept for a look when enrolment fails (the teardown removes the node directories).
+        (paths.lab_dir / f"{name}-event-log.bin").write_bytes(raw)
+    try:
+        golden = measure.vm_golden(
+            next(iter(raw_logs.values())), vm.KERNEL_COMMAND_LINE, guest.manifest_digests(image)["initrd.img"]
+        )
+        for node in untampered:
+            replayed = measure.replay_log(raw_logs[node.name])
+            differing = [pcr for pcr in measure.MEASURED_PCRS if replayed.get(pcr) != golden.pcrs.get(pcr)]
+            if differing:
+                raise ValueError(
+                    f"{node.name}'s event log replays PCR(s) {differing} to other values than the golden ones"
+                )
+    except ValueError as exc:
+        raise LabError(f"cannot enrol the VM nodes' measurements: {exc}") from exc
+    paths.measurement_policy.write_text(measure.golden_policy(base.image_id, golden))
+    log("measurement policy: VM golden " + ", ".join(f"PCR {pcr} {value[:12]}" for pcr, value in golden.pcrs.items()))
+
+
+def _prepare_vm_runtimes(paths: LabPaths, wanted: list[NodeSpec], row: dict) -> None:
+    """containerd's configuration, the CNI and the pause image on each VM, until the node role installs them."""
+    vms = [node for node in wanted if node.kind == KIND_VM]
+    if not vms:
+        return
+    pause_image = row[KUBERNETES_VERSION.lstrip("v")]["images"]["pause"]
+    source = kubernetes.CacheLayout(paths, kubernetes.RELEASE).tree
+    archive = vmruntime.pause_archive(paths, source, pause_image)
+    for node in vms:
+        started = time.monotonic()
+        vmruntime.install(ssh_command(paths, node.address), node, KUBERNETES_VERSION, pause_image, archive)
+        log(
+            f"{node.name}: containerd configured, CNI conflist, {pause_image} imported in {time.monotonic() - started:.1f} s"
+        )
+
+
+def _read_event_log(paths: LabPaths, node: NodeSpec) -> bytes:
+    done = subprocess.run(
+        ssh_command(paths, node.address, "cat", vm.EVENT_LOG),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout:
+        raise LabError(
+            f"{node.name}: cannot read its event log {vm.EVENT_LOG}: {done.stderr.decode(errors='replace').strip()}"
+        )
+    return done.stdout
 
 
 def _port_open(address: str) -> bool:

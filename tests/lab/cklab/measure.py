@@ -119,23 +119,96 @@ def replay_log(raw: bytes) -> dict[int, str]:
     return {pcr: value.hex() for pcr, value in sorted(eventlog().parse(raw).replay()["sha256"].items())}
 
 
-def render_policy(expected: dict[int, str], events: list[BootEvent] = ()) -> str:
-    """measurement-policy.yml for nodes whose PCRs hold these values, with these golden events enrolled."""
+def render_policy(
+    expected: dict[int, str | list[str]], events: list[BootEvent] = (), parsed: tuple[GoldenEvent, ...] = ()
+) -> str:
+    """measurement-policy.yml for nodes whose PCRs hold these values (one, or any of a list), with these golden events
+    enrolled: the lab's made-up boot events and events already parsed from a real log."""
     lines = ["version: 1", "hash_algorithm: sha256", "ak_trust: ek-certificate", "pcrs:"]
     for pcr in sorted(expected):
-        lines.append(f'  "{pcr}": {{allowed: ["{expected[pcr]}"], warn_only: false}}')
-    if events:
-        lines.append("event_log:")
+        values = [expected[pcr]] if isinstance(expected[pcr], str) else expected[pcr]
+        allowed = ", ".join(f'"{value}"' for value in values)
+        lines.append(f'  "{pcr}": {{allowed: [{allowed}], warn_only: false}}')
+    golden = [
         # Descriptions through the parser, so that they are what the verifier will compare them with.
-        for event in eventlog().parse(event_log(list(events))).events:
+        GoldenEvent(event.pcr, event.type_name, event.description, event.digests["sha256"].hex())
+        for event in (eventlog().parse(event_log(list(events))).events if events else ())
+    ] + list(parsed)
+    if golden:
+        lines.append("event_log:")
+        for event in golden:
             lines.append(
-                f"  - {{pcr: {event.pcr}, type: {event.type_name}, "
+                f"  - {{pcr: {event.pcr}, type: {event.type}, "
                 f"description: {json.dumps(event.description)}, "
-                f'digest: "{event.digests["sha256"].hex()}"}}'
+                f'digest: "{event.digest}"}}'
             )
     return "\n".join(lines) + "\n"
 
 
-def golden_policy(image_id: str) -> str:
+def golden_policy(image_id: str, vm: VmGolden | None = None) -> str:
+    """The nspawn nodes' policy; with `vm`, the VM nodes' PCR values allowed beside theirs and their events enrolled."""
     events = boot_events(image_id, tampered=False)
-    return render_policy(replay(events), events)
+    expected = {pcr: [value] for pcr, value in replay(events).items()}
+    if vm is None:
+        return render_policy(expected, events)
+    for pcr in expected:
+        expected[pcr].append(vm.pcrs.get(pcr, ZERO_PCR.hex()))
+    return render_policy(expected, events, vm.events)
+
+
+# ---- VM nodes: real firmware, a real kernel's EFI stub ----------------------------------------------------------
+
+# The Linux EFI stub measures into PCR 9 two EV_EVENT_TAG events, each described by its tagged data: the command line as
+# the firmware passed it (OVMF appends " initrd=initrd" for QEMU's direct kernel boot), UTF-16LE with its NUL; then
+# the initrd file as loaded.
+LOAD_OPTIONS_EVENT = "LOADED_IMAGE::LoadOptions"
+INITRD_EVENT = "Linux initrd"
+OVMF_INITRD_OPTION = " initrd=initrd"
+
+
+@dataclass(frozen=True)
+class GoldenEvent:
+    pcr: int
+    type: str
+    description: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class VmGolden:
+    """What an untampered VM on this guest image measures: PCR values (hex) and the events behind them."""
+
+    pcrs: dict[int, str]
+    events: tuple[GoldenEvent, ...]
+
+
+def load_options(command_line: str) -> bytes:
+    """The UTF-16LE LoadOptions the EFI stub measures for this -append."""
+    return (command_line + OVMF_INITRD_OPTION).encode("utf-16-le") + b"\x00\x00"
+
+
+def vm_golden(raw_log: bytes, command_line: str, initrd_sha256: str) -> VmGolden:
+    """A VM's golden measurements: PCRs 0-8 as its firmware's log replays them (the firmware and the kernel image are
+    the same for every VM of a guest image), PCR 9 computed from the untampered command line and the manifest's initrd
+    digest, never taken from the node. The log may be a tampered VM's: only its PCR 9 events are replaced."""
+    log = eventlog().parse(raw_log)
+    golden: list[GoldenEvent] = []
+    computed = {
+        LOAD_OPTIONS_EVENT: hashlib.sha256(load_options(command_line)).hexdigest(),
+        INITRD_EVENT: initrd_sha256,
+    }
+    for event in log.events:
+        if not event.measured or "sha256" not in event.digests or event.pcr not in MEASURED_PCRS:
+            continue
+        if event.pcr != 9:
+            golden.append(GoldenEvent(event.pcr, event.type_name, event.description, event.digests["sha256"].hex()))
+            continue
+        if event.type_name != "EV_EVENT_TAG" or event.description not in computed:
+            raise ValueError(f"the VM's event log has an unexpected PCR 9 event: {event.type_name} {event.description}")
+        golden.append(GoldenEvent(9, event.type_name, event.description, computed.pop(event.description)))
+    if computed:
+        raise ValueError(f"the VM's event log lacks the EFI stub's PCR 9 events {sorted(computed)}")
+    values: dict[int, bytes] = {}
+    for event in golden:
+        values[event.pcr] = extend(values.get(event.pcr, ZERO_PCR), event.digest)
+    return VmGolden({pcr: value.hex() for pcr, value in sorted(values.items())}, tuple(golden))

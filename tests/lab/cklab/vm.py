@@ -44,6 +44,8 @@ CPUS = 2
 # The same for every VM (PCR 9) but a tampered one, which gets measure.TAMPER_ARGUMENT appended; cgroup v1 because the
 # 1.20 kubelet prefers it (REAL-NODE.md).
 KERNEL_COMMAND_LINE = "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=0"
+# The kernel's copy of the firmware's TCG event log in the guest.
+EVENT_LOG = "/sys/kernel/security/tpm0/binary_bios_measurements"
 # A 256 MiB translation cache instead of TCG's default: qemu's RSS about 0.84 GiB instead of 1.5 (REAL-NODE.md).
 TCG_ACCELERATOR = "tcg,thread=multi,tb-size=256"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")

@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import dataclasses
+import hashlib
 import json
+import struct
 
 import pytest
 import yaml
 
-from cklab import LabError, __main__ as cli, lab as lab_commands, plan, vm
+from cklab import LabError, __main__ as cli, lab as lab_commands, measure, plan, vm
 from cklab.paths import LabPaths
 from cklab.inventory import VM_HOST_VARIABLES, render_inventory
 
@@ -224,3 +226,61 @@ def test_inventory_gives_a_vm_the_device_tpm_its_event_log_and_its_block_state_d
     assert hosts["vm-0"]["confidential_state_disk"]["device"] == vm.STATE_DISK_DEVICE
     assert hosts["vm-0"]["confidential_state_disk_allow_unmapped"] is False
     assert hosts["worker-0"] == {"ansible_host": f"{plan.NETWORK_PREFIX}.20"}
+
+
+# ---- measured boot: the VM's golden values ----------------------------------------------
+
+
+def _tagged(tag: int, text: str) -> bytes:
+    return struct.pack("<II", tag, len(text) + 1) + text.encode() + b"\x00"
+
+
+def _vm_log(command_line: str, initrd_sha256: str) -> bytes:
+    """A VM's log as OVMF and the EFI stub write it, reduced to PCRs 4 and 9 (the kernel image, the stub's tags)."""
+    module = measure.eventlog()
+    tag = module.EVENT_TYPE_IDS["EV_EVENT_TAG"]
+    app = module.EVENT_TYPE_IDS["EV_EFI_BOOT_SERVICES_APPLICATION"]
+    options = hashlib.sha256(measure.load_options(command_line)).digest()
+    return module.build(
+        ("sha256",),
+        [
+            (4, app, {"sha256": b"\x44" * 32}, b""),
+            (9, tag, {"sha256": options}, _tagged(0x8F3B22ED, measure.LOAD_OPTIONS_EVENT)),
+            (9, tag, {"sha256": bytes.fromhex(initrd_sha256)}, _tagged(0x8F3B22EC, measure.INITRD_EVENT)),
+        ],
+    )
+
+
+def test_vm_golden_pcr_9_is_computed_from_the_command_line_and_the_initrd_not_read_from_the_node():
+    initrd = "ab" * 32
+    good = measure.vm_golden(_vm_log(vm.KERNEL_COMMAND_LINE, initrd), vm.KERNEL_COMMAND_LINE, initrd)
+    assert good.pcrs == measure.replay_log(_vm_log(vm.KERNEL_COMMAND_LINE, initrd))
+    # A tampered VM's log gives the same golden values: only its PCR 4 events are taken from it.
+    tampered = _vm_log(vm.KERNEL_COMMAND_LINE + vm.TAMPER_ARGUMENT, initrd)
+    assert measure.vm_golden(tampered, vm.KERNEL_COMMAND_LINE, initrd) == good
+    assert measure.replay_log(tampered)[9] != good.pcrs[9]
+    assert [(e.pcr, e.description) for e in good.events if e.pcr == 9] == [
+        (9, "LOADED_IMAGE::LoadOptions"),
+        (9, "Linux initrd"),
+    ]
+
+
+def test_vm_golden_refuses_a_log_without_the_stubs_events():
+    module = measure.eventlog()
+    raw = module.build(("sha256",), [(4, module.EVENT_TYPE_IDS["EV_SEPARATOR"], {"sha256": b"\x00" * 32}, b"\x00" * 4)])
+    with pytest.raises(ValueError, match="lacks the EFI stub's PCR 9 events"):
+        measure.vm_golden(raw, vm.KERNEL_COMMAND_LINE, "ab" * 32)
+
+
+def test_the_policy_allows_the_vms_values_beside_the_nspawn_nodes_and_enrols_its_events():
+    initrd = "ab" * 32
+    golden = measure.vm_golden(_vm_log(vm.KERNEL_COMMAND_LINE, initrd), vm.KERNEL_COMMAND_LINE, initrd)
+    image_id = "0f" * 32
+    nspawn_only = yaml.safe_load(measure.golden_policy(image_id))
+    both = yaml.safe_load(measure.golden_policy(image_id, golden))
+    for pcr in ("4", "8", "9"):
+        assert both["pcrs"][pcr]["allowed"] == nspawn_only["pcrs"][pcr]["allowed"] + [
+            golden.pcrs.get(int(pcr), "00" * 32)
+        ]
+    assert both["event_log"][: len(nspawn_only["event_log"])] == nspawn_only["event_log"]
+    assert {"pcr": 9, "type": "EV_EVENT_TAG", "description": "Linux initrd", "digest": initrd} in both["event_log"]

@@ -116,6 +116,9 @@ def collection_attests_the_vm(paths: LabPaths, address: str) -> None:
     golden = policy_module.parse_policy(json.dumps(answer["policy"]), "vm-0")
     ek_cas = verifier.load_ca_certificates(paths.ek_ca.read_bytes())
     controller.verify(answer["evidence"], nonce, golden, ek_cas, None)
+    # The policy `lab up` enrolled (the VM's golden values, PCR 9 computed from the image, beside the nspawn nodes').
+    enrolled = policy_module.parse_policy(paths.measurement_policy.read_text(), "lab")
+    controller.verify(answer["evidence"], nonce, enrolled, ek_cas, None)
     # The policy of another kernel command line: refused, naming the event the EFI stub measured it in.
     other = json.loads(json.dumps(answer["policy"]))
     other["pcrs"]["9"]["allowed"] = ["00" * 32]

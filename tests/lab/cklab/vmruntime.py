@@ -1,0 +1,178 @@
+"""What a VM node's real kubelet needs from the lab until the node role installs it (issue 28): a small, replaceable
+step that `lab up` runs on each VM once it answers SSH.
+
+- containerd: the image's Debian 1.6 (the lab's row has no containerd), configured with the collection's own template
+  (roles/node/templates/containerd-config.toml.j2, its containerd 1.x form: systemd cgroups, the row's pause image),
+  runc at Debian's path;
+- the pod network: Debian's CNI plugins (bridge, host-local, loopback, portmap) copied where containerd looks
+  (/opt/cni/bin) and a bridge conflist over a per-VM /24 (no CNI runs on the VM yet);
+- the pause image, which cannot be pulled here: built from the Kubernetes source's pause.c (gcc -static), packed by hand
+  as an OCI archive and imported with `ctr -n k8s.io images import` (REAL-NODE.md). The real image path is on the
+  `images` branch; this goes when it lands.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shlex
+import subprocess
+import tarfile
+from pathlib import Path
+
+import jinja2
+
+from . import LabError
+from .host import run
+from .paths import LabPaths
+from .plan import NodeSpec
+
+CONTAINERD_VERSION = "1.6.20"
+RUNC_DIR = "/usr/sbin"
+DEBIAN_CNI_DIR = "/usr/lib/cni"
+CNI_BIN_DIR = "/opt/cni/bin"
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+CNI_CONFLIST = "/etc/cni/net.d/10-cklab-bridge.conflist"
+PAUSE_SOURCE = "build/pause/linux/pause.c"
+_TEMPLATE = Path(__file__).resolve().parents[3] / "roles" / "node" / "templates" / "containerd-config.toml.j2"
+
+
+def containerd_config(kubernetes_version: str, pause_image: str) -> str:
+    """The collection's containerd configuration for containerd 1.x, as the node role would render it."""
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(
+        _TEMPLATE.read_text()
+    )
+    return template.render(
+        ansible_managed="Written by tests/lab/lab up (cklab/vmruntime.py) from the node role's template",
+        __node_stack={
+            "artifacts": {"containerd": {"version": CONTAINERD_VERSION}},
+            "version": kubernetes_version,
+            "images": {"pause": pause_image},
+        },
+        __node_stack_containerd_major=int(CONTAINERD_VERSION.split(".")[0]),
+        node_stack_bin_dir=RUNC_DIR,
+    )
+
+
+def pod_subnet(node: NodeSpec) -> str:
+    """A /24 of the cluster's pod network (10.244.0.0/16) per VM, by its address: 10.244.<last byte>.0/24."""
+    return f"10.244.{node.address.rsplit('.', 1)[1]}.0/24"
+
+
+def cni_conflist(node: NodeSpec) -> str:
+    return (
+        json.dumps(
+            {
+                "cniVersion": "0.4.0",
+                "name": "cklab",
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": "cni0",
+                        "isGateway": True,
+                        "ipMasq": True,
+                        "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_subnet(node)}]]},
+                    },
+                    {"type": "portmap", "capabilities": {"portMappings": True}},
+                ],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def _tar_bytes(files: dict[str, tuple[bytes, int]]) -> bytes:
+    """A tar of these files (name -> content, mode), reproducible: fixed owners and times."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name, (content, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(content), mode, 0
+            archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def oci_archive(image_name: str, entrypoint: str, files: dict[str, tuple[bytes, int]]) -> bytes:
+    """An OCI image layout archive of one layer holding `files`, named `image_name` for containerd's import."""
+    layer = _tar_bytes(files)
+    layer_gz = gzip.compress(layer, mtime=0)
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": [entrypoint]},
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
+        }
+    ).encode()
+    blobs = {
+        config: "application/vnd.oci.image.config.v1+json",
+        layer_gz: "application/vnd.oci.image.layer.v1.tar+gzip",
+    }
+
+    def descriptor(blob: bytes) -> dict:
+        return {"mediaType": blobs[blob], "digest": "sha256:" + hashlib.sha256(blob).hexdigest(), "size": len(blob)}
+
+    manifest = json.dumps({"schemaVersion": 2, "config": descriptor(config), "layers": [descriptor(layer_gz)]}).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(),
+                    "size": len(manifest),
+                    "annotations": {"io.containerd.image.name": image_name},
+                }
+            ],
+        }
+    ).encode()
+    entries = {"oci-layout": (b'{"imageLayoutVersion": "1.0.0"}', 0o644), "index.json": (index, 0o644)}
+    for blob in (config, layer_gz, manifest):
+        entries["blobs/sha256/" + hashlib.sha256(blob).hexdigest()] = (blob, 0o644)
+    return _tar_bytes(entries)
+
+
+def pause_archive(paths: LabPaths, source_dir: Path, image_name: str) -> Path:
+    """The pause image's OCI archive, built once per lab dir from the Kubernetes source's pause.c."""
+    archive = paths.lab_dir / "vm-images" / "pause.oci.tar"
+    if archive.is_file():
+        return archive
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    binary = archive.parent / "pause"
+    source = source_dir / PAUSE_SOURCE
+    if not source.is_file():
+        raise LabError(f"the pause image's source {source} is missing (tests/lab/lab kubernetes unpacks it)")
+    run(["gcc", "-Os", "-static", "-o", binary, source], what="gcc of the pause image")
+    content = oci_archive(image_name, "/pause", {"pause": (binary.read_bytes(), 0o755)})
+    temporary = archive.with_suffix(".part")
+    temporary.write_bytes(content)
+    temporary.replace(archive)
+    return archive
+
+
+def install(ssh: list[str], node: NodeSpec, kubernetes_version: str, pause_image: str, pause: Path) -> None:
+    """Configure containerd, the CNI and the pause image on a booted VM (idempotent); `ssh` is the command prefix."""
+    script = "\n".join(
+        [
+            "set -eu",
+            "cat > /run/cklab-pause.oci.tar",
+            f"mkdir -p /etc/containerd {CNI_BIN_DIR} {Path(CNI_CONFLIST).parent}",
+            *(f"cp -p {DEBIAN_CNI_DIR}/{name} {CNI_BIN_DIR}/{name}" for name in CNI_PLUGINS),
+            f"cat > {CNI_CONFLIST} <<'CKLAB_EOF'\n{cni_conflist(node)}CKLAB_EOF",
+            f"cat > /etc/containerd/config.toml.new <<'CKLAB_EOF'\n"
+            f"{containerd_config(kubernetes_version, pause_image)}CKLAB_EOF",
+            "if ! cmp -s /etc/containerd/config.toml.new /etc/containerd/config.toml; then"
+            " mv /etc/containerd/config.toml.new /etc/containerd/config.toml; systemctl restart containerd;"
+            " else rm /etc/containerd/config.toml.new; fi",
+            "for i in $(seq 60); do ctr version >/dev/null 2>&1 && break; sleep 1; done",
+            "ctr -n k8s.io images import /run/cklab-pause.oci.tar >/dev/null",
+            "rm /run/cklab-pause.oci.tar",
+        ]
+    )
+    remote = ["sh", "-c", shlex.quote(script)]
+    done = subprocess.run([*ssh, *remote], input=pause.read_bytes(), capture_output=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise LabError(f"{node.name}: the lab's runtime step failed: {done.stderr.decode(errors='replace').strip()}")

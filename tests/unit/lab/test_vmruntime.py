@@ -1,0 +1,47 @@
+"""Tests of what the lab puts on a VM node for its real kubelet (cklab.vmruntime): fast, no VM booted."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+
+from cklab import plan, vmruntime
+
+
+def _members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
+
+
+def test_containerd_config_is_the_node_roles_template_in_its_containerd_1_form():
+    config = vmruntime.containerd_config("v1.20.2", "k8s.gcr.io/pause:3.2")
+    assert "version = 2\n" in config
+    assert 'sandbox_image = "k8s.gcr.io/pause:3.2"' in config
+    assert 'BinaryName = "/usr/sbin/runc"' in config
+    assert "SystemdCgroup = true" in config
+    assert "version = 3" not in config
+
+
+def test_cni_conflist_bridges_a_per_vm_pod_subnet():
+    node = plan.plan_nodes(1, 0, vm_workers=2)[-1]
+    conflist = json.loads(vmruntime.cni_conflist(node))
+    bridge = conflist["plugins"][0]
+    assert bridge["type"] == "bridge"
+    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.244.241.0/24"}]]
+
+
+def test_oci_archive_names_the_image_and_every_blob_matches_its_digest():
+    archive = vmruntime.oci_archive("k8s.gcr.io/pause:3.2", "/pause", {"pause": (b"\x7fELF", 0o755)})
+    assert archive == vmruntime.oci_archive("k8s.gcr.io/pause:3.2", "/pause", {"pause": (b"\x7fELF", 0o755)})
+    members = _members(archive)
+    index = json.loads(members["index.json"])
+    (entry,) = index["manifests"]
+    assert entry["annotations"] == {"io.containerd.image.name": "k8s.gcr.io/pause:3.2"}
+    for name, content in members.items():
+        if name.startswith("blobs/sha256/"):
+            assert hashlib.sha256(content).hexdigest() == name.rsplit("/", 1)[1]
+    manifest = json.loads(members["blobs/sha256/" + entry["digest"].split(":")[1]])
+    config = json.loads(members["blobs/sha256/" + manifest["config"]["digest"].split(":")[1]])
+    assert config["config"]["Entrypoint"] == ["/pause"]
