@@ -86,8 +86,9 @@ EVENT_TYPES = {
     0x800000E2: "EV_EFI_SPDM_FIRMWARE_CONFIG",
 }
 EVENT_TYPE_IDS = {name: number for number, name in EVENT_TYPES.items()}
-# The Linux EFI stub's tagged events (drivers/firmware/efi/libstub): the command line and the initrd, in PCR 9.
-LINUX_EVENT_TAGS = {0x8F3B22EC: "LOADED_IMAGE::LoadOptions", 0x8F3B22ED: "Linux initrd"}
+# The Linux EFI stub's tagged events in PCR 9 (drivers/firmware/efi/libstub/efistub.h: INITRD_EVENT_TAG_ID 0x8F3B22EC,
+# LOAD_OPTIONS_EVENT_TAG_ID 0x8F3B22ED): the name when an event carries no text of its own.
+LINUX_EVENT_TAGS = {0x8F3B22EC: "Linux initrd", 0x8F3B22ED: "LOADED_IMAGE::LoadOptions"}
 _VARIABLE_EVENTS = (
     EV_EFI_VARIABLE_DRIVER_CONFIG,
     EV_EFI_VARIABLE_BOOT,

@@ -75,9 +75,9 @@ def firmware_events(
             9,
             el.EV_EVENT_TAG,
             _digests(banks, command_line.encode("utf-16-le") + b"\0\0"),
-            tagged(0x8F3B22EC, "LOADED_IMAGE::LoadOptions"),
+            tagged(0x8F3B22ED, "LOADED_IMAGE::LoadOptions"),
         ),
-        (9, el.EV_EVENT_TAG, _digests(banks, INITRD), tagged(0x8F3B22ED, "Linux initrd")),
+        (9, el.EV_EVENT_TAG, _digests(banks, INITRD), tagged(0x8F3B22EC, "Linux initrd")),
         (5, el.EV_EFI_ACTION, _digests(banks, b"Exit Boot Services Invocation"), b"Exit Boot Services Invocation"),
     ]
     return events

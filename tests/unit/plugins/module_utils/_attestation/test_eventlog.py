@@ -107,10 +107,10 @@ def test_event_type_names_cover_the_pc_client_table_and_name_unknown_types():
     [
         (
             el.EV_EVENT_TAG,
-            struct.pack("<II", 0x8F3B22EC, 26) + b"LOADED_IMAGE::LoadOptions\x00",
+            struct.pack("<II", 0x8F3B22ED, 26) + b"LOADED_IMAGE::LoadOptions\x00",
             "LOADED_IMAGE::LoadOptions",
         ),
-        (el.EV_EVENT_TAG, struct.pack("<II", 0x8F3B22ED, 0), "Linux initrd"),
+        (el.EV_EVENT_TAG, struct.pack("<II", 0x8F3B22EC, 0), "Linux initrd"),
         (el.EV_EVENT_TAG, struct.pack("<II", 0x12345678, 0), "tag 0x12345678"),
         (el.EV_EVENT_TAG, b"\x01", ""),
         (el.EV_IPL, b"kernel_cmdline: ro quiet\x00", "kernel_cmdline: ro quiet"),

@@ -30,7 +30,7 @@ def _boot_log(command_line: str) -> bytes:
                 9,
                 el.EV_EVENT_TAG,
                 {"sha256": hashlib.sha256(command_line.encode("utf-16-le")).digest()},
-                struct.pack("<II", 0x8F3B22EC, len(tag)) + tag,
+                struct.pack("<II", 0x8F3B22ED, len(tag)) + tag,
             ),
         ],
     )
