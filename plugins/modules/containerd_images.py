@@ -100,9 +100,7 @@ def main() -> None:
     )
     params = module.params
     ctr = params["ctr_path"] or module.get_bin_path("ctr", required=True)
-    containerd = ContainerdImages(
-        ctr, params["address"], lambda argv: module.run_command(argv), namespace=params["namespace"]
-    )
+    containerd = ContainerdImages(ctr, params["address"], module.run_command, namespace=params["namespace"])
     try:
         missing = containerd.missing(wanted_images(params["images"]))
         if not module.check_mode:

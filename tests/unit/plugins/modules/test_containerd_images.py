@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ansible_collections.confidential.kubernetes.plugins.modules import containerd_images
 from tests.unit.plugins.module_utils._images.oci_layout import build_layout, write_archive
-from tests.unit.plugins.modules.module_runner import module_outcome, run_main  # noqa: F401 (the fixture)
+from tests.unit.plugins.modules.module_runner import module_outcome, run_main  # noqa: F401  # pylint: disable=unused-import
 
 REFERENCE = "registry.k8s.io/pause:3.10.2"
 
