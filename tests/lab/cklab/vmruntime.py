@@ -51,7 +51,7 @@ def containerd_config(kubernetes_version: str, pause_image: str) -> str:
             "version": kubernetes_version,
             "images": {"pause": pause_image},
         },
-        __node_stack_containerd_major=int(CONTAINERD_VERSION.split(".")[0]),
+        __node_stack_containerd_major=int(CONTAINERD_VERSION.split(".", maxsplit=1)[0]),
         node_stack_bin_dir=RUNC_DIR,
     )
 
