@@ -53,6 +53,8 @@ def containerd_config(kubernetes_version: str, pause_image: str) -> str:
         },
         __node_stack_containerd_major=int(CONTAINERD_VERSION.split(".", maxsplit=1)[0]),
         node_stack_bin_dir=RUNC_DIR,
+        # The lab's VMs pull nothing: no registry mirror.
+        node_containerd_registry_mirrors={},
     )
 
 
