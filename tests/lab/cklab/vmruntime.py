@@ -53,7 +53,8 @@ def containerd_config(kubernetes_version: str, pause_image: str) -> str:
         },
         __node_stack_containerd_major=int(CONTAINERD_VERSION.split(".", maxsplit=1)[0]),
         node_stack_bin_dir=RUNC_DIR,
-        # The lab's VMs pull nothing: no registry mirror.
+        # The role's own pause image (its kubernetes_image_repository unset) and no registry mirror: the VMs pull nothing.
+        __node_stack_pause_image=pause_image,
         node_containerd_registry_mirrors={},
     )
 
