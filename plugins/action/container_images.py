@@ -18,14 +18,9 @@ from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _im
 display = Display()
 
 ARGUMENT_SPEC = dict(
-    _artifacts.ROW_ARGUMENT_SPEC,
-    architectures=dict(type="list", elements="str", default=["x86_64"]),
+    _artifacts.FETCH_ARGUMENT_SPEC,
     images=dict(type="list", elements="str", default=list(_versions.IMAGES)),
-    cache_dir=dict(type="path", default="~/.cache/confidential-kubernetes/artifacts"),
     lock_file=dict(type="path", default=""),
-    mirror_url=dict(type="str", default=""),
-    source_dir=dict(type="path", default=""),
-    timeout=dict(type="int", default=60),
 )
 
 
@@ -39,7 +34,7 @@ class ActionModule(ActionBase):
         params = validation.validated_parameters
         result["changed"] = False
         if params["mirror_url"] and params["source_dir"]:
-            result.update(failed=True, msg="mirror_url and source_dir are alternatives; set one of them")
+            result.update(failed=True, msg=_artifacts.SOURCES_CONFLICT)
             return result
         unknown = [name for name in params["images"] if name not in _versions.IMAGES]
         if unknown:

@@ -15,13 +15,8 @@ from ansible_collections.confidential.kubernetes.plugins.plugin_utils import _ar
 display = Display()
 
 ARGUMENT_SPEC = dict(
-    _artifacts.ROW_ARGUMENT_SPEC,
-    architectures=dict(type="list", elements="str", default=["x86_64"]),
+    _artifacts.FETCH_ARGUMENT_SPEC,
     artifacts=dict(type="list", elements="str", default=list(_versions.ARTIFACTS)),
-    cache_dir=dict(type="path", default="~/.cache/confidential-kubernetes/artifacts"),
-    mirror_url=dict(type="str", default=""),
-    source_dir=dict(type="path", default=""),
-    timeout=dict(type="int", default=60),
 )
 
 
@@ -35,7 +30,7 @@ class ActionModule(ActionBase):
         params = validation.validated_parameters
         result["changed"] = False
         if params["mirror_url"] and params["source_dir"]:
-            result.update(failed=True, msg="mirror_url and source_dir are alternatives; set one of them")
+            result.update(failed=True, msg=_artifacts.SOURCES_CONFLICT)
             return result
         names = _versions.ARTIFACTS + _versions.CHARTS
         unknown = [name for name in params["artifacts"] if name not in names]

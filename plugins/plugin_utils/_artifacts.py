@@ -55,6 +55,18 @@ ROW_ARGUMENT_SPEC = dict(
     allow_end_of_life=dict(type="bool", default=False),
     today=dict(type="str", default=""),
 )
+# The options of an action that fetches a row's files once into the controller's cache (binaries, images): the nodes'
+# architectures, where the cache is, and the one source it fetches from (upstream by default).
+FETCH_ARGUMENT_SPEC = dict(
+    ROW_ARGUMENT_SPEC,
+    architectures=dict(type="list", elements="str", default=["x86_64"]),
+    cache_dir=dict(type="path", default="~/.cache/confidential-kubernetes/artifacts"),
+    mirror_url=dict(type="str", default=""),
+    source_dir=dict(type="path", default=""),
+    timeout=dict(type="int", default=60),
+)
+# Refused by such an action before anything is fetched.
+SOURCES_CONFLICT = "mirror_url and source_dir are alternatives; set one of them"
 
 
 def row_of(params: dict) -> _versions.Row:
