@@ -33,6 +33,7 @@ extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
   - confidential.kubernetes._versions
+  - confidential.kubernetes._fetch
 attributes:
   check_mode:
     support: full
@@ -43,36 +44,15 @@ attributes:
   idempotent:
     support: full
 options:
-  architectures:
-    description: The nodes' machine names as Ansible reports them (C(x86_64), C(aarch64)); each archive must hold their manifests.
-    type: list
-    elements: str
-    default: [x86_64]
   images:
     description: The images of the row to fetch, by their names in the row.
     type: list
     elements: str
     default: [kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd, coredns, pause]
-  cache_dir:
-    description: The controller directory holding verified artefacts; the images go to its C(images/) directory.
-    type: path
-    default: ~/.cache/confidential-kubernetes/artifacts
   lock_file:
     description: The lock file of image digests recorded on first fetch; C(<cache_dir>/images.lock.yml) when empty.
     type: path
     default: ""
-  mirror_url:
-    description: A base URL serving C(images/<repository>/<tag>.oci.tar).
-    type: str
-    default: ""
-  source_dir:
-    description: A local directory holding C(images/<repository>/<tag>.oci.tar); mutually exclusive with O(mirror_url).
-    type: path
-    default: ""
-  timeout:
-    description: Seconds to wait for the mirror before a download fails.
-    type: int
-    default: 60
 notes:
   - The nodes receive the archives from the controller and import them with M(confidential.kubernetes.containerd_images)
     before kubeadm runs; they pull no image.

@@ -41,6 +41,7 @@ extends_documentation_fragment:
   - confidential.kubernetes._attributes
   - confidential.kubernetes._attributes.action
   - confidential.kubernetes._versions
+  - confidential.kubernetes._fetch
 attributes:
   check_mode:
     support: full
@@ -52,13 +53,6 @@ attributes:
   idempotent:
     support: full
 options:
-  architectures:
-    description:
-      - The nodes' machine names as Ansible reports them (C(ansible_architecture)) - C(x86_64) or C(aarch64).
-        Each distinct architecture's artefacts are fetched.
-    type: list
-    elements: str
-    default: [x86_64]
   artifacts:
     description:
       - The artefacts of the row to fetch - any of C(kubeadm), C(kubelet), C(kubectl), C(crictl), C(containerd),
@@ -67,22 +61,6 @@ options:
     type: list
     elements: str
     default: [kubeadm, kubelet, kubectl, crictl, containerd, runc, cni_plugins, helm]
-  cache_dir:
-    description: The controller directory holding verified artefacts.
-    type: path
-    default: ~/.cache/confidential-kubernetes/artifacts
-  mirror_url:
-    description: A base URL serving the upstream URL paths, used instead of upstream (for example C(https://mirror.example.com/k8s)).
-    type: str
-    default: ""
-  source_dir:
-    description: A local directory holding the upstream URL paths, read instead of any network; mutually exclusive with O(mirror_url).
-    type: path
-    default: ""
-  timeout:
-    description: Seconds to wait for a server before a download fails.
-    type: int
-    default: 60
 notes:
   - The nodes receive the artefacts from the controller (the C(kubernetes) entry point of the role
     C(confidential.kubernetes.node)); they need no internet.
