@@ -28,7 +28,14 @@ def _play(tmp_path: Path, **variables) -> subprocess.CompletedProcess:
         )
     )
     extra = dict(ansible_python_interpreter=sys.executable, node_venv=str(tmp_path / "node" / "venv"), **variables)
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"), ANSIBLE_NOCOLOR="1")
+    controller_tmp = tmp_path / "controller-tmp"
+    controller_tmp.mkdir(exist_ok=True)
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".venv" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        TMPDIR=str(controller_tmp),
+    )
     return subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)],
         capture_output=True,
@@ -75,6 +82,8 @@ def test_the_environment_comes_from_the_wheelhouse_and_a_rerun_changes_nothing(t
     assert first.returncode == 0, first.stdout + first.stderr
     wheels = {p.name.split("-")[0].lower() for p in (tmp_path / "node" / "wheelhouse").glob("*.whl")}
     assert {"cryptography", "grpcio", "protobuf", "pyyaml", "tpm2_pytss"} <= wheels
+    assert "Push and unpack the wheelhouse" in first.stdout  # one archive per node, not one copy per wheel
+    assert not list((tmp_path / "controller-tmp").glob("*.wheelhouse.tar")), "the controller's archive was left behind"
     check = subprocess.run(
         [
             str(tmp_path / "node/venv/bin/python"),
