@@ -86,3 +86,25 @@ def test_a_missing_device_is_refused_first(tmp_path):
         confidential_state_disk_allow_unmapped=True,
     )
     assert run.returncode != 0 and "nothing.img does not exist" in run.stdout
+
+
+def test_a_device_named_by_a_link_is_the_device_it_names(tmp_path):
+    # /dev/disk/by-id/... and /dev/disk/by-uuid/... are links to the block device: the check follows them.
+    (tmp_path / "by-id").mkdir()
+    (tmp_path / "by-id" / "virtio-state").symlink_to(tmp_path / "state-disk.img")
+    run = check(
+        tmp_path,
+        confidential_state_disk={"device": str(tmp_path / "by-id" / "virtio-state"), "state": "formatted"},
+        confidential_state_disk_allow_unmapped=True,
+    )
+    assert run.returncode == 0 and "not stopped" in run.stdout, run.stdout
+
+
+def test_a_dangling_link_is_refused_as_missing(tmp_path):
+    (tmp_path / "gone").symlink_to(tmp_path / "no-such-disk")
+    run = check(
+        tmp_path,
+        confidential_state_disk={"device": str(tmp_path / "gone"), "state": "formatted"},
+        confidential_state_disk_allow_unmapped=True,
+    )
+    assert run.returncode != 0 and "gone does not exist" in run.stdout
