@@ -36,14 +36,16 @@ def run(
     input_text: str | None = None,
     timeout: float = 120,
     what: str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> str:
-    """Run one command (argument list, never a shell string); return its stdout."""
+    """Run one command (argument list, never a shell string), in `cwd` if given; return its stdout."""
     args = [str(a) for a in argv]
     full_env = None if env is None else {**os.environ, **env}
     try:
         done = subprocess.run(
             args,
             env=full_env,
+            cwd=cwd,
             input=input_text,
             capture_output=True,
             text=True,

@@ -296,13 +296,16 @@ def _prepare_vm_runtimes(paths: LabPaths, wanted: list[NodeSpec], row: dict) -> 
         return
     pause_image = row[KUBERNETES_VERSION.lstrip("v")]["images"]["pause"]
     source = kubernetes.CacheLayout(paths, kubernetes.RELEASE).tree
-    archive = vmruntime.pause_archive(paths, source, pause_image)
+    archives = [vmruntime.pause_archive(paths, source, pause_image), vmruntime.tools_archive(paths)]
     for node in vms:
         started = time.monotonic()
-        vmruntime.install(ssh_command(paths, node.address), node, KUBERNETES_VERSION, pause_image, archive)
-        log(
-            f"{node.name}: containerd configured, CNI conflist, {pause_image} imported in {time.monotonic() - started:.1f} s"
-        )
+        if vmruntime.install(ssh_command(paths, node.address), node, KUBERNETES_VERSION, pause_image, archives):
+            log(
+                f"{node.name}: containerd configured, CNI conflist, {pause_image} and {vmruntime.TOOLS_IMAGE} imported"
+                f" in {time.monotonic() - started:.1f} s"
+            )
+        else:
+            log(f"{node.name}: has joined a cluster (node lock recorded): its runtime and images are its own")
 
 
 def _read_event_log(paths: LabPaths, node: NodeSpec) -> bytes:

@@ -20,6 +20,7 @@ import json
 import shlex
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import jinja2
@@ -36,6 +37,12 @@ CNI_BIN_DIR = "/opt/cni/bin"
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 CNI_CONFLIST = "/etc/cni/net.d/10-cklab-bridge.conflist"
 PAUSE_SOURCE = "build/pause/linux/pause.c"
+# The lab's tools image (tools_archive): the CNI stand-in chart's agent image (tests/doubles/cilium-chart/values.yaml)
+# and the image of the VM tests' pods.
+TOOLS_IMAGE = "cklab.invalid/lab-tools:1"
+# The node lock's record (the collection's node_lock): present once the node has joined.
+NODE_LOCK_RECORD = "/var/lib/confidential-kubernetes/nodelock.json"
+TOOLS_APPLETS = ("sh", "sleep", "cat", "echo", "hostname", "ls", "ps", "env", "id", "wget", "nslookup")
 _TEMPLATE = Path(__file__).resolve().parents[3] / "roles" / "node" / "templates" / "containerd-config.toml.j2"
 
 
@@ -87,18 +94,25 @@ def cni_conflist(node: NodeSpec) -> str:
     )
 
 
-def _tar_bytes(files: dict[str, tuple[bytes, int]]) -> bytes:
-    """A tar of these files (name -> content, mode), reproducible: fixed owners and times."""
+def _tar_bytes(files: dict[str, tuple[bytes, int] | str]) -> bytes:
+    """A tar of these files (name -> (content, mode), or name -> a symbolic link's target), reproducible: fixed owners
+    and times."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for name, (content, mode) in sorted(files.items()):
+        for name, entry in sorted(files.items()):
             info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(content), mode, 0
+            info.mtime = 0
+            if isinstance(entry, str):
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry, 0o777
+                archive.addfile(info)
+                continue
+            content, mode = entry
+            info.size, info.mode = len(content), mode
             archive.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
 
 
-def oci_archive(image_name: str, entrypoint: str, files: dict[str, tuple[bytes, int]]) -> bytes:
+def oci_archive(image_name: str, entrypoint: str, files: dict[str, tuple[bytes, int] | str]) -> bytes:
     """An OCI image layout archive of one layer holding `files`, named `image_name` for containerd's import."""
     layer = _tar_bytes(files)
     layer_gz = gzip.compress(layer, mtime=0)
@@ -156,12 +170,49 @@ def pause_archive(paths: LabPaths, source_dir: Path, image_name: str) -> Path:
     return archive
 
 
-def install(ssh: list[str], node: NodeSpec, kubernetes_version: str, pause_image: str, pause: Path) -> None:
-    """Configure containerd, the CNI and the pause image on a booted VM (idempotent); `ssh` is the command prefix."""
+def tools_files(busybox: bytes) -> dict[str, tuple[bytes, int] | str]:
+    """The lab's tools image: Debian's static busybox with its applets as links, and the CNI stand-in chart's agent
+    (`cilium-agent`: prints its arguments and sleeps), so that a pod on a VM runs, logs and takes `kubectl exec`."""
+    files: dict[str, tuple[bytes, int] | str] = {"bin/busybox": (busybox, 0o755)}
+    files.update({f"bin/{applet}": "busybox" for applet in TOOLS_APPLETS})
+    files["bin/cilium-agent"] = (
+        b'#!/bin/sh\necho "cilium-agent (the lab\'s stand-in) on $(hostname): $*"\nexec sleep 2147483647\n',
+        0o755,
+    )
+    files["tmp/.keep"] = (b"", 0o644)
+    return files
+
+
+def tools_archive(paths: LabPaths) -> Path:
+    """The tools image's OCI archive (TOOLS_IMAGE), built once per lab dir from Debian's busybox-static package,
+    downloaded with apt (not installed on the host: it would conflict with a busybox there)."""
+    archive = paths.lab_dir / "vm-images" / "tools.oci.tar"
+    if archive.is_file():
+        return archive
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=archive.parent) as work:
+        run(["apt-get", "download", "busybox-static"], what="apt-get download busybox-static", cwd=work)
+        (deb,) = Path(work).glob("busybox-static_*.deb")
+        run(["dpkg-deb", "-x", deb, Path(work) / "root"], what="dpkg-deb -x of busybox-static")
+        busybox = (Path(work) / "root" / "bin" / "busybox").read_bytes()
+    content = oci_archive(TOOLS_IMAGE, "/bin/sh", tools_files(busybox))
+    temporary = archive.with_suffix(".part")
+    temporary.write_bytes(content)
+    temporary.replace(archive)
+    return archive
+
+
+def install(ssh: list[str], node: NodeSpec, kubernetes_version: str, pause_image: str, archives: list[Path]) -> bool:
+    """Configure containerd, the CNI and import the images (OCI archives) on a booted VM (idempotent); `ssh` is the
+    command prefix. A VM that has joined a cluster is left alone; returns whether anything was done."""
     script = "\n".join(
         [
             "set -eu",
-            "cat > /run/cklab-pause.oci.tar",
+            # A node that has joined keeps its images and containerd's state on its state disk, which only the boot
+            # agent maps (containerd waits for it): nothing to do, and containerd may not run (a tampered boot).
+            f"if [ -e {NODE_LOCK_RECORD} ]; then cat >/dev/null; echo joined; exit 0; fi",
+            "rm -rf /run/cklab-images; mkdir /run/cklab-images",
+            "tar -x -C /run/cklab-images",
             f"mkdir -p /etc/containerd {CNI_BIN_DIR} {Path(CNI_CONFLIST).parent}",
             *(f"cp -p {DEBIAN_CNI_DIR}/{name} {CNI_BIN_DIR}/{name}" for name in CNI_PLUGINS),
             f"cat > {CNI_CONFLIST} <<'CKLAB_EOF'\n{cni_conflist(node)}CKLAB_EOF",
@@ -171,11 +222,13 @@ def install(ssh: list[str], node: NodeSpec, kubernetes_version: str, pause_image
             " mv /etc/containerd/config.toml.new /etc/containerd/config.toml; systemctl restart containerd;"
             " else rm /etc/containerd/config.toml.new; fi",
             "for i in $(seq 60); do ctr version >/dev/null 2>&1 && break; sleep 1; done",
-            "ctr -n k8s.io images import /run/cklab-pause.oci.tar >/dev/null",
-            "rm /run/cklab-pause.oci.tar",
+            'for image in /run/cklab-images/*.oci.tar; do ctr -n k8s.io images import "$image" >/dev/null; done',
+            "rm -rf /run/cklab-images",
         ]
     )
     remote = ["sh", "-c", shlex.quote(script)]
-    done = subprocess.run([*ssh, *remote], input=pause.read_bytes(), capture_output=True, timeout=600, check=False)
+    bundle = _tar_bytes({path.name: (path.read_bytes(), 0o644) for path in archives})
+    done = subprocess.run([*ssh, *remote], input=bundle, capture_output=True, timeout=600, check=False)
     if done.returncode != 0:
         raise LabError(f"{node.name}: the lab's runtime step failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout.decode().strip() != "joined"

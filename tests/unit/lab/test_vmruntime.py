@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import tarfile
+from pathlib import Path
+
+import yaml
 
 from cklab import plan, vmruntime
 
@@ -45,3 +49,26 @@ def test_oci_archive_names_the_image_and_every_blob_matches_its_digest():
     manifest = json.loads(members["blobs/sha256/" + entry["digest"].split(":")[1]])
     config = json.loads(members["blobs/sha256/" + manifest["config"]["digest"].split(":")[1]])
     assert config["config"]["Entrypoint"] == ["/pause"]
+
+
+def test_the_tools_image_links_its_applets_to_busybox_and_runs_the_cni_stand_ins_agent():
+    files = vmruntime.tools_files(b"\x7fELF busybox")
+    members = _members(vmruntime.oci_archive(vmruntime.TOOLS_IMAGE, "/bin/sh", files))
+    layer_name = next(
+        name
+        for name, content in members.items()
+        if name.startswith("blobs/") and content[:2] == b"\x1f\x8b"  # the gzip layer
+    )
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(members[layer_name]))) as layer:
+        entries = {member.name: member for member in layer.getmembers()}
+        assert entries["bin/sh"].issym() and entries["bin/sh"].linkname == "busybox"
+        assert entries["bin/busybox"].mode == 0o755
+        agent = layer.extractfile(entries["bin/cilium-agent"]).read()
+    assert agent.startswith(b"#!/bin/sh\n") and b"exec sleep" in agent
+
+
+def test_the_cni_stand_in_charts_image_is_the_tools_image_the_lab_imports():
+    values = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "doubles" / "cilium-chart" / "values.yaml").read_text()
+    )
+    assert f"{values['image']['repository']}:{values['image']['tag']}" == vmruntime.TOOLS_IMAGE
