@@ -95,7 +95,9 @@ def test_an_air_gapped_site_refuses_a_chart_repository_outside_the_site_by_name(
         confidential_site_chart_repositories=["https://charts.example.internal/"],
     )
     assert run.returncode != 0
-    assert "public (https://helm.cilium.io): a chart repository outside the site, and the site is air-gapped" in run.stdout
+    assert (
+        "public (https://helm.cilium.io): a chart repository outside the site, and the site is air-gapped" in run.stdout
+    )
     assert "on-site (" not in run.stdout and "local (" not in run.stdout
     assert "TASK [confidential.kubernetes.upgrade : Plan every release" not in run.stdout
 
