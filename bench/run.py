@@ -3,7 +3,7 @@ release to release.
 
 Run: .venv/bin/python bench/run.py [--quick] [--scale] [--json FILE] [--lab-runs N] [--baseline REF]
 --baseline REF also times the evidence verifier of git ref REF (before and after from one run). --quick leaves out
-the lab benchmarks (lab_updown, playbooks, bringup), which need root and take minutes. --scale runs bringup on
+the lab benchmarks (lab_updown, playbooks, bringup, day2, vm_node), which need root and take minutes. --scale runs bringup on
 1+2 and 1+29 nodes instead of 1+2 and 3+3 (tens of minutes on 2 cores). The lab ones use the lab of
 CK_LAB_INDEX in CK_LAB_DIR (export both when other labs run beside yours). Each benchmark runs as a process of its
 own and hands its figures over through ``--figures``; one that fails shows as a failed row and makes the exit code 1.
@@ -36,6 +36,7 @@ BENCHMARKS = (
     ("playbooks.py", ["--runs", "{lab_runs}"], True),
     ("bringup.py", [], True),
     ("day2.py", [], True),
+    ("vm_node.py", [], True),
 )
 HEADER = ("benchmark", "figure", "value", "unit", "target", "result")
 
