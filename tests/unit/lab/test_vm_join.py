@@ -58,10 +58,12 @@ class VmLab:
             [str(LAB), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
         )
 
-    def ssh(self, node: plan.NodeSpec, command: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    def ssh(
+        self, node: plan.NodeSpec, command: str, timeout: float = 300, connect_timeout: int = 60
+    ) -> subprocess.CompletedProcess:
         # An emulated guest can take more than the lab's usual 5 s to send its SSH banner.
         return subprocess.run(
-            lab_commands.ssh_command(self.paths, node.address, command, connect_timeout=60),
+            lab_commands.ssh_command(self.paths, node.address, command, connect_timeout=connect_timeout),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -93,11 +95,13 @@ class VmLab:
 
     def wait(self, what: str, condition, timeout: float = 900, every: float = 5):
         """Poll `condition` until it returns something true; fail naming `what` and the last value after `timeout`."""
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         value = None
         while time.monotonic() < deadline:
             value = condition()
             if value:
+                print(f"{what}: {time.monotonic() - started:.0f} s")
                 return value
             time.sleep(every)
         pytest.fail(f"{what}: not within {timeout:.0f} s (last: {value!r})")
@@ -129,6 +133,14 @@ class VmLab:
     def all_pods_running(self):
         pods = self.pods_on_vm()
         return pods if pods and all(phase == "Running" for phase in pods.values()) else False
+
+    def probe_started(self) -> str:
+        """When the probe pod's container last started, as the API reports it (empty while it is not ready)."""
+        pod = json.loads(self.kubectl(f"get pod {TEST_POD} -o json"))
+        statuses = pod["status"].get("containerStatuses", [])
+        if not statuses or not statuses[0]["ready"]:
+            return ""
+        return statuses[0]["state"].get("running", {}).get("startedAt", "")
 
     def pcr15(self) -> str:
         return self.ok(VM, "tpm2_pcrread sha256:15").split("15:")[1].split()[0].lower()
@@ -212,13 +224,18 @@ def test_site_again_changes_nothing(vmlab):
 def test_a_real_reboot_rejoins_with_the_state_disk_and_its_pods(vmlab):
     mark = vmlab.pcr15()
     boot_id = vmlab.ok(VM, "cat /proc/sys/kernel/random/boot_id").strip()
+    started = vmlab.probe_started()
+    assert started
     vmlab.ssh(VM, "systemctl reboot", timeout=60)  # the connection may drop before an exit status
+    # Short connection attempts, polled every 2 s, so that the guest's return is seen when it happens.
     vmlab.wait(
         "vm-0 back with a new boot id",
         lambda: (
-            (done := vmlab.ssh(VM, "cat /proc/sys/kernel/random/boot_id", timeout=90)).returncode == 0
+            (done := vmlab.ssh(VM, "cat /proc/sys/kernel/random/boot_id", timeout=90, connect_timeout=15)).returncode
+            == 0
             and done.stdout.strip() != boot_id
         ),
+        every=2,
     )
     vmlab.wait("the kubelet running again", vmlab.kubelet_active)
     assert vmlab.pcr15() == mark
@@ -226,6 +243,8 @@ def test_a_real_reboot_rejoins_with_the_state_disk_and_its_pods(vmlab):
     assert '"result": "rejoined"' in rejoin and '"keyed": true' in rejoin, rejoin
     assert vmlab.mount_source("/var/lib/kubelet") == "/dev/mapper/state[/var/lib/kubelet]"
     vmlab.wait("vm-0 Ready after the reboot", vmlab.ready)
+    # The API keeps the pods' last statuses through the reboot: the probe's container must have started again.
+    vmlab.wait("the probe pod's container started again", lambda: vmlab.probe_started() not in ("", started), 600)
     pods = vmlab.wait("its pods Running after the reboot", vmlab.all_pods_running, timeout=600)
     assert f"default/{TEST_POD}" in pods
     verify = vmlab.playbook("verify")
