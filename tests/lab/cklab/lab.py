@@ -296,10 +296,12 @@ def _prepare_vm_runtimes(paths: LabPaths, wanted: list[NodeSpec], row: dict) -> 
         return
     pause_image = row[KUBERNETES_VERSION.lstrip("v")]["images"]["pause"]
     source = kubernetes.CacheLayout(paths, kubernetes.RELEASE).tree
-    archives = [vmruntime.pause_archive(paths, source, pause_image), vmruntime.tools_archive(paths)]
+    bundle = vmruntime.images_bundle(
+        [vmruntime.pause_archive(paths, source, pause_image), vmruntime.tools_archive(paths)]
+    )
     for node in vms:
         started = time.monotonic()
-        if vmruntime.install(ssh_command(paths, node.address), node, KUBERNETES_VERSION, pause_image, archives):
+        if vmruntime.install(ssh_command(paths, node.address), node, KUBERNETES_VERSION, pause_image, bundle):
             log(
                 f"{node.name}: containerd configured, CNI conflist, {pause_image} and {vmruntime.TOOLS_IMAGE} imported"
                 f" in {time.monotonic() - started:.1f} s"

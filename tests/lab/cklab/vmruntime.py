@@ -21,6 +21,7 @@ import shlex
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import jinja2
@@ -152,22 +153,32 @@ def oci_archive(image_name: str, entrypoint: str, files: dict[str, tuple[bytes, 
     return _tar_bytes(entries)
 
 
-def pause_archive(paths: LabPaths, source_dir: Path, image_name: str) -> Path:
-    """The pause image's OCI archive, built once per lab dir from the Kubernetes source's pause.c."""
-    archive = paths.lab_dir / "vm-images" / "pause.oci.tar"
+def _image_archive(paths: LabPaths, name: str, build: Callable[[Path], bytes]) -> Path:
+    """The lab dir's OCI archive `vm-images/<name>.oci.tar`, made once by `build` (given a scratch directory beside it)
+    and written whole (a partial file renamed into place)."""
+    archive = paths.lab_dir / "vm-images" / f"{name}.oci.tar"
     if archive.is_file():
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
-    binary = archive.parent / "pause"
-    source = source_dir / PAUSE_SOURCE
-    if not source.is_file():
-        raise LabError(f"the pause image's source {source} is missing (tests/lab/lab kubernetes unpacks it)")
-    run(["gcc", "-Os", "-static", "-o", binary, source], what="gcc of the pause image")
-    content = oci_archive(image_name, "/pause", {"pause": (binary.read_bytes(), 0o755)})
+    with tempfile.TemporaryDirectory(dir=archive.parent) as work:
+        content = build(Path(work))
     temporary = archive.with_suffix(".part")
     temporary.write_bytes(content)
     temporary.replace(archive)
     return archive
+
+
+def pause_archive(paths: LabPaths, source_dir: Path, image_name: str) -> Path:
+    """The pause image's OCI archive, built once per lab dir from the Kubernetes source's pause.c."""
+    source = source_dir / PAUSE_SOURCE
+
+    def build(work: Path) -> bytes:
+        if not source.is_file():
+            raise LabError(f"the pause image's source {source} is missing (tests/lab/lab kubernetes unpacks it)")
+        run(["gcc", "-Os", "-static", "-o", work / "pause", source], what="gcc of the pause image")
+        return oci_archive(image_name, "/pause", {"pause": ((work / "pause").read_bytes(), 0o755)})
+
+    return _image_archive(paths, "pause", build)
 
 
 def tools_files(busybox: bytes) -> dict[str, tuple[bytes, int] | str]:
@@ -186,24 +197,23 @@ def tools_files(busybox: bytes) -> dict[str, tuple[bytes, int] | str]:
 def tools_archive(paths: LabPaths) -> Path:
     """The tools image's OCI archive (TOOLS_IMAGE), built once per lab dir from Debian's busybox-static package,
     downloaded with apt (not installed on the host: it would conflict with a busybox there)."""
-    archive = paths.lab_dir / "vm-images" / "tools.oci.tar"
-    if archive.is_file():
-        return archive
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=archive.parent) as work:
+
+    def build(work: Path) -> bytes:
         run(["apt-get", "download", "busybox-static"], what="apt-get download busybox-static", cwd=work)
-        (deb,) = Path(work).glob("busybox-static_*.deb")
-        run(["dpkg-deb", "-x", deb, Path(work) / "root"], what="dpkg-deb -x of busybox-static")
-        busybox = (Path(work) / "root" / "bin" / "busybox").read_bytes()
-    content = oci_archive(TOOLS_IMAGE, "/bin/sh", tools_files(busybox))
-    temporary = archive.with_suffix(".part")
-    temporary.write_bytes(content)
-    temporary.replace(archive)
-    return archive
+        (deb,) = work.glob("busybox-static_*.deb")
+        run(["dpkg-deb", "-x", deb, work / "root"], what="dpkg-deb -x of busybox-static")
+        return oci_archive(TOOLS_IMAGE, "/bin/sh", tools_files((work / "root" / "bin" / "busybox").read_bytes()))
+
+    return _image_archive(paths, "tools", build)
 
 
-def install(ssh: list[str], node: NodeSpec, kubernetes_version: str, pause_image: str, archives: list[Path]) -> bool:
-    """Configure containerd, the CNI and import the images (OCI archives) on a booted VM (idempotent); `ssh` is the
+def images_bundle(archives: list[Path]) -> bytes:
+    """The OCI archives as one tar, which `install` sends to each VM on its standard input."""
+    return _tar_bytes({path.name: (path.read_bytes(), 0o644) for path in archives})
+
+
+def install(ssh: list[str], node: NodeSpec, kubernetes_version: str, pause_image: str, bundle: bytes) -> bool:
+    """Configure containerd, the CNI and import the images (`images_bundle`) on a booted VM (idempotent); `ssh` is the
     command prefix. A VM that has joined a cluster is left alone; returns whether anything was done."""
     script = "\n".join(
         [
@@ -227,7 +237,6 @@ def install(ssh: list[str], node: NodeSpec, kubernetes_version: str, pause_image
         ]
     )
     remote = ["sh", "-c", shlex.quote(script)]
-    bundle = _tar_bytes({path.name: (path.read_bytes(), 0o644) for path in archives})
     done = subprocess.run([*ssh, *remote], input=bundle, capture_output=True, timeout=600, check=False)
     if done.returncode != 0:
         raise LabError(f"{node.name}: the lab's runtime step failed: {done.stderr.decode(errors='replace').strip()}")
