@@ -20,6 +20,7 @@ display = Display()
 ARGUMENT_SPEC = dict(
     _artifacts.FETCH_ARGUMENT_SPEC,
     images=dict(type="list", elements="str", default=list(_versions.IMAGES)),
+    images_extra=dict(type="dict", default={}),
     lock_file=dict(type="path", default=""),
 )
 
@@ -42,10 +43,15 @@ class ActionModule(ActionBase):
                 failed=True, msg=f"unknown images {', '.join(unknown)}; a row has {', '.join(_versions.IMAGES)}"
             )
             return result
+        clashing = [name for name in params["images_extra"] if name in _versions.IMAGES]
+        if clashing:
+            result.update(failed=True, msg=f"images_extra names {', '.join(clashing)}, which are the row's images")
+            return result
         try:
             row = _artifacts.row_of(params)
             arches = tuple(sorted({_versions.node_arch(machine) for machine in params["architectures"]}))
             images = _images.row_images(row.images, tuple(n for n in _versions.IMAGES if n in params["images"]))
+            images += [_images.parse_image(name, value) for name, value in sorted(params["images_extra"].items())]
         except (_versions.VersionTableError, ValueError) as exc:
             result.update(failed=True, msg=str(exc))
             return result

@@ -49,6 +49,12 @@ options:
     type: list
     elements: str
     default: [kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd, coredns, pause]
+  images_extra:
+    description:
+      - Images beyond the row's, by name, each C(registry/path:tag) with an optional C(@sha256:<digest>) (a site's CNI
+        or workloads), fetched, verified and locked the same way. A name of the row's images is refused.
+    type: dict
+    default: {}
   lock_file:
     description: The lock file of image digests recorded on first fetch; C(<cache_dir>/images.lock.yml) when empty.
     type: path

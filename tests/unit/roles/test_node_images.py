@@ -40,8 +40,13 @@ def _listed(address: str) -> dict[str, str]:
     return {line.split()[0]: line.split()[2] for line in output.splitlines()[1:]}
 
 
-def _options(tmp_path, address: str) -> list[str]:
+def _options(tmp_path, address: str, group: str = "control_plane") -> list[str]:
+    """The play's options: the images from tmp_path/site into the containerd at address, localhost a member of group."""
+    inventory = tmp_path / "groups.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {group: {"hosts": {"localhost": {}}}}}}))
     return [
+        "-i",
+        str(inventory),
         "-e",
         f"kubernetes_images_dir={tmp_path / 'site'}",
         "-e",
@@ -52,6 +57,7 @@ def _options(tmp_path, address: str) -> list[str]:
 
 
 def test_the_rows_images_are_imported_by_digest_and_a_rerun_changes_nothing(tmp_path, containerd):
+    """A control plane imports every image of the row."""
     row = _offline_tree(tmp_path / "offline")
     digests = _images(tmp_path / "site", row)
     destdir = tmp_path / "root"
@@ -75,6 +81,34 @@ def test_the_rows_images_are_imported_by_digest_and_a_rerun_changes_nothing(tmp_
     assert _recap(third.stdout)["changed"] > 0
     fourth = _play(tmp_path, row, destdir, "cache", *_options(tmp_path, containerd))
     assert fourth.returncode == 0 and _recap(fourth.stdout)["changed"] == 0, fourth.stdout
+
+
+def test_a_worker_imports_only_its_pods_images_and_the_extra_ones(tmp_path, containerd):
+    row = _offline_tree(tmp_path / "offline")
+    digests = _images(tmp_path / "site", row)
+    members, extra_digest = build_layout("registry.example.com/site/agent:1.0", b"agent\n")
+    (tmp_path / "site/images/registry.example.com/site/agent").mkdir(parents=True)
+    write_archive(tmp_path / "site/images/registry.example.com/site/agent/1.0.oci.tar", members)
+    extra = ["-e", json.dumps({"kubernetes_images_extra": {"agent": "registry.example.com/site/agent:1.0"}})]
+    run = _play(tmp_path, row, tmp_path / "root", "cache", *_options(tmp_path, containerd, "workers"), *extra)
+    assert run.returncode == 0, run.stdout + run.stderr
+    wanted = {row["images"][name]: digests[row["images"][name]] for name in ("kube-proxy", "coredns", "pause")}
+    wanted["registry.example.com/site/agent:1.0"] = extra_digest
+    assert _listed(containerd) == wanted
+    # The controller fetched and locked only what the batch imports.
+    assert yaml.safe_load((tmp_path / "cache" / "images.lock.yml").read_text())["images"] == wanted
+    again = _play(tmp_path, row, tmp_path / "root", "cache", *_options(tmp_path, containerd, "workers"), *extra)
+    assert again.returncode == 0 and _recap(again.stdout)["changed"] == 0, again.stdout
+
+
+def test_an_extra_image_may_not_take_a_rows_name(tmp_path, containerd):
+    row = _offline_tree(tmp_path / "offline")
+    _images(tmp_path / "site", row)
+    extra = ["-e", json.dumps({"kubernetes_images_extra": {"pause": "registry.example.com/site/pause:1"}})]
+    run = _play(tmp_path, row, tmp_path / "root", "cache", *_options(tmp_path, containerd, "workers"), *extra)
+    assert run.returncode != 0
+    assert "images_extra names pause, which are the row's images" in run.stdout, run.stdout
+    assert _listed(containerd) == {}
 
 
 def test_a_tampered_image_archive_is_refused_naming_it_and_nothing_is_imported(tmp_path, containerd):

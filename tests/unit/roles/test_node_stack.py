@@ -220,6 +220,26 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     )
 
 
+def test_a_host_with_its_own_container_runtime_gets_none_of_the_rows(tmp_path):
+    row = _offline_tree(tmp_path / "offline")
+    destdir = tmp_path / "root"
+    options = ("-e", "node_stack_container_runtime=false", "-e", f"kubernetes_images_dir={tmp_path / 'site'}")
+    first = _play(tmp_path, row, destdir, "cache", *options)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert {p.name for p in (destdir / "usr/local/bin").iterdir()} == {"kubeadm", "kubelet", "kubectl", "helm"}
+    assert not (destdir / "etc/containerd/config.toml").exists()
+    assert not (destdir / "etc/systemd/system/containerd.service").exists()
+    assert not (destdir / "etc/crictl.yaml").exists() and not any((destdir / "opt/cni/bin").iterdir())
+    # No image was fetched (the images' directory does not even exist) and none imported.
+    assert "Fetch and verify the images" not in first.stdout and not (tmp_path / "cache/images.lock.yml").exists()
+    second = _play(tmp_path, row, destdir, "cache", *options)
+    assert second.returncode == 0 and _recap(second.stdout)["changed"] == 0, second.stdout
+    # The runtime switched on later is an input change: the row's runtime is installed.
+    third = _play(tmp_path, row, destdir)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert (destdir / "usr/local/bin/containerd").read_bytes() == b"containerd"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs root-owned files")
 def test_a_tampered_artefact_installs_nothing(tmp_path):
     row = _offline_tree(tmp_path / "offline")
