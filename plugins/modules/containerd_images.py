@@ -36,7 +36,9 @@ options:
     description:
       - The images the node needs, each with C(name) (the row's name, for example C(pause)), C(reference)
         (C(registry.k8s.io/pause:3.10.2)), C(digest) (C(sha256:...), the pinned or locked manifest digest) and
-        C(archive) (the OCI archive's path on the node).
+        C(archive) (the OCI archive's path on the node), and optionally C(aliases), other names the image must also
+        have (C(registry.example.com/k8s/pause:3.10.2), where kubeadm and containerd look with a site image
+        repository); an image lacking one of them counts as missing.
     type: list
     elements: dict
     required: true

@@ -3,8 +3,8 @@
 """Import verified OCI archives into containerd's ``k8s.io`` namespace, where the kubelet and kubeadm find them.
 
 One ``ctr images ls`` tells which images are present by digest; only the missing ones are verified (``oci.py``) and
-imported, named by the row's reference, and each import is checked by listing again: the reference must name the
-pinned digest. ``ctr`` runs through one seam (``_run_command``), an argument list, never a shell.
+imported, named by the row's reference and tagged with their aliases, and each import is checked by listing again:
+every name must name the pinned digest. ``ctr`` runs through one seam (``_run_command``), an argument list, never a shell.
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ class ContainerdImageError(RuntimeError):
 
 @dataclass(frozen=True)
 class WantedImage:
-    """An image the node needs: its reference (``registry.k8s.io/pause:3.10``), digest and the archive pushed."""
+    """An image the node needs: its reference (``registry.k8s.io/pause:3.10``), digest and the archive pushed, and
+    the other names it must also have (a site registry's, ``registry.example.com/k8s/pause:3.10``, where kubeadm and
+    containerd look for it when an image repository is set)."""
 
     name: str
     reference: str
     digest: str
     archive: str
+    aliases: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -51,7 +54,14 @@ def wanted_images(entries: list[dict]) -> list[WantedImage]:
             raise ContainerdImageError(f"an image entry lacks {', '.join(missing)}: {entry!r}")
         if not DIGEST.match(str(entry["digest"])):
             raise ContainerdImageError(f"{entry['name']}: digest {entry['digest']!r} is not sha256:<64 hex digits>")
-        images.append(WantedImage(str(entry["name"]), str(entry["reference"]), str(entry["digest"]), entry["archive"]))
+        aliases = entry.get("aliases") or []
+        if not isinstance(aliases, list) or not all(isinstance(alias, str) and ":" in alias for alias in aliases):
+            raise ContainerdImageError(f"{entry['name']}: aliases {aliases!r} is not a list of registry/path:tag")
+        images.append(
+            WantedImage(
+                str(entry["name"]), str(entry["reference"]), str(entry["digest"]), entry["archive"], tuple(aliases)
+            )
+        )
     return images
 
 
@@ -88,7 +98,11 @@ class ContainerdImages:
 
     def missing(self, wanted: list[WantedImage]) -> list[WantedImage]:
         present = self.present()
-        return [image for image in wanted if present.get(image.reference) != image.digest]
+        return [
+            image
+            for image in wanted
+            if any(present.get(name) != image.digest for name in (image.reference, *image.aliases))
+        ]
 
     def import_missing(self, missing: list[WantedImage], architecture: str) -> None:
         """Verify every archive against its digest first - one bad archive imports nothing - then import each under
@@ -101,9 +115,13 @@ class ContainerdImages:
         for image in missing:
             repository = image.reference.rsplit(":", 1)[0]
             self._ctr("images", "import", "--base-name", repository, image.archive)
-            found = self.present().get(image.reference)
-            if found != image.digest:
-                raise ContainerdImageError(
-                    f"{image.label}: after the import containerd names {found or 'no image'} for {image.reference}, "
-                    f"not the pinned {image.digest} (the archive's index.json names another image?)"
-                )
+            if image.aliases:
+                self._ctr("images", "tag", "--force", image.reference, *image.aliases)
+            present = self.present()
+            for name in (image.reference, *image.aliases):
+                found = present.get(name)
+                if found != image.digest:
+                    raise ContainerdImageError(
+                        f"{image.label}: after the import containerd names {found or 'no image'} for {name}, "
+                        f"not the pinned {image.digest} (the archive's index.json names another image?)"
+                    )

@@ -43,7 +43,8 @@ def _listed(address: str) -> dict[str, str]:
 def _options(tmp_path, address: str, group: str = "control_plane") -> list[str]:
     """The play's options: the images from tmp_path/site into the containerd at address, localhost a member of group."""
     inventory = tmp_path / "groups.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"children": {group: {"hosts": {"localhost": {}}}}}}))
+    groups = {"control_plane": {"hosts": {"cp-elsewhere": {}}}, group: {"hosts": {"localhost": {}}}}
+    inventory.write_text(yaml.safe_dump({"all": {"children": groups}}))
     return [
         "-i",
         str(inventory),
@@ -95,10 +96,37 @@ def test_a_worker_imports_only_its_pods_images_and_the_extra_ones(tmp_path, cont
     wanted = {row["images"][name]: digests[row["images"][name]] for name in ("kube-proxy", "coredns", "pause")}
     wanted["registry.example.com/site/agent:1.0"] = extra_digest
     assert _listed(containerd) == wanted
+    # A worker gets no helm (only the control planes run it).
+    assert not (tmp_path / "root/usr/local/bin/helm").exists()
+    assert (tmp_path / "root/usr/local/bin/kubelet").exists()
     # The controller fetched and locked only what the batch imports.
     assert yaml.safe_load((tmp_path / "cache" / "images.lock.yml").read_text())["images"] == wanted
     again = _play(tmp_path, row, tmp_path / "root", "cache", *_options(tmp_path, containerd, "workers"), *extra)
     assert again.returncode == 0 and _recap(again.stdout)["changed"] == 0, again.stdout
+
+
+def test_with_a_site_image_repository_each_image_is_also_named_where_kubeadm_looks(tmp_path, containerd):
+    row = _offline_tree(tmp_path / "offline")
+    digests = _images(tmp_path / "site", row)
+    options = [*_options(tmp_path, containerd), "-e", "kubernetes_image_repository=registry.example.com/k8s"]
+    run = _play(tmp_path, row, tmp_path / "root", "cache", *options)
+    assert run.returncode == 0, run.stdout + run.stderr
+    listed = _listed(containerd)
+    for reference in row["images"].values():
+        repository, tag = reference.rsplit(":", 1)
+        alias = f"registry.example.com/k8s/{repository.rsplit('/', 1)[1]}:{tag}"
+        assert listed[reference] == listed[alias] == digests[reference], (reference, listed)
+    # containerd's sandbox image is one of those names.
+    config = tomllib.loads((tmp_path / "root/etc/containerd/config.toml").read_text())
+    assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] in listed
+    again = _play(tmp_path, row, tmp_path / "root", "cache", *options)
+    assert again.returncode == 0 and _recap(again.stdout)["changed"] == 0, again.stdout
+    # A lost alias is a missing image: imported and tagged again.
+    pause_alias = config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"]
+    subprocess.run(["ctr", "--address", containerd, "--namespace", "k8s.io", "images", "rm", pause_alias], check=True)
+    third = _play(tmp_path, row, tmp_path / "root", "cache", *options)
+    assert third.returncode == 0 and _recap(third.stdout)["changed"] > 0, third.stdout
+    assert _listed(containerd)[pause_alias] == digests[row["images"]["pause"]]
 
 
 def test_an_extra_image_may_not_take_a_rows_name(tmp_path, containerd):

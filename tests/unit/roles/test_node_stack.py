@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import tomllib
 import sys
 import tarfile
 from pathlib import Path
@@ -218,6 +219,22 @@ def test_install_then_rerun_changes_nothing(tmp_path):
     assert (
         "/usr/local/bin/kubelet-other" in (destdir / "etc/systemd/system/kubelet.service.d/10-kubeadm.conf").read_text()
     )
+
+
+def test_a_containerd_1_row_without_runc_gets_the_1_x_config_and_the_hosts_runc(tmp_path):
+    row = _offline_tree(tmp_path / "offline")
+    row["artifacts"]["containerd"]["version"] = "1.6.20"
+    row["artifacts"]["runc"] = None
+    destdir = tmp_path / "root"
+    run = _play(tmp_path, row, destdir)
+    assert run.returncode == 0, run.stdout + run.stderr
+    config = tomllib.loads((destdir / "etc/containerd/config.toml").read_text())
+    assert config["version"] == 2
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == row["images"]["pause"]
+    # No BinaryName: containerd's shim runs the host's runc from its PATH.
+    assert cri["containerd"]["runtimes"]["runc"]["options"] == {"SystemdCgroup": True}
+    assert not (destdir / "usr/local/bin/runc").exists()
 
 
 def test_a_host_with_its_own_container_runtime_gets_none_of_the_rows(tmp_path):
