@@ -42,9 +42,10 @@ SUITE = "bookworm"
 IMAGE_SIZE = "4G"
 # What the lab needs on the host to build the image and run VMs (swtpm comes with the lab's own packages).
 HOST_PACKAGES = ("qemu-system-x86", "qemu-utils", "ovmf", "debootstrap", "e2fsprogs")
-# REAL-NODE.md's list: a systemd guest with sshd, the TPM tools, dm-crypt, containerd and what kubeadm checks for;
-# and what the node role apt-installs (node_runtime_packages, python3-apt for its apt module) and the CNI plugins the
-# kubelet's pod network uses: the VM reaches no Debian mirror, so the role finds them present (issue 28).
+# REAL-NODE.md's list: a systemd guest with sshd, the TPM tools, dm-crypt and what kubeadm checks for; and what the
+# node role apt-installs (node_runtime_packages, python3-apt for its apt module): the VM reaches no Debian mirror, so
+# the role finds them present (issue 28). containerd and the CNI plugins are not here: the role installs the lab row's
+# (cklab/runtime.py). runc is, as the host's: the row provides none (bookworm's lacks the 2025 container-escape fixes).
 PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -55,7 +56,6 @@ PACKAGES = (
     "initramfs-tools",
     "tpm2-tools",
     "cryptsetup",
-    "containerd",
     "runc",
     "iproute2",
     "python3",
@@ -71,7 +71,6 @@ PACKAGES = (
     "python3-venv",
     "python3-apt",
     "cryptsetup-bin",
-    "containernetworking-plugins",
 )
 FILES = ("root.img", "vmlinuz", "initrd.img")
 MANIFEST = "manifest.json"

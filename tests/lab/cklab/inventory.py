@@ -9,6 +9,7 @@ from .base import STANDIN_KUBELET
 from .paths import KUBERNETES_VERSION
 from .plan import KIND_VM, NodeSpec
 from .vm import EVENT_LOG as VM_EVENT_LOG, STATE_DISK_DEVICE
+from .vmruntime import TOOLS_IMAGE, images_dir
 
 NODE_PYTHON = "/opt/confidential-kubernetes/venv/bin/python"
 NODE_TPM_TCTI = "swtpm:path=/run/tpm/swtpm.sock"
@@ -22,16 +23,22 @@ LAB_IGNORED_PREFLIGHT_ERRORS = ["ImagePull"]
 # stay Pending for ever, and kubeadm 1.20's upgrade apply, which upgrades an addon only when its ConfigMap exists, would
 # then wait 42.6 min for a ready CoreDNS replica after the static pods (postupgrade.go, TryRunCommand(..., 10)).
 LAB_SKIPPED_INIT_PHASES = ["addon/coredns", "addon/kube-proxy"]
-# The VM's container runtime: the image's containerd (Debian's 1.6), which the real kubelet talks to.
+# The VM's container runtime: the row's containerd (Debian's 1.6, cklab/runtime.py), which the real kubelet talks to.
 VM_CRI_SOCKET = "unix:///run/containerd/containerd.sock"
 # crictl is not in bookworm and the lab's row has none; kubeadm join's preflight only checks that it is on the PATH.
 VM_IGNORED_PREFLIGHT_ERRORS = ["FileExisting-crictl"]
 # A VM node (cklab/vm.py) is a real host where the nspawn nodes are not: the production TCTI auto-detection finds its
-# /dev/tpmrm0, the kernel's own event log is read, and its state disk is a block device that dm-crypt maps. It runs
-# the real kubelet the role installs on the image's containerd, and the role loads kernel modules and turns swap off
-# there: none of the nspawn nodes' stand-in settings apply.
+# /dev/tpmrm0, the kernel's own event log is read, and its state disk is a block device that dm-crypt maps. The role
+# installs the row's containerd and CNI plugins and the real kubelet there, imports the images its pods run from the
+# lab's images directory (vm_variables), loads kernel modules and turns swap off: none of the nspawn nodes' stand-in
+# settings apply.
 VM_HOST_VARIABLES = {
     "lab_node_kind": KIND_VM,
+    "node_stack_container_runtime": True,
+    # The lab's init deploys neither kube-proxy nor CoreDNS (LAB_SKIPPED_INIT_PHASES): the sandboxes' pause is the
+    # row's one image a VM's pods run, beside the lab's tools image.
+    "node_kubernetes_images": ["pause"],
+    "kubernetes_images_extra": {"lab-tools": TOOLS_IMAGE},
     # The node play runs before the node venv exists (the role makes it); the later plays set the venv's Python.
     "ansible_python_interpreter": "/usr/bin/python3",
     # The VM reaches no Debian mirror: an air-gapped site, whose image holds the packages the role installs
@@ -51,6 +58,16 @@ VM_HOST_VARIABLES = {
     },
     "confidential_state_disk_allow_unmapped": False,
 }
+
+
+def vm_variables(lab_dir: Path) -> dict:
+    """A VM node's variables: VM_HOST_VARIABLES and where its images come from (the lab's images directory, whose
+    digests the lab's own lock file records on first fetch)."""
+    return {
+        **VM_HOST_VARIABLES,
+        "kubernetes_images_dir": str(images_dir(lab_dir)),
+        "kubernetes_images_lock_file": str(lab_dir / "images.lock.yml"),
+    }
 
 
 def ssh_options(known_hosts: Path, batch: bool = True) -> list[str]:
@@ -112,8 +129,10 @@ def render_inventory(
         "kubernetes_versions_extra": versions_row,
         "kubernetes_mirror_url": mirror_url,
         # Lab-only: the unit runs the kubelet stand-in (the real kubelet the role installed cannot run in nspawn);
-        # modprobe and swapoff would act on the host's kernel, so the role leaves them to the host.
+        # modprobe and swapoff would act on the host's kernel, so the role leaves them to the host. The stand-in is
+        # the nodes' container runtime too: the role installs none of the row's.
         "node_stack_kubelet_path": STANDIN_KUBELET,
+        "node_stack_container_runtime": False,
         "node_stack_kernel_modules": False,
         "node_stack_swap_off": False,
         "init_kubeadm_extra": {
@@ -140,6 +159,6 @@ def render_inventory(
             if node.tampered:
                 lines.append("          lab_tampered: true")
             if node.kind == KIND_VM:
-                lines += [f"          {key}: {_scalar(value)}" for key, value in VM_HOST_VARIABLES.items()]
+                lines += [f"          {key}: {_scalar(value)}" for key, value in vm_variables(lab_dir).items()]
     lines += ["    cluster:", "      children:", "        control_plane: {}", "        workers: {}"]
     return "\n".join(lines) + "\n"

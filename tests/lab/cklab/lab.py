@@ -14,7 +14,21 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import LabError, base as base_image, cni, guest, kubernetes, measure, mirror, network, nodes, tpm, vm, vmruntime
+from . import (
+    LabError,
+    base as base_image,
+    cni,
+    guest,
+    kubernetes,
+    measure,
+    mirror,
+    network,
+    nodes,
+    runtime,
+    tpm,
+    vm,
+    vmruntime,
+)
 from .host import check_host, ensure_inotify_instances, missing_packages, run
 from .inventory import render_inventory, ssh_options
 from .paths import KUBERNETES_VERSION, LabPaths
@@ -76,9 +90,8 @@ def up(paths: LabPaths, control_planes: int, workers: int, tamper: list[str], vm
             tree = mirror.tree_dir(bin_dir.parent)
             mirror_url = mirror.serve(paths, tree)
             row = mirror.load_row(bin_dir.parent)
-            _write_outputs(
-                paths, wanted, base, cni.with_chart({**row, **mirror.load_row(upgrade_dir)}, paths, tree), mirror_url
-            )
+            rows = cni.with_chart({**row, **mirror.load_row(upgrade_dir)}, paths, tree)
+            _write_outputs(paths, wanted, base, runtime.with_runtime(rows, paths, tree, log), mirror_url)
             _wait_for_ssh(paths, wanted, boot_timeout(len(fresh)))
             if image is not None:
                 _enrol_vms(paths, wanted, base, image)
@@ -290,24 +303,19 @@ def _enrol_vms(paths: LabPaths, wanted: list[NodeSpec], base: base_image.Base, i
 
 
 def _prepare_vm_runtimes(paths: LabPaths, wanted: list[NodeSpec], row: dict) -> None:
-    """containerd's configuration, the CNI and the pause image on each VM, until the node role installs them."""
+    """The images the VMs' pods run, in the lab's images directory for the node role, and each VM's CNI conflist."""
     vms = [node for node in wanted if node.kind == KIND_VM]
     if not vms:
         return
     pause_image = row[KUBERNETES_VERSION.lstrip("v")]["images"]["pause"]
     source = kubernetes.CacheLayout(paths, kubernetes.RELEASE).tree
-    bundle = vmruntime.images_bundle(
-        [vmruntime.pause_archive(paths, source, pause_image), vmruntime.tools_archive(paths)]
-    )
+    vmruntime.pause_archive(paths, source, pause_image)
+    vmruntime.tools_archive(paths)
     for node in vms:
-        started = time.monotonic()
-        if vmruntime.install(ssh_command(paths, node.address), node, KUBERNETES_VERSION, pause_image, bundle):
-            log(
-                f"{node.name}: containerd configured, CNI conflist, {pause_image} and {vmruntime.TOOLS_IMAGE} imported"
-                f" in {time.monotonic() - started:.1f} s"
-            )
+        if vmruntime.install(ssh_command(paths, node.address), node):
+            log(f"{node.name}: CNI conflist written")
         else:
-            log(f"{node.name}: has joined a cluster (node lock recorded): its runtime and images are its own")
+            log(f"{node.name}: has joined a cluster (node lock recorded): its configuration is its own")
 
 
 def _read_event_log(paths: LabPaths, node: NodeSpec) -> bytes:

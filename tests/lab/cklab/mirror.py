@@ -45,20 +45,29 @@ PORT = 8780
 START_SECONDS = 10.0
 
 
-def helm_tarball(data: bytes) -> bytes:
-    """Upstream's helm-vX-linux-ARCH.tar.gz shape (linux-ARCH/helm), byte-identical for the same binary."""
+def packed_tarball(members: list[tuple[str, bytes | None]]) -> bytes:
+    """A .tar.gz of these members in this order (name, content; None: a directory), byte-identical for the same
+    members: fixed modes (0755), owners and times."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as archive:
-        directory = tarfile.TarInfo(f"linux-{ARCH}")
-        directory.type, directory.mode = tarfile.DIRTYPE, 0o755
-        archive.addfile(directory)
-        member = tarfile.TarInfo(f"linux-{ARCH}/helm")
-        member.size, member.mode = len(data), 0o755
-        archive.addfile(member, io.BytesIO(data))
+        for name, content in members:
+            member = tarfile.TarInfo(name)
+            member.mode = 0o755
+            if content is None:
+                member.type = tarfile.DIRTYPE
+                archive.addfile(member)
+            else:
+                member.size = len(content)
+                archive.addfile(member, io.BytesIO(content))
     packed = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0, compresslevel=6) as compressed:
         compressed.write(raw.getvalue())
     return packed.getvalue()
+
+
+def helm_tarball(data: bytes) -> bytes:
+    """Upstream's helm-vX-linux-ARCH.tar.gz shape (linux-ARCH/helm), byte-identical for the same binary."""
+    return packed_tarball([(f"linux-{ARCH}", None), (f"linux-{ARCH}/helm", data)])
 
 
 @dataclass(frozen=True)
@@ -157,7 +166,7 @@ def ensure_mirror(
         if artifact.pack is None:
             digests[artifact.name] = recorded[artifact.source]
             if not _same_file(target, source):
-                _place(target, source=source)
+                place(target, source=source)
                 written.append(artifact.url_path)
             continue
         before = packed_record.get(artifact.name, {})
@@ -166,13 +175,13 @@ def ensure_mirror(
         else:
             data = artifact.pack(source.read_bytes())
             digests[artifact.name] = hashlib.sha256(data).hexdigest()
-            _place(target, data=data)
+            place(target, data=data)
             written.append(artifact.url_path)
         packed[artifact.name] = {"source_sha256": recorded[artifact.source], "sha256": digests[artifact.name]}
     row = json.dumps({version: render_row(digests, version)}, indent=2, sort_keys=True) + "\n"
     if written or not _same_text(row_file(version_dir), row) or packed != packed_record:
-        _place(packed_file(version_dir), data=(json.dumps(packed, indent=2, sort_keys=True) + "\n").encode())
-        _place(row_file(version_dir), data=row.encode())
+        place(packed_file(version_dir), data=(json.dumps(packed, indent=2, sort_keys=True) + "\n").encode())
+        place(row_file(version_dir), data=row.encode())
         log(f"kubernetes: mirror: wrote {' '.join(written) or 'nothing new'} and the row {row_file(version_dir)}")
 
 
@@ -215,7 +224,7 @@ def _same_text(path: Path, text: str) -> bool:
         return False
 
 
-def _place(path: Path, *, data: bytes | None = None, source: Path | None = None) -> None:
+def place(path: Path, *, data: bytes | None = None, source: Path | None = None) -> None:
     """path written whole or not at all: the bytes, or a hard link to (else a copy of) source, renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")

@@ -1,14 +1,12 @@
-"""What a VM node's real kubelet needs from the lab until the node role installs it (issue 28): a small, replaceable
-step that `lab up` runs on each VM once it answers SSH.
+"""What a VM node's real kubelet needs from the lab beyond what the node role installs: a small step that `lab up`
+runs on each VM once it answers SSH, and the images the role imports.
 
-- containerd: the image's Debian 1.6 (the lab's row has no containerd), configured with the collection's own template
-  (roles/node/templates/containerd-config.toml.j2, its containerd 1.x form: systemd cgroups, the row's pause image),
-  runc at Debian's path;
-- the pod network: Debian's CNI plugins (bridge, host-local, loopback, portmap) copied where containerd looks
-  (/opt/cni/bin) and a bridge conflist over a per-VM /24 (no CNI runs on the VM yet);
-- the pause image, which cannot be pulled here: built from the Kubernetes source's pause.c (gcc -static), packed by hand
-  as an OCI archive and imported with `ctr -n k8s.io images import` (REAL-NODE.md). The real image path is on the
-  `images` branch; this goes when it lands.
+- the pod network's configuration: a bridge conflist over a per-VM /24 (no CNI runs on the VM; the role installs the
+  row's CNI plugins, cklab/runtime.py);
+- the images the VM's pods run, which cannot be pulled here, as OCI archives in the lab's images directory
+  (`images_dir`, laid out as the node role's node_kubernetes_images_dir wants them): the pause image, built from the
+  Kubernetes source's pause.c (gcc -static), and the lab's tools image (busybox). The node role fetches them from
+  there, records their digests in the lab's lock file, pushes and imports them like any site's images.
 """
 
 from __future__ import annotations
@@ -24,47 +22,19 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import jinja2
-
 from . import LabError
 from .host import run
 from .paths import LabPaths
 from .plan import NodeSpec
 
-CONTAINERD_VERSION = "1.6.20"
-RUNC_DIR = "/usr/sbin"
-DEBIAN_CNI_DIR = "/usr/lib/cni"
-CNI_BIN_DIR = "/opt/cni/bin"
-CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 CNI_CONFLIST = "/etc/cni/net.d/10-cklab-bridge.conflist"
 PAUSE_SOURCE = "build/pause/linux/pause.c"
 # The lab's tools image (tools_archive): the CNI stand-in chart's agent image (tests/doubles/cilium-chart/values.yaml)
-# and the image of the VM tests' pods.
-TOOLS_IMAGE = "cklab.invalid/lab-tools:1"
+# and the image of the VM tests' pods. Its tag changes with its content: the lab's lock file pins the digest per tag.
+TOOLS_IMAGE = "cklab.invalid/lab-tools:2"
 # The node lock's record (the collection's node_lock): present once the node has joined.
 NODE_LOCK_RECORD = "/var/lib/confidential-kubernetes/nodelock.json"
 TOOLS_APPLETS = ("sh", "sleep", "cat", "echo", "hostname", "ls", "ps", "env", "id", "wget", "nslookup")
-_TEMPLATE = Path(__file__).resolve().parents[3] / "roles" / "node" / "templates" / "containerd-config.toml.j2"
-
-
-def containerd_config(kubernetes_version: str, pause_image: str) -> str:
-    """The collection's containerd configuration for containerd 1.x, as the node role would render it."""
-    template = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(
-        _TEMPLATE.read_text()
-    )
-    return template.render(
-        ansible_managed="Written by tests/lab/lab up (cklab/vmruntime.py) from the node role's template",
-        __node_stack={
-            "artifacts": {"containerd": {"version": CONTAINERD_VERSION}},
-            "version": kubernetes_version,
-            "images": {"pause": pause_image},
-        },
-        __node_stack_containerd_major=int(CONTAINERD_VERSION.split(".", maxsplit=1)[0]),
-        node_stack_bin_dir=RUNC_DIR,
-        # The role's own pause image (its kubernetes_image_repository unset) and no registry mirror: the VMs pull nothing.
-        __node_stack_pause_image=pause_image,
-        node_containerd_registry_mirrors={},
-    )
 
 
 def pod_subnet(node: NodeSpec) -> str:
@@ -153,10 +123,16 @@ def oci_archive(image_name: str, entrypoint: str, files: dict[str, tuple[bytes, 
     return _tar_bytes(entries)
 
 
-def _image_archive(paths: LabPaths, name: str, build: Callable[[Path], bytes]) -> Path:
-    """The lab dir's OCI archive `vm-images/<name>.oci.tar`, made once by `build` (given a scratch directory beside it)
-    and written whole (a partial file renamed into place)."""
-    archive = paths.lab_dir / "vm-images" / f"{name}.oci.tar"
+def images_dir(lab_dir: Path) -> Path:
+    """The lab's images as a site's directory of OCI archives: images/<repository>/<tag>.oci.tar."""
+    return lab_dir / "images-site"
+
+
+def _image_archive(paths: LabPaths, reference: str, build: Callable[[Path], bytes]) -> Path:
+    """The archive of `reference` in the lab's images directory, made once by `build` (given a scratch directory
+    beside it) and written whole (a partial file renamed into place)."""
+    repository, tag = reference.rsplit(":", 1)
+    archive = images_dir(paths.lab_dir) / "images" / repository / f"{tag}.oci.tar"
     if archive.is_file():
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +154,7 @@ def pause_archive(paths: LabPaths, source_dir: Path, image_name: str) -> Path:
         run(["gcc", "-Os", "-static", "-o", work / "pause", source], what="gcc of the pause image")
         return oci_archive(image_name, "/pause", {"pause": ((work / "pause").read_bytes(), 0o755)})
 
-    return _image_archive(paths, "pause", build)
+    return _image_archive(paths, image_name, build)
 
 
 def tools_files(busybox: bytes) -> dict[str, tuple[bytes, int] | str]:
@@ -187,7 +163,9 @@ def tools_files(busybox: bytes) -> dict[str, tuple[bytes, int] | str]:
     files: dict[str, tuple[bytes, int] | str] = {"bin/busybox": (busybox, 0o755)}
     files.update({f"bin/{applet}": "busybox" for applet in TOOLS_APPLETS})
     files["bin/cilium-agent"] = (
-        b'#!/bin/sh\necho "cilium-agent (the lab\'s stand-in) on $(hostname): $*"\nexec sleep 2147483647\n',
+        b"#!/bin/sh\n# PID 1 of its container: TERM must end it (a stopped pod or node waits for it otherwise).\n"
+        b"trap 'exit 0' TERM\n"
+        b'echo "cilium-agent (the lab\'s stand-in) on $(hostname): $*"\nsleep 2147483647 &\nwait\n',
         0o755,
     )
     files["tmp/.keep"] = (b"", 0o644)
@@ -204,40 +182,22 @@ def tools_archive(paths: LabPaths) -> Path:
         run(["dpkg-deb", "-x", deb, work / "root"], what="dpkg-deb -x of busybox-static")
         return oci_archive(TOOLS_IMAGE, "/bin/sh", tools_files((work / "root" / "bin" / "busybox").read_bytes()))
 
-    return _image_archive(paths, "tools", build)
+    return _image_archive(paths, TOOLS_IMAGE, build)
 
 
-def images_bundle(archives: list[Path]) -> bytes:
-    """The OCI archives as one tar, which `install` sends to each VM on its standard input."""
-    return _tar_bytes({path.name: (path.read_bytes(), 0o644) for path in archives})
-
-
-def install(ssh: list[str], node: NodeSpec, kubernetes_version: str, pause_image: str, bundle: bytes) -> bool:
-    """Configure containerd, the CNI and import the images (`images_bundle`) on a booted VM (idempotent); `ssh` is the
-    command prefix. A VM that has joined a cluster is left alone; returns whether anything was done."""
+def install(ssh: list[str], node: NodeSpec) -> bool:
+    """Write the CNI conflist on a booted VM (idempotent); `ssh` is the command prefix. A VM that has joined a cluster
+    is left alone; returns whether anything was done."""
     script = "\n".join(
         [
             "set -eu",
-            # A node that has joined keeps its images and containerd's state on its state disk, which only the boot
-            # agent maps (containerd waits for it): nothing to do, and containerd may not run (a tampered boot).
-            f"if [ -e {NODE_LOCK_RECORD} ]; then cat >/dev/null; echo joined; exit 0; fi",
-            "rm -rf /run/cklab-images; mkdir /run/cklab-images",
-            "tar -x -C /run/cklab-images",
-            f"mkdir -p /etc/containerd {CNI_BIN_DIR} {Path(CNI_CONFLIST).parent}",
-            *(f"cp -p {DEBIAN_CNI_DIR}/{name} {CNI_BIN_DIR}/{name}" for name in CNI_PLUGINS),
+            # A node that has joined keeps its configuration; its state disk is mapped by the boot agent only.
+            f"if [ -e {NODE_LOCK_RECORD} ]; then echo joined; exit 0; fi",
+            f"mkdir -p {Path(CNI_CONFLIST).parent}",
             f"cat > {CNI_CONFLIST} <<'CKLAB_EOF'\n{cni_conflist(node)}CKLAB_EOF",
-            f"cat > /etc/containerd/config.toml.new <<'CKLAB_EOF'\n"
-            f"{containerd_config(kubernetes_version, pause_image)}CKLAB_EOF",
-            "if ! cmp -s /etc/containerd/config.toml.new /etc/containerd/config.toml; then"
-            " mv /etc/containerd/config.toml.new /etc/containerd/config.toml; systemctl restart containerd;"
-            " else rm /etc/containerd/config.toml.new; fi",
-            "for i in $(seq 60); do ctr version >/dev/null 2>&1 && break; sleep 1; done",
-            'for image in /run/cklab-images/*.oci.tar; do ctr -n k8s.io images import "$image" >/dev/null; done',
-            "rm -rf /run/cklab-images",
         ]
     )
-    remote = ["sh", "-c", shlex.quote(script)]
-    done = subprocess.run([*ssh, *remote], input=bundle, capture_output=True, timeout=600, check=False)
+    done = subprocess.run([*ssh, "sh", "-c", shlex.quote(script)], capture_output=True, timeout=120, check=False)
     if done.returncode != 0:
         raise LabError(f"{node.name}: the lab's runtime step failed: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout.decode().strip() != "joined"

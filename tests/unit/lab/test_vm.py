@@ -19,7 +19,7 @@ import yaml
 
 from cklab import LabError, __main__ as cli, lab as lab_commands, measure, plan, vm
 from cklab.paths import LabPaths
-from cklab.inventory import VM_HOST_VARIABLES, render_inventory
+from cklab.inventory import vm_variables, render_inventory
 
 PVM_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge sse sse2 hypervisor\n"
 VMX_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae vmx sse sse2\n"
@@ -221,8 +221,12 @@ def test_inventory_gives_a_vm_the_device_tpm_its_event_log_and_its_block_state_d
     text = render_inventory(nodes, tmp_path, tmp_path / "key", tmp_path / "known_hosts", {}, "http://mirror")
     inventory = yaml.safe_load(text)
     hosts = inventory["all"]["children"]["workers"]["hosts"]
-    assert hosts["vm-0"] == {"ansible_host": f"{plan.NETWORK_PREFIX}.240", **VM_HOST_VARIABLES}
+    assert hosts["vm-0"] == {"ansible_host": f"{plan.NETWORK_PREFIX}.240", **vm_variables(tmp_path)}
+    assert hosts["vm-0"]["kubernetes_images_dir"] == str(tmp_path / "images-site")
     assert hosts["vm-0"]["confidential_tpm_tcti"] == "auto"
+    # The VM gets the row's runtime from the node role; the nspawn nodes' stand-in is theirs.
+    assert hosts["vm-0"]["node_stack_container_runtime"] is True
+    assert inventory["all"]["vars"]["node_stack_container_runtime"] is False
     assert hosts["vm-0"]["confidential_state_disk"]["device"] == vm.STATE_DISK_DEVICE
     assert hosts["vm-0"]["confidential_state_disk_allow_unmapped"] is False
     assert hosts["worker-0"] == {"ansible_host": f"{plan.NETWORK_PREFIX}.20"}
