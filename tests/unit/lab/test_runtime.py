@@ -87,3 +87,29 @@ def test_a_lab_row_with_the_runtime_is_a_valid_extra_row_and_names_no_runc():
     # Debian's runc would be refused in any row: it lacks the 2025 container-escape fixes.
     refused = {**row, "artifacts": {**row["artifacts"], "runc": {**runtime_entries["containerd"], "version": "1.1.5"}}}
     assert any("runc 1.1.5 has container escapes" in problem for problem in _versions.row_problems("1.20.2", refused))
+
+
+def test_a_packed_artefact_that_is_still_the_recorded_one_is_not_packed_again(tmp_path, monkeypatch):
+    paths = LabPaths(tmp_path / "lab", tmp_path / "cache", tmp_path)
+    debs = {}
+    for package in runtime.PACKAGES:
+        files = {path: f"{path} binary".encode() for path in package.members}
+        debs[package.artifact] = _deb(tmp_path / package.artifact, files)
+    pinned = tuple(
+        dataclasses.replace(package, sha256=hashlib.sha256(debs[package.artifact].read_bytes()).hexdigest())
+        for package in runtime.PACKAGES
+    )
+    monkeypatch.setattr(runtime, "PACKAGES", pinned)
+    for package in pinned:
+        cached = paths.cache_dir / "runtime" / package.filename
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_bytes(debs[package.artifact].read_bytes())
+    lines: list[str] = []
+    first = runtime.ensure_runtime(paths, tmp_path / "tree", lines.append)
+    assert len([line for line in lines if line.startswith("runtime: packed")]) == 2
+    lines.clear()
+    assert runtime.ensure_runtime(paths, tmp_path / "tree", lines.append) == first and lines == []
+    # A changed artefact in the tree is packed again from its package.
+    (tmp_path / "tree" / pinned[0].url_path).write_bytes(b"changed")
+    assert runtime.ensure_runtime(paths, tmp_path / "tree", lines.append) == first
+    assert lines == [f"runtime: packed {pinned[0].url_path} from {pinned[0].filename}"]
