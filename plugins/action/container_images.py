@@ -37,20 +37,28 @@ class ActionModule(ActionBase):
         if params["mirror_url"] and params["source_dir"]:
             result.update(failed=True, msg=_artifacts.SOURCES_CONFLICT)
             return result
-        unknown = [name for name in params["images"] if name not in _versions.IMAGES]
+        unknown = [name for name in params["images"] if name not in _versions.IMAGE_NAMES]
         if unknown:
             result.update(
-                failed=True, msg=f"unknown images {', '.join(unknown)}; a row has {', '.join(_versions.IMAGES)}"
+                failed=True, msg=f"unknown images {', '.join(unknown)}; a row has {', '.join(_versions.IMAGE_NAMES)}"
             )
             return result
-        clashing = [name for name in params["images_extra"] if name in _versions.IMAGES]
+        clashing = [name for name in params["images_extra"] if name in _versions.IMAGE_NAMES]
         if clashing:
             result.update(failed=True, msg=f"images_extra names {', '.join(clashing)}, which are the row's images")
             return result
         try:
             row = _artifacts.row_of(params)
             arches = tuple(sorted({_versions.node_arch(machine) for machine in params["architectures"]}))
-            images = _images.row_images(row.images, tuple(n for n in _versions.IMAGES if n in params["images"]))
+            pinned = row.all_images
+            absent = [name for name in params["images"] if name not in pinned]
+            if absent:
+                raise _versions.VersionTableError(
+                    f"the versions table row of Kubernetes {row.version} pins no image {', '.join(absent)} (its charts "
+                    "name the images they deploy under `images`); add them to the row or leave them out of the images "
+                    "this node imports"
+                )
+            images = _images.row_images(pinned, tuple(n for n in _versions.IMAGE_NAMES if n in params["images"]))
             images += [_images.parse_image(name, value) for name, value in sorted(params["images_extra"].items())]
         except (_versions.VersionTableError, ValueError) as exc:
             result.update(failed=True, msg=str(exc))

@@ -93,7 +93,7 @@ def _row_facts(row: _versions.Row) -> dict:
     """What the roles read of the row besides its artefacts."""
     return dict(
         version=row.version,
-        images=row.images,
+        images=row.all_images,
         host_packages=list(row.host_packages),
         end_of_life=row.end_of_life.isoformat() if row.end_of_life else None,
     )

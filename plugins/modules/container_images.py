@@ -45,14 +45,18 @@ attributes:
     support: full
 options:
   images:
-    description: The images of the row to fetch, by their names in the row.
+    description:
+      - The images of the row to fetch, by their names in the row - kubeadm's (the default) and those its CNI chart
+        deploys (C(cilium), C(cilium-operator), C(cilium-envoy), which the chart's entry in the row names). A name
+        the row pins no image for fails naming it.
     type: list
     elements: str
     default: [kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd, coredns, pause]
   images_extra:
     description:
       - Images beyond the row's, by name, each C(registry/path:tag) with an optional C(@sha256:<digest>) (a site's CNI
-        or workloads), fetched, verified and locked the same way. A name of the row's images is refused.
+        or workloads), fetched, verified and locked the same way. A name of the row's images is refused; a
+        reference that is also one of the row's images is fetched once.
     type: dict
     default: {}
   lock_file:

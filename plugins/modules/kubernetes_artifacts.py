@@ -116,7 +116,9 @@ end_of_life:
   type: str
   sample: "2027-06-28"
 images:
-  description: The images of the row, by name (C(kube-apiserver), C(etcd), C(coredns), C(pause), ...).
+  description:
+    - The images of the row, by name - kubeadm's (C(kube-apiserver), C(etcd), C(coredns), C(pause), ...) and those
+      its CNI chart's entry names (C(cilium), C(cilium-operator), C(cilium-envoy)).
   returned: success
   type: dict
 artifacts:

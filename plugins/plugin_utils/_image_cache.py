@@ -84,7 +84,8 @@ def fetch_images(
     newly_locked: dict[str, str] = {}
     for image in images:
         try:
-            expected = expected_digest(image, locked)
+            # An image fetched earlier in this run under another name (the same reference) is not fetched again.
+            expected = expected_digest(image, {**locked, **newly_locked})
         except ImageLockError as exc:
             raise ImageCacheError(str(exc)) from exc
         label = f"{image.name} ({image.reference})"

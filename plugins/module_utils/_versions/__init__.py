@@ -26,7 +26,12 @@ TABLE_KEY = "kubernetes_versions"
 ARTIFACTS = ("kubeadm", "kubelet", "kubectl", "crictl", "containerd", "runc", "cni_plugins", "helm")
 # Artefacts that are the same file on every architecture (Helm charts): version, url and sha256 in the entry itself.
 CHARTS = ("cilium",)
+# The images each chart deploys, which a chart entry names under `images` (by tag and, where upstream publishes one,
+# digest): every node imports them where images are preloaded, and the chart is told to run exactly those.
+CHART_IMAGES = {"cilium": ("cilium", "cilium-operator", "cilium-envoy")}
 IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "coredns", "pause")
+# Every image name a row may pin: kubeadm's, then its charts'.
+IMAGE_NAMES = IMAGES + tuple(image for chart in CHARTS for image in CHART_IMAGES[chart])
 ARCHITECTURES = ("amd64", "arm64")
 # Ansible's ansible_architecture (uname -m) to the architecture names release URLs use.
 MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -69,6 +74,14 @@ class Row:
 
     def is_end_of_life(self, today: datetime.date) -> bool:
         return self.end_of_life is not None and today >= self.end_of_life
+
+    @property
+    def all_images(self) -> dict:
+        """kubeadm's images and those of the row's charts, by name."""
+        images = dict(self.images)
+        for chart in CHARTS:
+            images.update((self.artifacts.get(chart) or {}).get("images") or {})
+        return images
 
     def artifact_version(self, name: str) -> str | None:
         entry = self.artifacts.get(name)
@@ -126,10 +139,11 @@ def row_problems(version: str, row, shipped: bool = True) -> list[str]:
         if not str(entry.get("version") or ""):
             problems.append(f"{version}: artefact {name} has no version")
         if name in CHARTS:
-            unknown = sorted(str(key) for key in entry if key not in ("version", "url", "sha256"))
+            unknown = sorted(str(key) for key in entry if key not in ("version", "url", "sha256", "images"))
             if unknown:
                 problems.append(f"{version}: artefact {name} is the same on every architecture; unknown keys {unknown}")
             problems += _item_problems(version, name, entry, shipped)
+            problems += _chart_image_problems(version, name, entry.get("images"), shipped)
             continue
         arches = [arch for arch in entry if arch != "version"]
         if not arches:
@@ -165,6 +179,28 @@ def row_problems(version: str, row, shipped: bool = True) -> list[str]:
             or not all(COMMIT.match(str(commit)) for commit in provenance.values())
         ):
             problems.append(f"{version}: kubespray is not {{kubernetes: <commit>, runtime: <commit>}} ({provenance!r})")
+    return problems
+
+
+def _chart_image_problems(version: str, chart: str, images, shipped: bool) -> list[str]:
+    """A shipped chart names every image it deploys; an inventory's row may name some (the lab's stand-in deploys
+    only the agent) or none."""
+    if images is None and not shipped:
+        return []
+    if not isinstance(images, dict):
+        return [f"{version}: chart {chart} has no 'images' mapping (its {', '.join(CHART_IMAGES[chart])})"]
+    problems = []
+    unknown = sorted(str(name) for name in images if name not in CHART_IMAGES[chart])
+    if unknown:
+        problems.append(f"{version}: chart {chart} names unknown images {unknown} (it deploys {CHART_IMAGES[chart]})")
+    for image in CHART_IMAGES[chart]:
+        if image not in images and not shipped:
+            continue
+        if not IMAGE_REF.match(str(images.get(image) or "")):
+            problems.append(
+                f"{version}: chart {chart} image {image} is missing or not registry/path:tag[@sha256:<digest>] "
+                f"({images.get(image)!r})"
+            )
     return problems
 
 

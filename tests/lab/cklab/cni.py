@@ -15,6 +15,7 @@ from pathlib import Path
 from . import LabError, mirror
 from .host import file_sha256
 from .paths import LabPaths
+from .vmruntime import TOOLS_IMAGE
 
 
 def chart_source(paths: LabPaths) -> Path:
@@ -54,6 +55,7 @@ def ensure_chart(paths: LabPaths, tree: Path, base_url: str) -> dict:
 
 def with_chart(rows: dict, paths: LabPaths, tree: Path) -> dict:
     """The lab's rows of the versions table (mirror.load_row) with the stand-in chart packaged into the mirror's tree
-    and entered as each row's `cilium` artefact, its url on the rows' base (the mirror serves the tree)."""
-    chart = ensure_chart(paths, tree, mirror.ROW_BASE_URL)
+    and entered as each row's `cilium` artefact, its url on the rows' base (the mirror serves the tree), naming the
+    lab's tools image as the agent's image (the stand-in deploys only the agent), which the VM nodes import."""
+    chart = {**ensure_chart(paths, tree, mirror.ROW_BASE_URL), "images": {"cilium": TOOLS_IMAGE}}
     return {version: {**row, "artifacts": {**row["artifacts"], "cilium": chart}} for version, row in rows.items()}

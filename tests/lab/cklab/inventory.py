@@ -35,9 +35,10 @@ VM_IGNORED_PREFLIGHT_ERRORS = ["FileExisting-crictl"]
 VM_HOST_VARIABLES = {
     "lab_node_kind": KIND_VM,
     "node_stack_container_runtime": True,
-    # The lab's init deploys neither kube-proxy nor CoreDNS (LAB_SKIPPED_INIT_PHASES): the sandboxes' pause is the
-    # row's one image a VM's pods run, beside the lab's tools image.
-    "node_kubernetes_images": ["pause"],
+    # The lab's init deploys neither kube-proxy nor CoreDNS (LAB_SKIPPED_INIT_PHASES): the sandboxes' pause and the
+    # CNI chart's agent (the lab's tools image, cklab/cni.py) are the row's images a VM's pods run. The tests' pods
+    # run the tools image as a site workload's (the same reference: fetched and imported once).
+    "node_kubernetes_images": ["pause", "cilium"],
     "kubernetes_images_extra": {"lab-tools": TOOLS_IMAGE},
     # The node play runs before the node venv exists (the role makes it); the later plays set the venv's Python.
     "ansible_python_interpreter": "/usr/bin/python3",
@@ -141,6 +142,9 @@ def render_inventory(
             "skip_phases": LAB_SKIPPED_INIT_PHASES,
         },
         "join_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
+        # The VM nodes import the CNI chart's image from the lab's row (vm_variables): the chart runs that one. The
+        # nspawn nodes run no pod, so their agents stay Pending whatever the image.
+        "upgrade_cni_images_preloaded": True,
         "lab_dir": str(lab_dir),
     }
     lines = ["# Written by tests/lab/lab up; rewritten on every up.", "all:", "  vars:"]

@@ -29,7 +29,7 @@ from .plan import NodeSpec
 
 CNI_CONFLIST = "/etc/cni/net.d/10-cklab-bridge.conflist"
 PAUSE_SOURCE = "build/pause/linux/pause.c"
-# The lab's tools image (tools_archive): the CNI stand-in chart's agent image (tests/doubles/cilium-chart/values.yaml)
+# The lab's tools image (tools_archive): the CNI stand-in chart's agent image (the lab's row names it, cklab/cni.py)
 # and the image of the VM tests' pods. Its tag changes with its content: the lab's lock file pins the digest per tag.
 TOOLS_IMAGE = "cklab.invalid/lab-tools:2"
 # The node lock's record (the collection's node_lock): present once the node has joined.

@@ -17,7 +17,20 @@ import pytest
 import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils import _versions
-from cklab import LabError, __main__ as cli, base, cni, host, lab as lab_commands, measure, mirror, nodes, plan, tpm
+from cklab import (
+    LabError,
+    __main__ as cli,
+    base,
+    cni,
+    host,
+    lab as lab_commands,
+    measure,
+    mirror,
+    nodes,
+    plan,
+    tpm,
+    vmruntime,
+)
 from cklab.inventory import render_inventory, ssh_options
 from cklab.paths import LabPaths
 
@@ -296,6 +309,8 @@ def test_the_lab_row_carries_the_stand_in_cni_chart_the_lab_packaged_and_its_sha
         "version": "1.18.0-standin",
         "url": f"{mirror.ROW_BASE_URL}/charts/cilium-1.18.0-standin.tgz",
         "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
+        # The stand-in deploys only the agent: the lab's tools image, which the VM nodes import.
+        "images": {"cilium": vmruntime.TOOLS_IMAGE},
     }
     assert {**row["artifacts"], "cilium": None} == {**lab_rows["1.20.2"]["artifacts"], "cilium": None}
     # Packaged once: a second up keeps the archive and its sha256.

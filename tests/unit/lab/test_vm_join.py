@@ -235,6 +235,10 @@ def test_pods_on_the_vm_run_and_answer_logs_and_exec(vmlab):
     vmlab.ok(CP, f"{KUBECTL} apply -f - <<'EOF'\n{json.dumps(manifest)}\nEOF")
     pods = vmlab.wait("every pod on vm-0 Running", vmlab.all_pods_running, timeout=600)
     assert f"default/{TEST_POD}" in pods and any(name.startswith("kube-system/cilium-") for name in pods), pods
+    # The CNI's agent runs the image the lab's row names for the chart, which the node role imported (the upgrade role
+    # set the chart's image.override; the chart's own default cannot be pulled here).
+    agent = vmlab.kubectl("-n kube-system get daemonset cilium -o 'jsonpath={.spec.template.spec.containers[0].image}'")
+    assert agent.strip() == vmruntime.TOOLS_IMAGE, agent
     assert f"probe-started-on-{TEST_POD}" in vmlab.kubectl(f"logs {TEST_POD}")
     assert vmlab.kubectl(f"exec {TEST_POD} -- cat /proc/1/cmdline").startswith("sh\0-c\0trap")
 

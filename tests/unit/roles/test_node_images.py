@@ -15,9 +15,12 @@ from tests.unit.roles.test_node_stack import _offline_tree, _play, _recap
 
 
 def _images(root, row: dict, tampered: str = "") -> dict:
-    """Every image of the row as an OCI archive under root/images/<repository>/<tag>.oci.tar; their digests."""
+    """Every image of the row (kubeadm's and its CNI chart's, whose digests the test's archives do not have: the row's
+    pins are dropped) as an OCI archive under root/images/<repository>/<tag>.oci.tar; their digests."""
+    chart = row["artifacts"]["cilium"]["images"]
+    chart.update({name: reference.split("@")[0] for name, reference in chart.items()})
     digests = {}
-    for name, reference in row["images"].items():
+    for name, reference in {**row["images"], **chart}.items():
         members, digests[reference] = build_layout(reference, f"{name}\n".encode())
         if name == tampered:
             layer = next(n for n, blob in members.items() if n.startswith("blobs/") and b"hello.txt" in blob)
@@ -90,11 +93,17 @@ def test_a_worker_imports_only_its_pods_images_and_the_extra_ones(tmp_path, cont
     members, extra_digest = build_layout("registry.example.com/site/agent:1.0", b"agent\n")
     (tmp_path / "site/images/registry.example.com/site/agent").mkdir(parents=True)
     write_archive(tmp_path / "site/images/registry.example.com/site/agent/1.0.oci.tar", members)
-    extra = ["-e", json.dumps({"kubernetes_images_extra": {"agent": "registry.example.com/site/agent:1.0"}})]
+    # A site image that is also one of the row's (the CNI's agent here) is fetched and imported once.
+    agent = row["artifacts"]["cilium"]["images"]["cilium"]
+    site_images = {"agent": "registry.example.com/site/agent:1.0", "also-the-agent": agent}
+    extra = ["-e", json.dumps({"kubernetes_images_extra": site_images})]
     run = _play(tmp_path, row, tmp_path / "root", "cache", *_options(tmp_path, containerd, "workers"), *extra)
     assert run.returncode == 0, run.stdout + run.stderr
     wanted = {row["images"][name]: digests[row["images"][name]] for name in ("kube-proxy", "coredns", "pause")}
+    # Every node imports the CNI chart's images (its agent and Envoy run everywhere, its operator anywhere).
+    wanted.update({reference: digests[reference] for reference in row["artifacts"]["cilium"]["images"].values()})
     wanted["registry.example.com/site/agent:1.0"] = extra_digest
+    assert run.stdout.count(f"(item={agent})") == 1, run.stdout  # pushed once
     assert _listed(containerd) == wanted
     # A worker gets no helm (only the control planes run it).
     assert not (tmp_path / "root/usr/local/bin/helm").exists()
@@ -116,6 +125,10 @@ def test_with_a_site_image_repository_each_image_is_also_named_where_kubeadm_loo
         repository, tag = reference.rsplit(":", 1)
         alias = f"registry.example.com/k8s/{repository.rsplit('/', 1)[1]}:{tag}"
         assert listed[reference] == listed[alias] == digests[reference], (reference, listed)
+    # kubeadm's imageRepository moves kubeadm's images only: the CNI's keep their names.
+    for reference in row["artifacts"]["cilium"]["images"].values():
+        assert listed[reference] == digests[reference]
+        assert not any(name.startswith("registry.example.com/k8s/cilium") for name in listed), listed
     # containerd's sandbox image is one of those names.
     config = tomllib.loads((tmp_path / "root/etc/containerd/config.toml").read_text())
     assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] in listed

@@ -49,19 +49,24 @@ def chart(tmp_path_factory, kube_control_plane) -> Path:
     return tree / URL_PATH
 
 
-def _row(sha256: str) -> dict:
+def _row(sha256: str, chart_images: dict | None = None) -> dict:
     binaries = dict.fromkeys(("kubeadm", "kubelet", "kubectl", "crictl", "containerd", "runc", "cni_plugins", "helm"))
+    chart = {"version": "1.18.0-standin", "url": f"http://mirror.invalid/{URL_PATH}", "sha256": sha256}
     return {
-        "artifacts": {
-            **binaries,
-            "cilium": {"version": "1.18.0-standin", "url": f"http://mirror.invalid/{URL_PATH}", "sha256": sha256},
-        },
+        "artifacts": {**binaries, "cilium": {**chart, **({"images": chart_images} if chart_images else {})}},
         "images": IMAGES,
     }
 
 
 def _play(
-    tmp_path: Path, control_plane, tree: Path, sha256: str, entry: str = "cni", check: bool = False, **variables
+    tmp_path: Path,
+    control_plane,
+    tree: Path,
+    sha256: str,
+    entry: str = "cni",
+    check: bool = False,
+    chart_images: dict | None = None,
+    **variables,
 ) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
     playbook.write_text(
@@ -86,7 +91,7 @@ def _play(
         ansible_python_interpreter=sys.executable,
         inventory_dir=str(tmp_path),
         kubernetes_version="9.9.9",
-        kubernetes_versions_extra={"9.9.9": _row(sha256)},
+        kubernetes_versions_extra={"9.9.9": _row(sha256, chart_images)},
         kubernetes_artifacts_dir=str(tree),
         kubernetes_artifacts_cache=str(tmp_path / "cache"),
         kubernetes_api_endpoint="192.0.2.10:7443",
@@ -209,6 +214,42 @@ def test_a_chart_whose_sha256_is_not_the_rows_is_refused_and_nothing_is_installe
     assert "sha256 mismatch for cilium 1.18.0-standin (chart)" in run.stdout and URL_PATH in run.stdout
     assert _get(kube_control_plane, namespace, "configmap", "cilium-config").returncode != 0
     assert not list((tmp_path / "cache").rglob("*.tgz"))
+
+
+def test_where_nodes_preload_images_the_chart_runs_the_rows_images_by_the_tag_they_were_imported_under(
+    tmp_path, kube_control_plane, chart
+):
+    namespace = _namespace(kube_control_plane, "cni-images")
+    sha256 = hashlib.sha256(chart.read_bytes()).hexdigest()
+    agent = "registry.example/cilium/cilium:v9.9.9"
+    images = {
+        "cilium": f"{agent}@sha256:{'a' * 64}",
+        "cilium-operator": f"registry.example/cilium/operator-generic:v9.9.9@sha256:{'b' * 64}",
+    }
+
+    def install(**variables) -> str:
+        run = _play(
+            tmp_path,
+            kube_control_plane,
+            chart.parents[1],
+            sha256,
+            chart_images=images,
+            upgrade_cni_namespace=namespace,
+            **variables,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        daemonset = json.loads(_get(kube_control_plane, namespace, "daemonset", "cilium").stdout)
+        return daemonset["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    # Nodes that pull: the chart's own reference stands.
+    assert install() == "quay.io/cilium/cilium:v1.18.0-standin"
+    # Nodes that imported the row's images (from a directory here): the chart runs the row's image, by the tag it was
+    # imported under (its digest was checked on import).
+    assert install(kubernetes_images_dir=str(tmp_path / "site")) == agent
+    assert install(confidential_air_gapped=True) == agent
+    # The inventory's values still have the last word.
+    own = {"image": {"override": "registry.example/site/agent:1"}}
+    assert install(confidential_air_gapped=True, confidential_cni_values=own) == "registry.example/site/agent:1"
 
 
 def test_confidential_cni_none_installs_nothing(tmp_path, kube_control_plane, chart):

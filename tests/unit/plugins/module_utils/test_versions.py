@@ -4,6 +4,7 @@ and a new row needing nothing but the table."""
 from __future__ import annotations
 
 import copy
+import re
 import datetime
 import shutil
 import subprocess
@@ -61,8 +62,14 @@ def test_every_row_is_complete_and_well_formed(version):
             assert f"{arch}" in entry[arch]["url"] and f"{entry['version']}" in entry[arch]["url"]
         assert entry["amd64"]["sha256"] != entry["arm64"]["sha256"]
     cilium = row["artifacts"]["cilium"]
-    assert set(cilium) == {"version", "url", "sha256"}
+    assert set(cilium) == {"version", "url", "sha256", "images"}
     assert cilium["url"] == f"https://helm.cilium.io/cilium-{cilium['version']}.tgz"
+    # The agent and operator by the release notes' digests, Envoy by tag (its digest is locked on first fetch).
+    digest = "@sha256:[0-9a-f]{64}"
+    agent, operator = (f"quay.io/cilium/{name}:v{cilium['version']}{digest}" for name in ("cilium", "operator-generic"))
+    assert re.fullmatch(agent, cilium["images"]["cilium"]), cilium["images"]
+    assert re.fullmatch(operator, cilium["images"]["cilium-operator"]), cilium["images"]
+    assert re.fullmatch(r"quay.io/cilium/cilium-envoy:v1\.\d+\.\d+-\d+-[0-9a-f]{40}", cilium["images"]["cilium-envoy"])
     for image in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"):
         assert row["images"][image] == f"registry.k8s.io/{image}:v{version}"
     assert row["images"]["pause"].startswith("registry.k8s.io/pause:3.")
@@ -150,6 +157,16 @@ def test_a_row_naming_a_runc_below_the_fixed_versions_fails(runc, refused):
         (
             lambda row: row["artifacts"]["cilium"].update(amd64={"url": "https://a/b", "sha256": "0" * 64}),
             "artefact cilium is the same on every architecture; unknown keys ['amd64']",
+        ),
+        (lambda row: row["artifacts"]["cilium"].pop("images"), "chart cilium has no 'images' mapping"),
+        (lambda row: row["artifacts"]["cilium"]["images"].pop("cilium-envoy"), "chart cilium image cilium-envoy"),
+        (
+            lambda row: row["artifacts"]["cilium"]["images"].update(cilium="quay.io/cilium/cilium@sha256:" + "0" * 64),
+            "chart cilium image cilium is missing or not registry/path:tag",
+        ),
+        (
+            lambda row: row["artifacts"]["cilium"]["images"].update(hubble="quay.io/cilium/hubble-relay:v1"),
+            "chart cilium names unknown images ['hubble']",
         ),
         (lambda row: row.pop("end_of_life"), "end_of_life is not a date"),
         (lambda row: row.update(end_of_life="soon"), "end_of_life is not a date"),
@@ -239,6 +256,25 @@ def test_a_chart_is_one_file_for_every_architecture_and_only_fetched_when_named(
     lab = dict(TABLE[NEWEST], artifacts=dict(TABLE[NEWEST]["artifacts"], cilium=None))
     assert _versions.row_problems("1.20.2", lab, shipped=False) == []
     assert _versions.row_artifacts(_versions.parse_row("1.20.2", lab, False), ["amd64"], ("cilium",)) == []
+
+
+def test_a_rows_images_are_kubeadms_and_its_charts():
+    row = _versions.parse_row(NEWEST, TABLE[NEWEST])
+    chart_images = TABLE[NEWEST]["artifacts"]["cilium"]["images"]
+    assert row.all_images == {**TABLE[NEWEST]["images"], **chart_images}
+    assert set(row.all_images) == set(_versions.IMAGES) | set(_versions.CHART_IMAGES["cilium"])
+    # An inventory's row may name only some of its chart's images (the lab's stand-in deploys the agent alone), or
+    # none, or have no chart at all; a shipped row names them all.
+    lab = copy.deepcopy(TABLE[NEWEST])
+    lab["artifacts"]["cilium"]["images"] = {"cilium": "cklab.invalid/lab-tools:2"}
+    assert _versions.row_problems("1.20.2", lab, shipped=False) == []
+    assert _versions.parse_row("1.20.2", lab, False).all_images["cilium"] == "cklab.invalid/lab-tools:2"
+    assert "cilium-operator" not in _versions.parse_row("1.20.2", lab, False).all_images
+    assert any("image cilium-operator" in p for p in _versions.row_problems(NEWEST, lab, shipped=True))
+    del lab["artifacts"]["cilium"]["images"]
+    assert _versions.row_problems("1.20.2", lab, shipped=False) == []
+    lab["artifacts"]["cilium"] = None
+    assert set(_versions.parse_row("1.20.2", lab, False).all_images) == set(_versions.IMAGES)
 
 
 def test_node_architectures():
