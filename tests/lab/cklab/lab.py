@@ -307,9 +307,10 @@ def _prepare_vm_runtimes(paths: LabPaths, wanted: list[NodeSpec], row: dict) -> 
     vms = [node for node in wanted if node.kind == KIND_VM]
     if not vms:
         return
-    pause_image = row[KUBERNETES_VERSION.lstrip("v")]["images"]["pause"]
-    source = kubernetes.CacheLayout(paths, kubernetes.RELEASE).tree
-    vmruntime.pause_archive(paths, source, pause_image)
+    images = row[KUBERNETES_VERSION.lstrip("v")]["images"]
+    layout = kubernetes.CacheLayout(paths, kubernetes.RELEASE)
+    vmruntime.pause_archive(paths, layout.tree, images["pause"])
+    vmruntime.kube_proxy_archive(paths, layout.bin_dir / "kube-proxy", images["kube-proxy"])
     vmruntime.tools_archive(paths)
     for node in vms:
         if vmruntime.install(ssh_command(paths, node.address), node):

@@ -5,8 +5,9 @@ runs on each VM once it answers SSH, and the images the role imports.
   row's CNI plugins, cklab/runtime.py);
 - the images the VM's pods run, which cannot be pulled here, as OCI archives in the lab's images directory
   (`images_dir`, laid out as the node role's node_kubernetes_images_dir wants them): the pause image, built from the
-  Kubernetes source's pause.c (gcc -static), and the lab's tools image (busybox). The node role fetches them from
-  there, records their digests in the lab's lock file, pushes and imports them like any site's images.
+  Kubernetes source's pause.c (gcc -static), kube-proxy's, the lab's kube-proxy build with Debian's iptables and
+  conntrack, and the lab's tools image (busybox). The node role fetches them from there, records their digests in the
+  lab's lock file, pushes and imports them like any site's images.
 """
 
 from __future__ import annotations
@@ -34,6 +35,25 @@ PAUSE_SOURCE = "build/pause/linux/pause.c"
 TOOLS_IMAGE = "cklab.invalid/lab-tools:2"
 # The node lock's record (the collection's node_lock): present once the node has joined.
 NODE_LOCK_RECORD = "/var/lib/confidential-kubernetes/nodelock.json"
+# kube-proxy's image (kube_proxy_archive): Debian 12's iptables (nf_tables commands, its libraries and xtables
+# modules), conntrack (which kube-proxy runs to clear UDP flows) and the C library they link.
+KUBE_PROXY_PACKAGES = (
+    "iptables",
+    "libip4tc2",
+    "libip6tc2",
+    "libxtables12",
+    "libnftnl11",
+    "libmnl0",
+    "libnetfilter-conntrack3",
+    "libnfnetlink0",
+    "conntrack",
+    "libnetfilter-cthelper0",
+    "libnetfilter-queue1",
+    "libc6",
+)
+KUBE_PROXY_XTABLES_COMMANDS = tuple(
+    f"{family}{suffix}" for family in ("iptables", "ip6tables") for suffix in ("", "-save", "-restore")
+)
 TOOLS_APPLETS = ("sh", "sleep", "cat", "echo", "hostname", "ls", "ps", "env", "id", "wget", "nslookup")
 
 
@@ -183,6 +203,51 @@ def tools_archive(paths: LabPaths) -> Path:
         return oci_archive(TOOLS_IMAGE, "/bin/sh", tools_files((work / "root" / "bin" / "busybox").read_bytes()))
 
     return _image_archive(paths, TOOLS_IMAGE, build)
+
+
+def tree_files(root: Path) -> dict[str, tuple[bytes, int] | str]:
+    """The files and symbolic links under `root` (an unpacked package), by path relative to it."""
+    files: dict[str, tuple[bytes, int] | str] = {}
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            files[name] = str(path.readlink())
+        elif path.is_file():
+            files[name] = (path.read_bytes(), path.stat().st_mode & 0o777)
+    return files
+
+
+def kube_proxy_files(binary: bytes, packages_root: Path) -> dict[str, tuple[bytes, int] | str]:
+    """kube-proxy's image: the lab's kube-proxy and Debian's iptables (with the libraries and xtables modules it loads)
+    and conntrack, unpacked from their packages. The iptables commands are the nf_tables ones, as on a Debian 12 host
+    (update-alternatives makes those links on a host; an image has none)."""
+    files = {
+        name: entry
+        for name, entry in tree_files(packages_root).items()
+        if name.startswith(("usr/sbin/", "usr/lib/", "lib/", "lib64/", "etc/")) and "/share/" not in name
+    }
+    files["usr/local/bin/kube-proxy"] = (binary, 0o755)
+    for command in KUBE_PROXY_XTABLES_COMMANDS:
+        files[f"usr/sbin/{command}"] = "xtables-nft-multi"
+    files["run/.keep"] = (b"", 0o644)
+    return files
+
+
+def kube_proxy_archive(paths: LabPaths, binary: Path, image_name: str) -> Path:
+    """kube-proxy's OCI archive (the row's kube-proxy image name), built once per lab dir from the lab's kube-proxy
+    build and Debian's packages (KUBE_PROXY_PACKAGES, downloaded with apt, not installed on the host)."""
+
+    def build(work: Path) -> bytes:
+        if not binary.is_file():
+            raise LabError(f"kube-proxy {binary} is missing (tests/lab/lab kubernetes builds it)")
+        run(["apt-get", "download", *KUBE_PROXY_PACKAGES], what="apt-get download of kube-proxy's packages", cwd=work)
+        for deb in sorted(work.glob("*.deb")):
+            run(["dpkg-deb", "-x", deb, work / "root"], what=f"dpkg-deb -x of {deb.name}")
+        return oci_archive(
+            image_name, "/usr/local/bin/kube-proxy", kube_proxy_files(binary.read_bytes(), work / "root")
+        )
+
+    return _image_archive(paths, image_name, build)
 
 
 def install(ssh: list[str], node: NodeSpec) -> bool:

@@ -283,7 +283,8 @@ def test_inventory_gives_the_node_role_the_lab_row_and_mirror(tmp_path):
 
 
 def test_the_labs_init_deploys_no_addon_the_stand_in_cannot_run(tmp_path):
-    """No CoreDNS or kube-proxy objects, so kubeadm 1.20's upgrade apply skips them instead of waiting for CoreDNS."""
+    """No CoreDNS or kube-proxy objects, so kubeadm 1.20's upgrade apply skips them instead of waiting for CoreDNS
+    (a lab with a VM node gets kube-proxy: test_vm.py)."""
     variables = _inventory(tmp_path, plan.plan_nodes(1, 1))["all"]["vars"]
     skipped = variables["init_kubeadm_extra"]["skip_phases"]
     assert skipped == ["addon/coredns", "addon/kube-proxy"]

@@ -230,6 +230,9 @@ def test_inventory_gives_a_vm_the_device_tpm_its_event_log_and_its_block_state_d
     assert hosts["vm-0"]["confidential_state_disk"]["device"] == vm.STATE_DISK_DEVICE
     assert hosts["vm-0"]["confidential_state_disk_allow_unmapped"] is False
     assert hosts["worker-0"] == {"ansible_host": f"{plan.NETWORK_PREFIX}.20"}
+    # A lab with a VM gets kube-proxy (a real kubelet runs it there) and the VM imports its image; still no CoreDNS.
+    assert inventory["all"]["vars"]["init_kubeadm_extra"]["skip_phases"] == ["addon/coredns"]
+    assert "kube-proxy" in hosts["vm-0"]["node_kubernetes_images"]
 
 
 # ---- measured boot: the VM's golden values ----------------------------------------------

@@ -235,6 +235,11 @@ def test_pods_on_the_vm_run_and_answer_logs_and_exec(vmlab):
     vmlab.ok(CP, f"{KUBECTL} apply -f - <<'EOF'\n{json.dumps(manifest)}\nEOF")
     pods = vmlab.wait("every pod on vm-0 Running", vmlab.all_pods_running, timeout=600)
     assert f"default/{TEST_POD}" in pods and any(name.startswith("kube-system/cilium-") for name in pods), pods
+    # kube-proxy (kubeadm's DaemonSet, the lab's build in an image with Debian's iptables) runs on the VM and programs
+    # its Service rules, which the guest's own iptables (nf_tables) reads.
+    assert any(name.startswith("kube-system/kube-proxy-") for name in pods), pods
+    rules = vmlab.ok(VM, "iptables -t nat -S KUBE-SERVICES")
+    assert "default/kubernetes:https" in rules, rules
     # The CNI's agent runs the image the lab's row names for the chart, which the node role imported (the upgrade role
     # set the chart's image.override; the chart's own default cannot be pulled here).
     agent = vmlab.kubectl("-n kube-system get daemonset cilium -o 'jsonpath={.spec.template.spec.containers[0].image}'")

@@ -68,3 +68,30 @@ def test_the_cni_stand_in_runs_the_tools_image_only_when_told_to_as_cilium_does(
     assert values["image"]["override"] is None
     assert f"{values['image']['repository']}:{values['image']['tag']}" != vmruntime.TOOLS_IMAGE
     assert not values["image"]["repository"].startswith("cklab.invalid/")
+
+
+def test_kube_proxys_image_holds_the_binary_and_the_nf_tables_iptables_commands(tmp_path):
+    root = tmp_path / "root"
+    (root / "usr/sbin").mkdir(parents=True)
+    (root / "usr/sbin/xtables-nft-multi").write_bytes(b"multi")
+    (root / "usr/sbin/xtables-nft-multi").chmod(0o755)
+    (root / "usr/lib/x86_64-linux-gnu/xtables").mkdir(parents=True)
+    (root / "usr/lib/x86_64-linux-gnu/xtables/libxt_comment.so").write_bytes(b"module")
+    (root / "usr/lib/x86_64-linux-gnu/libxtables.so.12").symlink_to("libxtables.so.12.7.0")
+    (root / "usr/share/doc/iptables").mkdir(parents=True)
+    (root / "usr/share/doc/iptables/copyright").write_bytes(b"doc")
+    files = vmruntime.kube_proxy_files(b"kube-proxy", root)
+    assert files["usr/local/bin/kube-proxy"] == (b"kube-proxy", 0o755)
+    assert files["usr/sbin/xtables-nft-multi"] == (b"multi", 0o755)
+    assert files["usr/lib/x86_64-linux-gnu/libxtables.so.12"] == "libxtables.so.12.7.0"
+    assert "usr/lib/x86_64-linux-gnu/xtables/libxt_comment.so" in files
+    for command in (
+        "iptables",
+        "iptables-save",
+        "iptables-restore",
+        "ip6tables",
+        "ip6tables-save",
+        "ip6tables-restore",
+    ):
+        assert files[f"usr/sbin/{command}"] == "xtables-nft-multi"
+    assert not any(name.startswith("usr/share/") for name in files)
