@@ -16,6 +16,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Under pytest-xdist (scripts/test.sh runs pytest -n 2), worker gwN boots its labs under CK_LAB_INDEX + N: labs of
+# different indexes have their own bridge, addresses and machine names and run side by side. Set here, before any test
+# module imports cklab (its plan reads the index once): tests outside tests/unit/lab import it too (the upgrade drill's
+# test), and a worker that imported it first held the index unadjusted while its `lab up` used the adjusted one (a CI
+# run's real-control-plane lab advertised another lab's address).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw"):
+    os.environ["CK_LAB_INDEX"] = str(int(os.environ.get("CK_LAB_INDEX", "0")) + int(_WORKER[2:]))
+
 
 def _collection_root() -> Path:
     """Make ``ansible_collections.confidential.kubernetes`` importable from the source tree."""

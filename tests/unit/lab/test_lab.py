@@ -560,3 +560,9 @@ def test_lab_up_ssh_tpm_and_down_leave_nothing_behind(tmp_path_factory):
     assert _leftovers(lab_dir) == []
     assert not (lab_dir / "nodes").exists()
     shutil.rmtree(lab_dir, ignore_errors=True)
+
+
+def test_the_plan_holds_this_workers_lab_index():
+    """cklab's plan reads the lab index once, at import: it must be the one this pytest-xdist worker's `lab up` gets
+    (the index is adjusted in tests/unit/conftest.py, before any test module imports cklab)."""
+    assert plan.LAB_INDEX == int(os.environ.get("CK_LAB_INDEX", "0")) == plan.lab_index()
