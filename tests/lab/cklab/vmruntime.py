@@ -192,15 +192,22 @@ def tools_files(busybox: bytes) -> dict[str, tuple[bytes, int] | str]:
     return files
 
 
+def _unpacked_packages(work: Path, packages: tuple[str, ...]) -> Path:
+    """Debian's `packages`, downloaded with apt into `work` (not installed on the host, where they could conflict with
+    its own) and unpacked into work/root, which is returned."""
+    run(["apt-get", "download", *packages], what=f"apt-get download {' '.join(packages)}", cwd=work)
+    for deb in sorted(work.glob("*.deb")):
+        run(["dpkg-deb", "-x", deb, work / "root"], what=f"dpkg-deb -x of {deb.name}")
+    return work / "root"
+
+
 def tools_archive(paths: LabPaths) -> Path:
     """The tools image's OCI archive (TOOLS_IMAGE), built once per lab dir from Debian's busybox-static package,
     downloaded with apt (not installed on the host: it would conflict with a busybox there)."""
 
     def build(work: Path) -> bytes:
-        run(["apt-get", "download", "busybox-static"], what="apt-get download busybox-static", cwd=work)
-        (deb,) = work.glob("busybox-static_*.deb")
-        run(["dpkg-deb", "-x", deb, work / "root"], what="dpkg-deb -x of busybox-static")
-        return oci_archive(TOOLS_IMAGE, "/bin/sh", tools_files((work / "root" / "bin" / "busybox").read_bytes()))
+        busybox = (_unpacked_packages(work, ("busybox-static",)) / "bin" / "busybox").read_bytes()
+        return oci_archive(TOOLS_IMAGE, "/bin/sh", tools_files(busybox))
 
     return _image_archive(paths, TOOLS_IMAGE, build)
 
@@ -240,12 +247,8 @@ def kube_proxy_archive(paths: LabPaths, binary: Path, image_name: str) -> Path:
     def build(work: Path) -> bytes:
         if not binary.is_file():
             raise LabError(f"kube-proxy {binary} is missing (tests/lab/lab kubernetes builds it)")
-        run(["apt-get", "download", *KUBE_PROXY_PACKAGES], what="apt-get download of kube-proxy's packages", cwd=work)
-        for deb in sorted(work.glob("*.deb")):
-            run(["dpkg-deb", "-x", deb, work / "root"], what=f"dpkg-deb -x of {deb.name}")
-        return oci_archive(
-            image_name, "/usr/local/bin/kube-proxy", kube_proxy_files(binary.read_bytes(), work / "root")
-        )
+        root = _unpacked_packages(work, KUBE_PROXY_PACKAGES)
+        return oci_archive(image_name, "/usr/local/bin/kube-proxy", kube_proxy_files(binary.read_bytes(), root))
 
     return _image_archive(paths, image_name, build)
 
