@@ -10,9 +10,11 @@ cd "$repo"
 
 # Each stage's time, printed at the end (also when a stage fails: the table then ends with it).
 suite_started=$(date +%s)
-# The whole suite's target on a 2-core machine of CI's kind with its caches (apt, pip, the Kubernetes build, the
-# lab's base): 45 minutes. A fresh machine adds the builds once.
+# The whole suite's targets on a 2-core machine of CI's kind with the caches a machine keeps (apt, pip, the
+# Kubernetes build, the lab's base, the VM's guest image): 45 minutes (issue 27's, set before the day-2 drills and the
+# VM node joined the suite) and CI's own limit, 60 minutes. A fresh machine adds the builds once (CI: 80 minutes).
 suite_target=2700
+ci_target=3600
 stage_names=()
 stage_starts=()
 stage() {
@@ -40,9 +42,11 @@ stage_times() {
     printf '%6ss  %s\n' "$((next - stage_starts[i]))" "${stage_names[$i]:0:100}"
   done
   [ -z "$lane_rows" ] || cat "$lane_rows"
-  local total=$((now - suite_started)) verdict=met
+  local total=$((now - suite_started)) verdict=met ci_verdict=met
   [ "$total" -le "$suite_target" ] || verdict=MISSED
-  printf '%6ss  total (target with the caches a machine keeps: <= %s s; %s)\n' "$total" "$suite_target" "$verdict"
+  [ "$total" -le "$ci_target" ] || ci_verdict=MISSED
+  printf '%6ss  total (targets with the caches a machine keeps: issue 27 <= %s s, %s; CI <= %s s, %s)\n' \
+    "$total" "$suite_target" "$verdict" "$ci_target" "$ci_verdict"
   [ -z "$lane_rows" ] || rm -f "$lane_rows"
 }
 # A stage that fails while the second lane still runs: stop the lane (its process group, then its lab) and show what
@@ -76,6 +80,7 @@ vm_node_scenario() {
 }
 VM_GUEST_STAGE="the VM node's guest image (built once per machine, verified by sha256 before use; tests/lab/lab guest)"
 VM_STAGE="the VM node: join through site.yml, pods, logs and exec, re-run, real reboot, tamper (tests/unit/lab/test_vm_join.py)"
+LOAD_STAGE="load: 2000 joins by 64 clients with a service restart and a policy change (tests/load)"
 SECURITY_STAGE="security suites: fuzzing (atheris), protocol attacks, the init/join race (tests/security)"
 # One step of the second lane: runs the rest of its arguments and appends its time and exit status to LANE_ROWS.
 lane_step() {
@@ -116,6 +121,24 @@ export CK_REQUIRE_KUBERNETES=1
 # earlier run would shadow the tree under test for ansible-lint and molecule.
 rm -rf "$HOME/.ansible/collections/ansible_collections/confidential/kubernetes"
 
+if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
+  # Beside the static checks and the lab stages of the default lab (the drills, the molecule scenarios, the
+  # security suites, the load suite) a second lane (lab_lane above) runs the fault and hygiene suites on lab 2, the
+  # VM node on lab 4, then pytest. It starts as soon as the Kubernetes build is there: the first lane's stages take
+  # less time than its own (the stage table shows both).
+  # A lab stage keeps about one core busy, mostly waiting on SSH, the API server and swtpm; the lanes share the two
+  # cores. The lane runs in a session of its own (setsid), so that a failure elsewhere stops it and every process it
+  # started; its output is printed when it ends, its steps' times are rows of their own.
+  lane_log=$(mktemp /tmp/ck-lane-output.XXXXXX)
+  lane_rows=$(mktemp /tmp/ck-lane-rows.XXXXXX)
+  env "${lane_lab[@]}" LANE_ROWS="$lane_rows" PYTEST_STAGE="$PYTEST_STAGE" VM_GUEST_STAGE="$VM_GUEST_STAGE" VM_STAGE="$VM_STAGE" \
+    setsid bash -c "$(declare -p vm_lab); $(declare -f lab_lane lane_step run_pytest vm_node_guest vm_node_scenario); lab_lane" \
+    >"$lane_log" 2>&1 &
+  lane_pid=$!
+  printf '\n=== beside the static checks and the lab stages, lane 2 (pid %s): fault and hygiene suites, the VM node, pytest ===\n' \
+    "$lane_pid"
+fi
+
 stage "ansible-doc renders every module"
 for module in plugins/modules/*.py; do
   name=$(basename "$module" .py)
@@ -147,20 +170,6 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
   installed_collections=$(mktemp -d /tmp/ck-installed-collection.XXXXXX)
   bash scripts/installed-collection.sh "$installed_collections"
 
-  # Beside the lab stages of the default lab (the drills, the molecule scenarios, then the security suites) a second
-  # lane (lab_lane above) runs the fault and hygiene suites on lab 2, the VM node on lab 4, then pytest.
-  # A lab stage keeps about one core busy, mostly waiting on SSH, the API server and swtpm; the lanes share the two
-  # cores. The lane runs in a session of its own (setsid), so that a failure elsewhere stops it and every process it
-  # started; its output is printed when it ends, its steps' times are rows of their own.
-  lane_log=$(mktemp /tmp/ck-lane-output.XXXXXX)
-  lane_rows=$(mktemp /tmp/ck-lane-rows.XXXXXX)
-  env "${lane_lab[@]}" LANE_ROWS="$lane_rows" PYTEST_STAGE="$PYTEST_STAGE" VM_GUEST_STAGE="$VM_GUEST_STAGE" VM_STAGE="$VM_STAGE" \
-    setsid bash -c "$(declare -p vm_lab); $(declare -f lab_lane lane_step run_pytest vm_node_guest vm_node_scenario); lab_lane" \
-    >"$lane_log" 2>&1 &
-  lane_pid=$!
-  printf '\n=== beside the lab stages, lane 2 (pid %s): fault and hygiene suites, the VM node, pytest ===\n' \
-    "$lane_pid"
-
   stage "quick start and day-2 drills on one 3 + 2 lab, from the installed collection (tests/drills/run)"
   ANSIBLE_COLLECTIONS_PATH="$installed_collections" tests/drills/run
 
@@ -171,6 +180,9 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
 
   stage "$SECURITY_STAGE"
   tests/security/run
+
+  stage "$LOAD_STAGE"
+  python tests/load/join_load.py
 
   stage "waiting for lane 2: fault and hygiene suites, the VM node, pytest (rows below)"
   lane_rc=0
@@ -188,7 +200,7 @@ else
 
   stage "$SECURITY_STAGE"
   tests/security/run
-fi
 
-stage "load: 2000 joins by 64 clients with a service restart and a policy change (tests/load)"
-python tests/load/join_load.py
+  stage "$LOAD_STAGE"
+  python tests/load/join_load.py
+fi
