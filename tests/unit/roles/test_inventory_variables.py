@@ -22,9 +22,17 @@ REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 CHECK = REPO / "roles" / "node" / "tasks" / "inventory.yml"
-PREFIXES = re.compile(
-    f"({'|'.join(yaml.safe_load(CHECK.read_text())[0]['vars']['__node_prefix_names'])})_|remove_node$|confirm_reset$"
-)
+
+
+def _check_vars(task_name: str) -> dict:
+    """The vars of the inventory check's task of that name."""
+    return next(task for task in yaml.safe_load(CHECK.read_text()) if task["name"] == task_name)["vars"]
+
+
+_PREFIX_NAMES = _check_vars("Refuse variables with this collection's prefixes that no argument spec knows")[
+    "__node_prefix_names"
+]
+PREFIXES = re.compile(f"({'|'.join(_PREFIX_NAMES)})_|remove_node$|confirm_reset$")
 SPECS = {
     path.parent.parent.name: yaml.safe_load(path.read_text())["argument_specs"]
     for path in sorted(REPO.glob("roles/*/meta/argument_specs.yml"))
@@ -75,7 +83,7 @@ def test_every_variable_the_docs_name_belongs_to_an_argument_spec():
 
 
 def test_the_check_reads_every_role_s_argument_spec():
-    check_vars = yaml.safe_load(CHECK.read_text())[0]["vars"]
+    check_vars = _check_vars("Read the options of the collection's argument specs")
     assert sorted(check_vars["__node_roles"]) == sorted(SPECS)
 
 

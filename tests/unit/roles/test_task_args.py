@@ -53,7 +53,25 @@ def test_long_steps_run_async_with_a_poll_of_a_few_seconds():
         for task in _tasks(yaml.safe_load(path.read_text()))
         if _module(task) in LONG_STEPS
     ]
-    applied = [task for task in steps if not task.get("check_mode")]
+    applied = [task for task in steps if not task.get("check_mode") and not _join_preflight(task)]
     assert {_module(task) for task in applied} == LONG_STEPS
     for task in applied:
         assert "async" in task and "confidential_progress_interval | default(5)" in str(task.get("poll")), task["name"]
+
+
+def _join_preflight(task: dict) -> bool:
+    return _module(task) == "confidential.kubernetes.kubeadm_join" and task[_module(task)].get("preflight") is True
+
+
+def test_the_join_preflight_runs_at_once():
+    """kubeadm's join checks before the lock pull nothing and take under a second: an async step would wait for its
+    first progress poll (5 s) on every joining node."""
+    preflights = [
+        task
+        for path in REPO.glob("roles/*/tasks/*.yml")
+        for task in _tasks(yaml.safe_load(path.read_text()))
+        if _join_preflight(task)
+    ]
+    assert preflights
+    for task in preflights:
+        assert "async" not in task and "poll" not in task, task["name"]
