@@ -97,6 +97,10 @@ def test_the_callback_writes_each_play_and_task(tmp_path):
     - name: Wait a little
       ansible.builtin.command: sleep 0.2
       changed_when: false
+    - name: Work a little
+      ansible.builtin.command:
+        argv: [python3, -c, "import time; end = time.process_time() + 0.5; all(iter(lambda: time.process_time() < end, False))"]
+      changed_when: false
 - name: Second
   hosts: localhost
   gather_facts: false
@@ -119,8 +123,11 @@ def test_the_callback_writes_each_play_and_task(tmp_path):
     )
     plays = json.loads(times.read_text())
     assert [play["play"] for play in plays] == ["First", "Second"]
-    assert [task["task"] for task in plays[0]["tasks"]] == ["Wait a little"]
-    assert 0.2 <= plays[0]["tasks"][0]["seconds"] <= plays[0]["seconds"]
+    assert [task["task"] for task in plays[0]["tasks"]] == ["Wait a little", "Work a little"]
+    waiting, working = plays[0]["tasks"]
+    assert 0.2 <= waiting["seconds"] <= plays[0]["seconds"]
+    # The machine's CPU: the busy loop's 0.5 s at least, and never more than the machine's cores could give.
+    assert 0.5 <= working["cpu"] <= working["seconds"] * os.cpu_count()
     assert sum(play["seconds"] for play in plays) <= seconds
 
 
