@@ -80,8 +80,6 @@ vm_node_scenario() {
 }
 VM_GUEST_STAGE="the VM node's guest image (built once per machine, verified by sha256 before use; tests/lab/lab guest)"
 VM_STAGE="the VM node: join through site.yml, pods, logs and exec, re-run, real reboot, tamper (tests/unit/lab/test_vm_join.py)"
-LOAD_STAGE="load: 2000 joins by 64 clients with a service restart and a policy change (tests/load)"
-SECURITY_STAGE="security suites: fuzzing (atheris), protocol attacks, the init/join race (tests/security)"
 # One step of the second lane: runs the rest of its arguments and appends its time and exit status to LANE_ROWS.
 lane_step() {
   local name=$1 started rc=0
@@ -177,13 +175,18 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
     stage "molecule test -s $(basename "$scenario") (lab scenario)"
     molecule test -s "$(basename "$scenario")"
   done
+else
+  stage "$PYTEST_STAGE"
+  run_pytest
+fi
 
-  stage "$SECURITY_STAGE"
-  tests/security/run
+stage "security suites: fuzzing (atheris), protocol attacks, the init/join race (tests/security)"
+tests/security/run
 
-  stage "$LOAD_STAGE"
-  python tests/load/join_load.py
+stage "load: 2000 joins by 64 clients with a service restart and a policy change (tests/load)"
+python tests/load/join_load.py
 
+if [ -n "$lane_pid" ]; then
   stage "waiting for lane 2: fault and hygiene suites, the VM node, pytest (rows below)"
   lane_rc=0
   wait "$lane_pid" || lane_rc=$?
@@ -194,13 +197,4 @@ if [ "${SKIP_MOLECULE:-0}" != 1 ]; then
     echo "lane 2 failed (exit $lane_rc): its output is above" >&2
     exit "$lane_rc"
   }
-else
-  stage "$PYTEST_STAGE"
-  run_pytest
-
-  stage "$SECURITY_STAGE"
-  tests/security/run
-
-  stage "$LOAD_STAGE"
-  python tests/load/join_load.py
 fi
