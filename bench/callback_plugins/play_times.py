@@ -24,6 +24,8 @@ import json
 import os
 import time
 
+from ansible.plugins.callback import CallbackBase
+
 # The busy fields of /proc/stat's cpu line: user, nice, system, (idle, iowait,) irq, softirq, steal.
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 
@@ -33,9 +35,6 @@ def machine_cpu_seconds() -> float:
     with open("/proc/stat", encoding="ascii") as stat:
         fields = stat.readline().split()[1:]
     return sum(int(fields[i]) for i in _BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
-
-
-from ansible.plugins.callback import CallbackBase
 
 
 class CallbackModule(CallbackBase):
@@ -49,13 +48,13 @@ class CallbackModule(CallbackBase):
         self._plays: list[dict] = []
         self._play_started = self._task_started = self._task_cpu = 0.0
 
-    def _close_task(self, now: float) -> None:
+    def _close_task(self, now: float, cpu: float) -> None:
         if self._plays and self._plays[-1]["tasks"]:
             self._plays[-1]["tasks"][-1]["seconds"] = round(now - self._task_started, 3)
-            self._plays[-1]["tasks"][-1]["cpu"] = round(machine_cpu_seconds() - self._task_cpu, 3)
+            self._plays[-1]["tasks"][-1]["cpu"] = round(cpu - self._task_cpu, 3)
 
     def _close_play(self, now: float) -> None:
-        self._close_task(now)
+        self._close_task(now, machine_cpu_seconds())
         if self._plays:
             self._plays[-1]["seconds"] = round(now - self._play_started, 3)
 
@@ -66,9 +65,9 @@ class CallbackModule(CallbackBase):
         self._plays.append({"play": play.get_name().strip(), "seconds": 0.0, "tasks": []})
 
     def v2_playbook_on_task_start(self, task, is_conditional) -> None:
-        now = time.monotonic()
-        self._close_task(now)
-        self._task_started, self._task_cpu = now, machine_cpu_seconds()
+        now, cpu = time.monotonic(), machine_cpu_seconds()
+        self._close_task(now, cpu)
+        self._task_started, self._task_cpu = now, cpu
         # "ROLE : NAME" for a task of a role
         self._plays[-1]["tasks"].append(
             {"task": task.get_name(include_role_fqcn=False).strip(), "seconds": 0.0, "cpu": 0.0}
