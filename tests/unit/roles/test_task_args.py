@@ -46,13 +46,14 @@ def test_no_task_takes_its_arguments_from_a_template(path):
     assert not templated
 
 
+def _role_tasks():
+    """Every task of the roles' task files."""
+    for path in REPO.glob("roles/*/tasks/*.yml"):
+        yield from _tasks(yaml.safe_load(path.read_text()))
+
+
 def test_long_steps_run_async_with_a_poll_of_a_few_seconds():
-    steps = [
-        task
-        for path in REPO.glob("roles/*/tasks/*.yml")
-        for task in _tasks(yaml.safe_load(path.read_text()))
-        if _module(task) in LONG_STEPS
-    ]
+    steps = [task for task in _role_tasks() if _module(task) in LONG_STEPS]
     applied = [task for task in steps if not task.get("check_mode") and not _join_preflight(task)]
     assert {_module(task) for task in applied} == LONG_STEPS
     for task in applied:
@@ -66,12 +67,7 @@ def _join_preflight(task: dict) -> bool:
 def test_the_join_preflight_runs_at_once():
     """kubeadm's join checks before the lock pull nothing and take under a second: an async step would wait for its
     first progress poll (5 s) on every joining node."""
-    preflights = [
-        task
-        for path in REPO.glob("roles/*/tasks/*.yml")
-        for task in _tasks(yaml.safe_load(path.read_text()))
-        if _join_preflight(task)
-    ]
+    preflights = [task for task in _role_tasks() if _join_preflight(task)]
     assert preflights
     for task in preflights:
         assert "async" not in task and "poll" not in task, task["name"]
