@@ -83,9 +83,9 @@ import grpc  # noqa: E402
 import control_plane  # noqa: E402
 import join_harness  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, tpm2  # noqa: E402
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
-    Evidence,
-    qualifying_data,
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import qualifying_data  # noqa: E402
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.tpm_evidence import (
+    TpmEvidence as Evidence,
 )  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import NODE_LOCK_PCR  # noqa: E402
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import Verifier  # noqa: E402
@@ -683,6 +683,10 @@ def main() -> int:
                 ticket_burst=1e6,
                 # One address for all clients here: the gate's per-client connection cap (32) would refuse 64 of them.
                 max_connections_per_client=max(levels) + 8,
+                max_connections_per_network=max(levels) + 8,
+                # Likewise the per-client and per-network caps of calls in progress (16, 64).
+                max_calls_per_client=2 * max(levels) + 8,
+                max_calls_per_network=2 * max(levels) + 8,
                 policy_check_interval=POLICY_CHECK_INTERVAL,
                 worker_processes=args.worker_processes,
                 **real_api,

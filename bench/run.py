@@ -28,6 +28,7 @@ REPO = BENCH.parent
 # (script, arguments, needs the lab)
 BENCHMARKS = (
     ("verify_evidence.py", [], False),
+    ("ima_verify.py", [], False),
     ("nonce_store.py", [], False),
     ("join_service.py", [], False),
     # Against a real API server on loopback (tests/control_plane.py; the lab's Kubernetes build, no lab).

@@ -5,7 +5,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 packages=(swtpm swtpm-tools tpm2-tools libtss2-dev pkg-config gcc debootstrap
           systemd-container cryptsetup-bin iproute2 openssh-client git shellcheck
-          containerd)
+          containerd softhsm2)
 
 missing=()
 for p in "${packages[@]}"; do

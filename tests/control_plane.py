@@ -61,6 +61,9 @@ class ControlPlane:
     bin: Path
     processes: dict = field(default_factory=dict)
     argvs: dict = field(default_factory=dict)
+    # More kube-apiserver flags (e.g. --encryption-provider-config), and etcd's client URL once started.
+    api_server_args: list = field(default_factory=list)
+    etcd_url: str = ""
 
     @property
     def pki(self) -> Path:
@@ -150,6 +153,7 @@ class ControlPlane:
         manager_conf = self.root / "controller-manager.conf"
         manager_conf.write_text(manager_conf.read_text().replace(f"https://{ADVERTISE_ADDRESS}:", "https://127.0.0.1:"))
         pki = self.pki
+        self.etcd_url = f"http://127.0.0.1:{etcd_client}"
         self._start(
             "etcd",
             [
@@ -186,6 +190,7 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range=10.96.0.0/12",
+                *self.api_server_args,
             ],
         )
         deadline = time.monotonic() + READY_TIMEOUT
@@ -268,10 +273,12 @@ class ControlPlane:
                 self.processes[name].wait(timeout=5)
 
 
-def start_control_plane() -> ControlPlane:
+def start_control_plane(api_server_args: list[str] | None = None) -> ControlPlane:
     root = Path(tempfile.mkdtemp(prefix="ck-kube-"))
     try:
-        return ControlPlane(root=root, api_port=_free_port(), bin=binaries_dir()).start()
+        return ControlPlane(
+            root=root, api_port=_free_port(), bin=binaries_dir(), api_server_args=list(api_server_args or [])
+        ).start()
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

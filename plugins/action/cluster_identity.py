@@ -7,9 +7,13 @@ from __future__ import annotations
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import node_lock_mark
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import (
+    SOURCE_OPTIONS,
+    ClusterSecretsError,
+    load_from,
+)
 
-ARGUMENT_SPEC = dict(secrets_file=dict(type="path", required=True))
+ARGUMENT_SPEC = dict(SOURCE_OPTIONS)
 
 
 class ActionModule(ActionBase):
@@ -20,7 +24,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         try:
-            identity = load(validation.validated_parameters["secrets_file"], self._loader).cluster_id()
+            identity = load_from(validation.validated_parameters, self._loader).cluster_id()
         except ClusterSecretsError as exc:
             result.update(failed=True, msg=str(exc))
             return result

@@ -7,21 +7,22 @@ from __future__ import annotations
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.snapshot import SnapshotError
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._etcd_backups import (
-    BackupError,
-    choose,
-    store,
-    verify,
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._etcd_backups import BackupError, select, store
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import (
+    SOURCE_OPTIONS,
+    ClusterSecretsError,
+    load_from,
 )
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", default="verified", choices=["stored", "verified"]),
     backup_dir=dict(type="path", required=True),
     snapshot=dict(type="str", default="latest"),
     manifest=dict(type="dict"),
+    fetched=dict(type="path"),
     keep=dict(type="int", default=7),
-    secrets_file=dict(type="path"),
+    allow_older=dict(type="bool", default=False),
+    **SOURCE_OPTIONS,
 )
 
 
@@ -34,19 +35,23 @@ class ActionModule(ActionBase):
         validation, dummy = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         params = validation.validated_parameters
         try:
+            if not (params["secrets_file"] or params["share_files"] or params["shares"]):
+                raise BackupError(
+                    "secrets_file (or k share_files or shares) is needed: the cluster's root secrets on the controller"
+                )
             if params["state"] == "stored":
-                if params["manifest"] is None:
-                    raise BackupError("state=stored needs the manifest the node reported")
+                if params["manifest"] is None or not params["fetched"]:
+                    raise BackupError("state=stored needs the manifest the node reported and the fetched file")
                 if self._task.check_mode:
                     result.update(changed=True)
                     return result
-                result.update(store(params["backup_dir"], params["snapshot"], params["manifest"], params["keep"]))
-                result.update(changed=True)
+                secrets = load_from(params, self._loader)
+                stored = store(params["backup_dir"], params["fetched"], params["manifest"], params["keep"], secrets)
+                result.update(stored, changed=True)
                 return result
-            if not params["secrets_file"]:
-                raise BackupError("state=verified needs secrets_file, the cluster's root secrets on the controller")
-            secrets = load(params["secrets_file"], self._loader)
-            result.update(changed=False, snapshot=verify(choose(params["backup_dir"], params["snapshot"]), secrets))
+            secrets = load_from(params, self._loader)
+            chosen = select(params["backup_dir"], params["snapshot"], secrets, params["allow_older"])
+            result.update(changed=False, snapshot=chosen)
         except (BackupError, ClusterSecretsError) as exc:
             result.update(failed=True, msg=str(exc))
         except SnapshotError as exc:

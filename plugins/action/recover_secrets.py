@@ -29,14 +29,18 @@ from ansible_collections.confidential.kubernetes.plugins.plugin_utils._attest im
     attest,
     evidence_argument_refusal,
 )
-from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import ClusterSecretsError, load
+from ansible_collections.confidential.kubernetes.plugins.plugin_utils._secrets import (
+    SOURCE_OPTIONS,
+    ClusterSecretsError,
+    load_from,
+)
 
 MAX_ENROLMENT_BYTES = 16 * 1024 * 1024
 
 ARGUMENT_SPEC = dict(
     HAND_OVER_OPTIONS,
     policy=dict(type="path", required=True),
-    secrets_file=dict(type="path", required=True),
+    **SOURCE_OPTIONS,
     enrolment_file=dict(type="path", required=True),
     node_name=dict(type="str", required=True),
     disk_uuid=dict(type="str", required=True),
@@ -46,7 +50,8 @@ ARGUMENT_SPEC = dict(
 
 
 class Refused(Exception):
-    """The node gets nothing; ``reason`` is one of protocol.RECOVER_REFUSALS."""
+    """The node gets nothing; ``reason`` is the refusal's code (evidence, not-enrolled, not-a-control-plane, name-not-granted,
+    disk-not-bound), which the play names per refused node."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -116,7 +121,7 @@ class ActionModule(ActionBase):
         host = task_vars.get("inventory_hostname")
         result["changed"] = False
         try:
-            secrets = load(params["secrets_file"], self._loader)
+            secrets = load_from(params, self._loader)
             # A control plane that waits for keys was rebooted: its PCR 15 must be zero (not yet marked in this boot).
             policy = controller.resolve_policy(params["policy"], None, None).with_rule(NODE_LOCK_PCR, [bytes(32)])
             verified = attest(self, params, policy, task_vars, prove_ek=True)

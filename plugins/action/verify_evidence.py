@@ -42,7 +42,7 @@ class ActionModule(ActionBase):
         result["changed"] = False
         try:
             policy = controller.resolve_policy(params["policy"], params["policy_content"], params["node_lock"])
-            result.update(attest(self, params, policy, task_vars).to_result())
+            result.update(attest(self, params, policy, task_vars, any_variant=True).to_result())
         except PolicyError as exc:
             result.update(failed=True, verified=False, reason="policy", msg=str(exc))
         except VerificationError as exc:

@@ -17,16 +17,12 @@ author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
+  - confidential.kubernetes._root_secrets
   - confidential.kubernetes._attributes.action
   - confidential.kubernetes._attributes.INFO_MODULE
 attributes:
   idempotent:
     support: full
-options:
-  secrets_file:
-    description: The cluster secrets file on the controller, as written by M(confidential.kubernetes.seal_init_secrets).
-    type: path
-    required: true
 """
 
 EXAMPLES = r"""

@@ -17,8 +17,11 @@ description:
     C(images/registry.k8s.io/pause/3.10.2.oci.tar)); or O(mirror_url), a base URL serving the same paths (the binary
     mirror's base URL, with the images beside the binaries). Pulling from a registry is not supported; an image with
     no source fails saying which sources exist.
-  - Each archive is verified before it is cached - every blob's sha256 is its name, index.json names exactly one
-    image, its manifest (for an image index, the manifest of each node architecture) is present with its config and
+  - Each archive is verified before it is cached - read as containerd's importer reads a tar (member names cleaned like
+    Go's C(path.Clean), regular files only; duplicate, non-canonical, escaping or unexpected members, C(CONTTYPE),
+    sparse and link members and a Docker archive's C(manifest.json) or C(repositories) refused naming the member),
+    index.json's names for its image the image's reference or none, every blob's sha256 is its name, index.json
+    names exactly one image, its manifest (for an image index, the manifest of each node architecture) is present with its config and
     layers, and the archive is at most 4 GiB - and index.json's digest must be the image's digest.
   - The digest an image must have is the one the row pins (C(registry/path:tag@sha256:...)), else the one the lock
     file O(lock_file) records. An image with neither gets the digest of its first verified archive recorded in the

@@ -12,10 +12,16 @@ description:
   - Runs on a node with containerd running. Asks containerd once (C(ctr images ls) in O(namespace)) which of
     O(images) it has under their reference with the pinned digest; a converged node stops there.
   - Each missing image's OCI archive (pushed by the role from the controller's cache, see
-    M(confidential.kubernetes.container_images)) is verified again on the node - every blob hashes to its name, the
-    manifest with its config and layers is present, and index.json names the pinned digest - and imported with
-    C(ctr images import) under the image's reference, so that kubeadm and the kubelet find it locally and pull nothing.
-  - After each import the reference must name the pinned digest; anything else fails naming the image and both digests.
+    M(confidential.kubernetes.container_images)) is verified again on the node - read as containerd's importer reads
+    a tar (cleaned names, regular files only, anything the two could read differently refused naming the member),
+    every blob hashes to its name, the manifest with its config and layers is present, index.json names the pinned
+    digest and, in its annotations, no other name than the image's reference.
+  - What is imported (C(ctr images import)) is a canonical archive written from the verified blobs, with an index.json
+    of the module's own, under a staging name; the image's reference, its aliases and each of them by digest
+    (C(repository@sha256:...)) are then moved to it, so that kubeadm and the kubelet find it locally and pull nothing.
+  - The staging name must name the pinned digest before any name moves (a failed import leaves the names as they
+    were), and every name must name it afterwards; a name that does not is removed, and the module fails naming the
+    image and both digests.
   - An archive that fails verification is refused naming the image, and is not imported.
   - Needs only the Python standard library.
 author:

@@ -68,7 +68,7 @@ EXAMPLES = r"""
     peer_urls: https://192.0.2.10:2380
     initial_cluster: cp-0=https://192.0.2.10:2380,cp-1=https://192.0.2.11:2380,cp-2=https://192.0.2.12:2380
     initial_cluster_token: restore-20261126T090000Z
-    data_dir: /var/lib/etcd.restored
+    data_dir: /var/lib/etcd/restored
     expected_revision: 40213
 """
 

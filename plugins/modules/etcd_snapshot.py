@@ -43,6 +43,15 @@ options:
     description: Plaintext bytes per authenticated chunk.
     type: int
     default: 1048576
+  name:
+    description:
+      - The snapshot's name C(etcd-<YYYYmmddTHHMMSSZ>) (its UTC time), authenticated in the file's header with the
+        revision and O(member). Default the current time.
+    type: str
+  member:
+    description: This member's name, authenticated in the header (default the host name; the backup role passes the
+      inventory name).
+    type: str
 seealso:
   - module: confidential.kubernetes.etcd_restore
 """
@@ -55,6 +64,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+manifest:
+  description:
+    - The snapshot's manifest, as C(manifest.json) holds it (C(name), C(time), C(revision), C(member), C(cluster_id),
+      C(size), C(sha256), C(snapshot_size), C(total_keys), C(etcd_hash), C(format), C(version)); every field but the
+      file's size and SHA-256 is authenticated in its header.
+  returned: state=saved, not in check mode
+  type: dict
 cluster_id:
   description: The cluster ID the snapshot is bound to (hex).
   returned: state=saved, not in check mode
@@ -103,6 +119,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.et
     Etcdctl,
     take_snapshot,
 )
+from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.manifest import ManifestError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.module import etcd_argument_spec, etcdctl
 from ansible_collections.confidential.kubernetes.plugins.module_utils._backup.snapshot import SnapshotError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import ConfigError, load_root_secrets
@@ -122,6 +139,8 @@ def main() -> None:
             state=dict(type="str", default="saved", choices=["saved", "healthy"]),
             dest=dict(type="path"),
             chunk_size=dict(type="int", default=1 << 20),
+            name=dict(type="str"),
+            member=dict(type="str"),
         ),
         required_if=[("state", "saved", ("dest",))],
         supports_check_mode=True,
@@ -136,8 +155,16 @@ def main() -> None:
         if params["state"] == "healthy" or module.check_mode:
             module.exit_json(changed=params["state"] == "saved", members=members)
         secrets = load_root_secrets(params["secrets_file"])
-        result = take_snapshot(client, secrets, params["work_dir"], params["dest"], params["chunk_size"])
-    except (EtcdError, ConfigError, SnapshotError) as exc:
+        result = take_snapshot(
+            client,
+            secrets,
+            params["work_dir"],
+            params["dest"],
+            params["chunk_size"],
+            params["name"],
+            params["member"],
+        )
+    except (EtcdError, ConfigError, SnapshotError, ManifestError) as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:
         module.fail_json(msg=f"etcd snapshot to {params['dest']}: {exc.strerror}: {exc.filename}")

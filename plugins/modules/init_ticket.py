@@ -56,6 +56,14 @@ options:
     description: The node lock record.
     type: path
     default: /var/lib/confidential-kubernetes/nodelock.json
+  encryption_config:
+    description:
+      - Where the API servers' C(EncryptionConfiguration) is written (0600, after the state disk is open, so on it),
+        with the first Secrets key derived from the root secrets (C(key-etcdSecrets), provider C(aescbc)), for
+        C(kubeadm_init)'s O(confidential.kubernetes.kubeadm_init#module:encryption_provider_config). A file left by an
+        earlier cluster on the node is replaced. Empty, none is written.
+    type: path
+    default: /etc/kubernetes/encryption-config.yaml
 """
 
 EXAMPLES = r"""
@@ -82,6 +90,10 @@ state_disk:
   description: The state disk after the task (uuid, keyslots, keyed, mapped, mapping_available, mount_path).
   returned: when O(state_disk) is given
   type: dict
+secrets_encryption:
+  description: The Secrets encryption configuration's C(path) and whether it was C(written) now.
+  returned: when O(encryption_config) is set
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -89,6 +101,11 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import node
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto import derive
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.encryption import (
+    CONFIG_PATH,
+    EncryptionConfigError,
+    write_config,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.issuer import TpmError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import NodeLock, NodeLockError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._reset import NEEDS_RESET
@@ -117,6 +134,7 @@ def main() -> None:
             lock_record=dict(type="path", default="/var/lib/confidential-kubernetes/nodelock.json"),
             tcti=dict(type="str", default="auto"),
             state_disk=dict(type="dict", options=STATE_DISK_OPTIONS),
+            encryption_config=dict(type="path", default=CONFIG_PATH),
         ),
         supports_check_mode=True,
     )
@@ -144,19 +162,26 @@ def main() -> None:
                 )
                 disk["changed"] = disk["changed"] or formatted
         kept = keep_root_secrets(params["secrets_file"], secrets, module.check_mode)
+        encryption = {}
+        if params["encryption_config"]:
+            encryption = {
+                "path": params["encryption_config"],
+                "written": write_config(params["encryption_config"], secrets, [0], module.check_mode),
+            }
     except StateDiskError as exc:
         module.fail_json(
             msg=f"{exc} (the node is locked for cluster {cluster_id.hex()}; before another try, {NEEDS_RESET})",
             needs_reset=True,
         )
-    except (TicketError, NodeLockError, TpmError, OSError) as exc:
+    except (TicketError, NodeLockError, TpmError, EncryptionConfigError, OSError) as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(
-        changed=locked or kept or disk.get("changed", False),
+        changed=locked or kept or disk.get("changed", False) or encryption.get("written", False),
         cluster_id=cluster_id.hex(),
         node_lock=lock_state.to_result(),
         cluster_config=payload.get("cluster_config", {}),
         **({"state_disk": disk} if disk else {}),
+        **({"secrets_encryption": encryption} if encryption else {}),
     )
 
 

@@ -91,6 +91,22 @@ options:
     description: Where a control plane keeps the cluster secrets for its own join service (mode 0600).
     type: path
     default: /etc/confidential-kubernetes/cluster-secrets.json
+  encryption_config:
+    description:
+      - Where a control plane writes the API servers' C(EncryptionConfiguration) (Kubernetes Secrets encrypted at rest,
+        0600, on the state disk once it is open), from the root secrets in its ticket, before C(kubeadm join) starts its
+        API server. A file left by an earlier cluster on the node is replaced. Empty, none is written. Workers write
+        none.
+    type: path
+    default: /etc/kubernetes/encryption-config.yaml
+  encryption_keys:
+    description:
+      - The key generations of that file, as the cluster's other control planes have them (C(0) is C(key-etcdSecrets),
+        C(n) is C(key-etcdSecrets-<n>)); the first encrypts. The join role reads them from the first control plane
+        (M(confidential.kubernetes.secrets_encryption) with O(confidential.kubernetes.secrets_encryption#module:state=read)).
+    type: list
+    elements: int
+    default: [0]
   kubelet_version:
     description:
       - The node's kubelet version (C(kubelet --version), as M(confidential.kubernetes.kubeadm_join) returns it with
@@ -100,6 +116,16 @@ options:
         than the policy allows (2, or 3 from API server 1.28 for kubelets from 1.25), fails and leaves the node unlocked.
     type: str
     default: ""
+    version_added: 0.2.0
+  event_log:
+    description:
+      - V(auto) sends the firmware's TCG event log (crypto-agile or SHA-1 format) with the evidence where the node has
+        one it can use; a log that cannot be parsed, is over the parser's limits, or is in a bank the TPM has not
+        allocated is left out with a warning, and the quoted PCRs are checked all the same.
+      - V(none) sends no event log.
+    type: str
+    choices: [auto, none]
+    default: auto
     version_added: 0.2.0
 """
 
@@ -162,6 +188,9 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
 from ansible_collections.confidential.kubernetes.plugins.module_utils._disk import StateDiskError
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import TOKEN_FILE
 from ansible_collections.confidential.kubernetes.plugins.module_utils._nodelock import DEFAULT_RECORD, NodeLockError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm.encryption import (
+    CONFIG_PATH as ENCRYPTION_CONFIG,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._ticket import (
     SECRETS_FILE,
     STATE_DISK_OPTIONS,
@@ -195,6 +224,9 @@ def main() -> None:
             secrets_file=dict(type="path", default=SECRETS_FILE, no_log=False),
             tcti=dict(type="str", default="auto"),
             kubelet_version=dict(type="str", default=""),
+            event_log=dict(type="str", default="auto", choices=["auto", "none"]),
+            encryption_config=dict(type="path", default=ENCRYPTION_CONFIG),
+            encryption_keys=dict(type="list", elements="int", default=[0], no_log=False),
         ),
         supports_check_mode=True,
     )
@@ -214,6 +246,8 @@ def main() -> None:
         result = joining.rejoin() if state == REBOOTED else joining.join()
     except (TicketError, NodeLockError, TpmError, StateDiskError, OSError) as exc:
         module.fail_json(msg=str(exc))
+    for warning in joining.warnings:
+        module.warn(warning)
     module.exit_json(changed=True, joined=state != FRESH, node_state=state, **result)
 
 

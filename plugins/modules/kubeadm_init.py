@@ -89,6 +89,14 @@ options:
     description: Extra flags for kube-apiserver.
     type: dict
     default: {}
+  encryption_provider_config:
+    description:
+      - The API servers' C(EncryptionConfiguration) (Kubernetes Secrets encrypted at rest in etcd, written by
+        M(confidential.kubernetes.init_ticket) from the root secrets). Given, kube-apiserver gets
+        C(--encryption-provider-config) with this path and the file is mounted read-only into its pod at the same
+        path (C(apiServer.extraVolumes)); kubeadm keeps both in the cluster's ClusterConfiguration, so control planes
+        that join and upgrades keep them too. The file must exist before kubeadm init runs.
+    type: path
   controller_manager_extra_args:
     description: Extra flags for kube-controller-manager.
     type: dict
@@ -238,6 +246,7 @@ def main() -> None:
             pod_subnet=dict(type="str"),
             service_subnet=dict(type="str"),
             api_server_extra_args=dict(type="dict", default={}),
+            encryption_provider_config=dict(type="path", no_log=False),
             controller_manager_extra_args=dict(type="dict", default={}),
             scheduler_extra_args=dict(type="dict", default={}),
             kubelet_config=dict(type="dict", default={}),

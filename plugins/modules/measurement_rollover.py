@@ -19,9 +19,9 @@ description:
   - V(retire) drops the values the rollover will retire, once no node runs them. It refuses, naming each node and PCR,
     while a node of O(node_pcrs) still runs one of them or a node could not be read (O(unreadable_nodes)), unless
     O(force). The policy before is kept as a backup.
-  - V(rollback) puts the policy from before the rollover back (also after V(retire)) and ends the rollover; the
-    policy it replaces is kept as a backup. It names the nodes of O(node_pcrs) that the restored policy will refuse
-    at their next rejoin.
+  - V(rollback) puts the policy from before the rollover back and ends the rollover; the policy it replaces is kept
+    as a backup. After V(retire) it trusts the retired values again, so it refuses unless O(force). It names the nodes
+    of O(node_pcrs) that the restored policy will refuse at their next rejoin.
   - V(status) changes nothing and names the nodes that still run values the rollover in progress will retire.
 author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
@@ -70,7 +70,9 @@ options:
     elements: str
     default: []
   force:
-    description: V(retire) even though nodes (named in a warning) still run the old values or could not be read.
+    description:
+      - V(retire) even though nodes (named in a warning) still run the old values or could not be read.
+      - V(rollback) after V(retire), which trusts the retired values again.
     type: bool
     default: false
 seealso:
@@ -179,7 +181,7 @@ def main() -> None:
         elif params["mode"] == "retire":
             outcome = rollover.retire(node_pcrs, params["unreadable_nodes"], params["force"])
         elif params["mode"] == "rollback":
-            outcome = rollover.rollback(node_pcrs)
+            outcome = rollover.rollback(node_pcrs, params["force"])
         else:
             outcome = rollover.status(node_pcrs)
     except (PolicyError, RolloverError) as exc:

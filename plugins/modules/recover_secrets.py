@@ -24,6 +24,7 @@ author:
   - confidential.kubernetes contributors (@confidential-kubernetes)
 extends_documentation_fragment:
   - confidential.kubernetes._attributes
+  - confidential.kubernetes._root_secrets
   - confidential.kubernetes._attributes.action
   - confidential.kubernetes._attestation
   - confidential.kubernetes._attestation.hand_over_nonce_ledger
@@ -39,11 +40,6 @@ attributes:
 options:
   policy:
     description: The measurement policy file on the controller (its PCR 15 rule is replaced by "zero").
-    type: path
-    required: true
-  secrets_file:
-    description:
-      - The cluster's root secrets on the controller (0600; ansible-vault encrypted files are read too). Never created.
     type: path
     required: true
   enrolment_file:

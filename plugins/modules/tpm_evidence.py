@@ -56,11 +56,19 @@ options:
     default: true
   event_log_path:
     description:
-      - The TCG event log to include in the evidence, in the crypto-agile binary format; the verifier replays it
-        against the quoted PCRs.
+      - The TCG event log to include in the evidence, in the binary format firmware writes (crypto-agile, or the
+        older SHA-1 format); the verifier replays it against the quoted PCRs.
       - When omitted, the firmware's log C(/sys/kernel/security/tpm0/binary_bios_measurements) if the node has one
         and the module may read it (root only).
+      - A log that cannot be parsed, is over the parser's limits, or is in a bank the TPM has not allocated is left
+        out with a warning; the quoted PCRs are checked all the same. A log that cannot be read fails.
     type: path
+  event_log:
+    description: V(auto) includes the event log as O(event_log_path) says; V(none) includes none.
+    type: str
+    choices: [auto, none]
+    default: auto
+    version_added: 0.2.0
   ephemeral_key_path:
     description:
       - Keep the ephemeral private key in this file (mode 0600, directory 0700), for flows that open the
@@ -128,6 +136,7 @@ def main() -> None:
             hpke_suite=dict(type="str", default="mlkem768-x25519", choices=["mlkem768-x25519", "x25519"]),
             include_ek_certificate=dict(type="bool", default=True),
             event_log_path=dict(type="path"),
+            event_log=dict(type="str", default="auto", choices=["auto", "none"]),
             ephemeral_key_path=dict(type="path", no_log=False),
             credential=dict(
                 type="dict",
@@ -158,9 +167,12 @@ def main() -> None:
             params["event_log_path"],
             params["ephemeral_key_path"],
             module.check_mode,
+            params["event_log"],
         )
     except (EvidenceError, TpmError, OSError) as exc:
         module.fail_json(msg=str(exc))
+    for warning in result.pop("warnings"):
+        module.warn(warning)
     module.exit_json(**result)
 
 

@@ -14,11 +14,14 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
     check_containers,
 )
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import MeasurementPolicy
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.tpm_evidence import (
     ActivationChallenge,
+    check_ek_template,
+)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.tpm_variant import TPM
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.variants import (
     VerificationError,
     VerificationResult,
-    check_ek_template,
 )
 
 # Options every attesting action takes, in its argument spec (doc fragment confidential.kubernetes._attestation).
@@ -70,10 +73,11 @@ def ek_challenge(verified: VerificationResult) -> ActivationChallenge:
 
 
 def attest(
-    action, params: dict, policy: MeasurementPolicy, task_vars: dict, prove_ek: bool = False
+    action, params: dict, policy: MeasurementPolicy, task_vars: dict, prove_ek: bool = False, any_variant: bool = False
 ) -> VerificationResult:
     """Verify the evidence and, at AK trust level 2 (or with ``prove_ek`` at any level), prove the AK and EK by
-    credential activation on the task's host.
+    credential activation on the task's host. Evidence of another variant than the TPM's (SEV-SNP, TDX) is refused
+    after it verified, unless ``any_variant``: the hand-overs need the TPM's node lock and EK.
 
     Raises VerificationError for every refusal.
     """
@@ -89,6 +93,12 @@ def attest(
         params["nonce_ledger"],
         params["nonce_ttl"],
     )
+    if verified.variant != TPM.name and not any_variant:
+        raise VerificationError(
+            "variant",
+            f"the {verified.variant} evidence verified, but this hand-over takes TPM evidence only (it needs the node "
+            "lock in PCR 15 and the EK): confidential VMs get no cluster secret yet (issue 40 item 5)",
+        )
     challenge = verified.challenge or (ek_challenge(verified) if prove_ek else None)
     if challenge is None:
         return verified
@@ -118,6 +128,4 @@ def attest(
     except ValueError:
         activated = b""
     challenge.check(activated)
-    return VerificationResult(
-        verified.evidence, verified.ak_name, verified.ak_trust_level, verified.pcrs, verified.warnings
-    )
+    return verified._replace(challenge=None)

@@ -91,13 +91,13 @@ def fetch_images(
         label = f"{image.name} ({image.reference})"
         if expected is not None:
             path = cache_path(cache_dir, image, expected)
-            if os.path.exists(path) and _cached_archive_verifies(path, label, expected, architectures):
+            if os.path.exists(path) and _cached_archive_verifies(path, label, expected, architectures, image):
                 cached.append(CachedImage(image, expected, path))
                 continue
         tmp = _fetch_to_temporary(image, label, cache_dir, mirror_url, source_dir, timeout, progress)
         try:
             try:
-                found = verify_archive(tmp, label, expected, architectures)
+                found = verify_archive(tmp, label, expected, architectures, image.reference)
             except ImageArchiveError as exc:
                 pinned_by = (
                     "pinned by the versions table"
@@ -146,7 +146,7 @@ def cached_images(images: list[Image], cache_dir: str, lock_file: str) -> tuple[
     return cached, missing
 
 
-def _cached_archive_verifies(path: str, label: str, digest: str, architectures: tuple[str, ...]) -> bool:
+def _cached_archive_verifies(path: str, label: str, digest: str, architectures: tuple[str, ...], image: Image) -> bool:
     """Trusted while its recorded fingerprint holds; otherwise verified whole again (and a bad one removed)."""
     record = path + VERIFIED_SUFFIX
     recorded = read_record(record)
@@ -154,7 +154,7 @@ def _cached_archive_verifies(path: str, label: str, digest: str, architectures: 
         found = file_digest(path, recorded)
         if recorded is not None and found.sha256 == recorded.sha256:
             return True
-        verify_archive(path, label, digest, architectures)
+        verify_archive(path, label, digest, architectures, image.reference)
     except (OSError, ImageArchiveError):
         for stale in (path, record):
             with contextlib.suppress(FileNotFoundError):

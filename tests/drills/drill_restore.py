@@ -1,14 +1,17 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """etcd lost: snapshot (backup.yml), delete 200 ConfigMaps, refuse a flipped, a truncated and another cluster's snapshot
-with nothing changed, wipe etcd's data on every control plane, restore.yml, and count the 200 back."""
+with nothing changed, wipe etcd's data on every control plane, restore.yml, and count the 200 back; a Secret is held
+encrypted at rest (aescbc, the derived key) by every member before the backup and after the restore."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -28,8 +31,13 @@ BAD = {
     "truncated": "etcd-20000101T000002Z",
     "other-cluster": "etcd-20000101T000003Z",
 }
-# The header (61 bytes) and the first chunk's stored nonce (12 bytes) come before its ciphertext.
-FIRST_CHUNK_CIPHERTEXT = 61 + 12
+# The format-2 header (123 bytes and the member's name) and the first chunk's stored nonce (12 bytes) come before its
+# ciphertext; a lab node's name is short, so the flip lands in the first chunk's ciphertext.
+FIRST_CHUNK_CIPHERTEXT = 123 + 32 + 12
+# A Secret with a value known here: etcd holds it encrypted (the API servers' EncryptionConfiguration), before the
+# backup and after the restore, on every member.
+SECRET = "drill-at-rest"
+AT_REST_PREFIX = b"k8s:enc:aescbc:v1:key-etcdSecrets"
 REFUSAL = {"flipped": "fails authentication", "truncated": "truncated", "other-cluster": "not of this cluster"}
 
 
@@ -45,6 +53,31 @@ def _configmaps(count: int) -> bytes:
         for n in range(count)
     ]
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items}).encode()
+
+
+def _secret(marker: str) -> bytes:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": NAMESPACE},
+            "stringData": {"password": marker},
+        }
+    ).encode()
+
+
+def _check_at_rest(lab, marker: str) -> None:
+    """Every member holds the Secret behind the aescbc prefix without its value, and the API reads the value back."""
+    for node in lab.control_planes():
+        stored = lab.ssh(node, f"{ETCDCTL} get /registry/secrets/{NAMESPACE}/{SECRET} --print-value-only").stdout
+        assert stored.startswith(AT_REST_PREFIX), f"{node}: etcd holds the Secret as {stored[:40]!r}"
+        assert marker.encode() not in stored, f"{node}: etcd holds the Secret's value in plaintext"
+    read = lab.ssh(
+        lab.control_planes()[0],
+        "kubectl --kubeconfig=/etc/kubernetes/admin.conf get secret -n "
+        f"{NAMESPACE} {SECRET} -o jsonpath='{{.data.password}}'",
+    ).stdout
+    assert base64.b64decode(read) == marker.encode(), "the API does not read the Secret back"
 
 
 def _count(lab) -> int:
@@ -103,14 +136,26 @@ def _make_bad_snapshots(good: Path) -> None:
 
 
 def _wipe_etcd(lab, node: str) -> None:
-    """etcd's data lost: stop the member, delete its data directory, start it again (it comes up empty or fails)."""
+    """etcd's data lost: stop the member, delete what its data directory holds (the directory stays, as the state
+    disk's mount point does), start it again (it comes up empty or fails)."""
     lab.ssh(
         node,
         "set -e; mv /etc/kubernetes/manifests/etcd.yaml /root/etcd.yaml.drill; "
         "for i in $(seq 60); do ss -ltn | grep -q ':2379 ' || break; sleep 1; done; "
-        "! ss -ltn | grep -q ':2379 '; rm -rf /var/lib/etcd; "
+        "! ss -ltn | grep -q ':2379 '; find /var/lib/etcd -mindepth 1 -delete; "
         "mv /root/etcd.yaml.drill /etc/kubernetes/manifests/etcd.yaml",
     )
+
+
+def _data_dir(lab, node: str) -> tuple[str, list[str]]:
+    """The etcd data directory's inode (a mount point on a real control plane: it must never move) and the entries
+    beside it and under it that a restore may leave."""
+    inode, *entries = (
+        lab.ssh(node, "stat -c %i /var/lib/etcd; ls -d /var/lib/etcd.* /var/lib/etcd/* 2>/dev/null || true")
+        .stdout.decode()
+        .split()
+    )
+    return inode, entries
 
 
 def drill(lab) -> dict:
@@ -118,6 +163,9 @@ def drill(lab) -> dict:
     backups = lab.inventory.parent / "backups"
     lab.ssh(first, "kubectl --kubeconfig=/etc/kubernetes/admin.conf apply -f - >/dev/null", stdin=_configmaps(COUNT))
     assert _count(lab) == COUNT, f"created {_count(lab)} of {COUNT} ConfigMaps"
+    marker = "drill-" + secrets.token_hex(16)
+    lab.ssh(first, "kubectl --kubeconfig=/etc/kubernetes/admin.conf apply -f - >/dev/null", stdin=_secret(marker))
+    _check_at_rest(lab, marker)
 
     started = time.monotonic()
     lab.playbook("backup")
@@ -158,6 +206,7 @@ def drill(lab) -> dict:
     for node in lab.control_planes():
         _wipe_etcd(lab, node)
     lab.log("etcd data wiped on every control plane")
+    data_dirs = {node: _data_dir(lab, node)[0] for node in lab.control_planes()}
 
     started = time.monotonic()
     lab.playbook("restore", "-e", f"confirm_restore={cluster_id}")
@@ -165,6 +214,20 @@ def drill(lab) -> dict:
     ready_seconds = lab.wait_ready()
     restored = _count(lab)
     assert restored == COUNT, f"{restored}/{COUNT} ConfigMaps after the restore"
+    _check_at_rest(lab, marker)
+    for node, inode in data_dirs.items():
+        # Restored under the data directory and swapped in entry by entry: nothing beside it on the root disk, the
+        # directory (the state disk's mount point on a real node) never renamed, the old member's data kept under it.
+        after, entries = _data_dir(lab, node)
+        assert after == inode, (
+            f"{node}: /var/lib/etcd was replaced (inode {inode} -> {after}): a mount point would not move"
+        )
+        assert not [entry for entry in entries if entry.startswith("/var/lib/etcd.")], f"{node}: beside it: {entries}"
+        kept = [entry.rsplit("/", 1)[1] for entry in entries if entry.startswith("/var/lib/etcd/")]
+        assert "member" in kept and any(name.startswith("before-restore-") for name in kept), f"{node}: {kept}"
+        assert not [name for name in kept if name.startswith("restored-")], (
+            f"{node}: a restore directory is left: {kept}"
+        )
     members = json.loads(lab.ssh(first, f"{ETCDCTL} member list -w json").stdout)["members"]
     assert sorted(m["name"] for m in members) == sorted(lab.control_planes()), f"etcd members {members}"
     lab.playbook("verify")

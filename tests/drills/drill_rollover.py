@@ -111,7 +111,12 @@ def drill(lab) -> dict:
         reboot(tampered=False)
         figures["refused_after_retire_seconds"] = round(rejoin(expect_refusal=True), 1)
 
-        rolled_back = measurements("rollback")
+        refused_rollback = measurements("rollback", check=False)
+        assert refused_rollback.rc != 0 and "measurements_force=true" in refused_rollback.output, (
+            "rollback after retire was not refused without measurements_force"
+        )
+        assert allowed(PCR_KERNEL_COMMAND_LINE) == new_values, "a refused rollback changed the policy"
+        rolled_back = measurements("rollback", "-e", "measurements_force=true")
         figures["rollback_seconds"] = round(rolled_back.seconds, 1)
         assert policy_file.read_bytes() == before_rollover, "rollback did not restore the policy from before"
         enforced_everywhere(rolled_back)
@@ -123,7 +128,7 @@ def drill(lab) -> dict:
     except BaseException:
         lab.log("rollover drill failed: putting the policy from before back and the node on its old image")
         if state["rollover"]:
-            measurements("rollback", check=False)
+            measurements("rollback", "-e", "measurements_force=true", check=False)
         if state["tampered"]:
             reboot(tampered=False)
         lab.playbook("join", "-l", node, check=False)

@@ -200,6 +200,11 @@ class ClusterSecrets:
             raw = {name: base64.b64decode(document[name]) for name in ("master_key", "master_salt", "measurement_salt")}
             raw["measurement_secret"] = derive.measurement_secret(raw["master_key"], raw["master_salt"])
             raw["etcd_backup_key"] = snapshot.backup_key(raw["master_key"], raw["master_salt"])
+            # The API servers' Secrets-at-rest keys: the first and the next two rotations' (rotate_secrets_key).
+            for generation in range(3):
+                raw[f"etcd_secrets_key[{generation}]"] = derive.etcd_secrets_key(
+                    raw["master_key"], raw["master_salt"], generation
+                )
             for name, value in raw.items():
                 found[name] = encodings(value)
             for node in self.lab.hosts():
@@ -443,6 +448,16 @@ HYGIENE_DESTRUCTIVE_PLAYBOOKS: list[tuple[str, list[str]]] = [
     ("remove_node.yml", ["-e", "remove_node=worker-0", "-e", "confirm_reset=yes-reset-worker-0"]),
     ("reset.yml", ["-e", "confirm_reset=CLUSTER_ID"]),
 ]
+# Playbooks the hygiene run does not run yet, each with its reason; the closing note of the session that added them
+# says what is missing. A playbook neither run nor named here is reported as a hygiene problem.
+HYGIENE_NOT_RUN: dict[str, str] = {
+    "prompt_shares.yml": "imported by recover.yml and restore.yml, which run it (it asks for nothing without "
+    "confidential_share_prompts)",
+    "pkcs11_custody.yml": "needs a PKCS#11 token, which the lab has not; run against SoftHSM2 by "
+    "tests/unit/playbooks/test_pkcs11_playbooks.py",
+    "split_secrets.yml": "controller only (share files 0600 beside the inventory); not yet scanned here",
+    "rotate_secrets_key.yml": "restarts every API server (about 4 minutes on the lab); not yet scanned here",
+}
 
 
 def cluster_id_of(lab: Lab) -> str:
@@ -464,6 +479,7 @@ def hygiene_suite(lab: Lab, all_steps: list[dict], results: dict) -> None:
         {p.name for p in (REPO / "playbooks").glob("*.yml")}
         - {name for name, _extra in HYGIENE_PLAYBOOKS}
         - {name for name, _extra in HYGIENE_DESTRUCTIVE_PLAYBOOKS}
+        - set(HYGIENE_NOT_RUN)
     )
     if unlisted:
         results["hygiene_problems"].append(

@@ -278,7 +278,15 @@ def main() -> int:
         )
         config.write_text(
             json.dumps(
-                dataclasses.asdict(dataclasses.replace(settings, max_connections_per_client=settings.max_connections))
+                dataclasses.asdict(
+                    dataclasses.replace(
+                        settings,
+                        max_connections_per_client=settings.max_connections,
+                        max_connections_per_network=settings.max_connections,
+                        max_calls_per_client=settings.max_concurrent_rpcs,
+                        max_calls_per_network=settings.max_concurrent_rpcs,
+                    )
+                )
             )
         )
         tokens = work / "tokens"

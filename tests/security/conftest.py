@@ -18,6 +18,7 @@ other_swtpm = _unit.other_swtpm
 foreign_swtpm = _unit.foreign_swtpm
 start_swtpm = _unit.start_swtpm
 kube_control_plane = _unit.kube_control_plane
+containerd = _unit.containerd
 
 from join_harness import JoinLab  # noqa: E402
 

@@ -69,7 +69,7 @@ with atheris.instrument_imports(include=["ansible_collections.confidential.kuber
         RejoinRequest,
     )
     from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import Undecodable, _tolerant
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._join.tolerant import Undecodable, _tolerant
 
 import grpc  # noqa: E402
 

@@ -47,6 +47,7 @@ from join_harness import (
     join_with_client,
     make_csr,
     policy_from_swtpm,
+    told_only_the_log,
     wait_for,
 )
 
@@ -264,6 +265,8 @@ def test_pcr15_marked_for_another_cluster(join_lab, attack):
         join_with_client(join_lab, service)
     assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "pcr-policy")
     assert "locked for another cluster" in str(err.value)
+    # The service's own PCR 15 explanation, once: not the verifier's every-case advice as well.
+    assert str(err.value).count("the node needs a reset") == 1 and "PCR 15 is the node lock" not in str(err.value)
     _tokens(attack, service)
 
 
@@ -326,7 +329,8 @@ def test_enrolled_worker_asking_for_the_control_plane_role(join_lab, other_swtpm
     join_lab.enrol(other_swtpm.tcti, "cp-1", control_plane=True)
     service = join_lab.start("ek-certificate")
     error = _join_refused(join_lab, service, "role-not-granted", node_name="worker-1", control_plane=True)
-    assert "only TPMs enrolled as control planes get the control-plane role" in str(error)
+    # Before step 2 the caller learns no grant: the detail is in the service's log only (issue 36).
+    assert told_only_the_log(join_lab, str(error), "only TPMs enrolled as control planes get the control-plane role")
     _tokens(attack, service)
     attack.obtained("challenges issued", service.issuer.pending())
 
@@ -365,7 +369,7 @@ def test_node_asking_for_another_nodes_name(join_lab, other_swtpm, attack):
     join_lab.enrol(other_swtpm.tcti, "worker-2")
     service = join_lab.start("pcrs-only")
     error = _join_refused(join_lab, service, "name-not-granted", node_name="worker-2")
-    assert "enrolled as node worker-1; it may not join as 'worker-2'" in str(error)
+    assert told_only_the_log(join_lab, str(error), "enrolled as node worker-1; it may not join as 'worker-2'")
     _tokens(attack, service)
 
 
@@ -398,7 +402,7 @@ def test_fresh_node_asking_for_another_nodes_disk(join_lab, other_swtpm, attack,
                     attempts=1,
                 )
             assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", "disk-not-granted")
-            assert "bound to another node's TPM" in str(err.value)
+            assert told_only_the_log(join_lab, str(err.value), "bound to another node's TPM")
     attack.obtained("bootstrap token(s) minted for the thief", len(service.minter.tokens) - minted)
     attack.obtained(
         "disk bindings stolen", sum(1 for b in service.issuer.registry.mirror.all() if b.node_name == "worker-2")
@@ -499,7 +503,9 @@ def test_get_nonce_flood_while_genuine_nodes_join(join_lab, start_swtpm, attack,
     tpms = [join_lab.swtpm, start_swtpm("lab"), start_swtpm("lab2"), start_swtpm("lab2")]
     join_lab.enrol(tpms[0].tcti, "worker-1")
     join_lab.enrol(tpms[2].tcti, "worker-2")
-    service = join_lab.start("pcrs-only", listen="[::]:0")
+    # Used nonces are remembered for their lifetime: on a loaded machine the flood outlasts the default 60 s, and the
+    # count below would miss the first joins' nonces.
+    service = join_lab.start("pcrs-only", listen="[::]:0", nonce_ttl=600.0)
     service.endpoint = f"127.0.0.1:{service.port}"
     (join_lab.dir / "ca.pem").write_bytes(join_lab.ca_pem)
     flood = subprocess.Popen(
@@ -551,7 +557,12 @@ def test_get_nonce_flood_while_genuine_nodes_join(join_lab, start_swtpm, attack,
             flood.kill()
     assert failures == [] and len(latencies) == 20
     assert during, "the genuine joins did not run while the flood did"
-    assert result["calls"] == 50_000 and result["outcomes"].get("RESOURCE_EXHAUSTED", 0) > 45_000
+    # The client's bucket (nonce_rate 50/s, burst 100) answers at most its burst and its rate over the flood's time,
+    # whatever the machine's speed (a loaded machine's flood lasted 150 s, the bucket refilled for longer: 7,619
+    # answered); every other call is refused.
+    answered = result["outcomes"].get("OK", 0)
+    assert result["calls"] == 50_000 and answered <= 100 + 50 * (result["seconds"] + 1), result
+    assert result["outcomes"].get("RESOURCE_EXHAUSTED", 0) > 0, result
     # The flood left nothing behind: only the genuine joins' nonces are remembered.
     assert service.issuer._nonces.used() == 20
     flood_figures.update(

@@ -229,7 +229,8 @@ def test_many_clients_within_the_global_cap_are_all_served(join_lab):
         assert len(held) == 40
         time.sleep(0.3)
         assert sum(not _closed_by_service(sock) for sock in held) == 40
-        assert service.gate.open_connections >= 40
+        # The kernel completes connects before the gate's event loop accepts them: on a loaded machine it lags.
+        assert wait_for(lambda: service.gate.open_connections >= 40, timeout=5), service.gate.open_connections
     finally:
         for sock in held:
             sock.close()

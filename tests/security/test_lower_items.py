@@ -35,16 +35,21 @@ def test_a_malformed_request_flood_is_rate_limited_and_sampled_in_the_log(join_l
     stub, channel = join_lab.stub(service)
     raw = channel.unary_unary("/confidential.kubernetes.join.v1.JoinService/IssueJoinTicket")
     outcomes: collections.Counter = collections.Counter()
+    started = time.monotonic()
     with channel:
         for _call in range(3000):
             try:
                 raw(b"\xff" * 64, timeout=10)
             except grpc.RpcError as exc:
                 outcomes[exc.code().name] += 1
+        seconds = time.monotonic() - started
         # The service still answers a well-formed call (GetNonce has its own bucket).
         assert len(stub.GetNonce(pb2.GetNonceRequest()).nonce) == 32
     lines = [entry for entry in join_lab.logs() if entry.get("reason") == "malformed"]
-    assert outcomes["INVALID_ARGUMENT"] <= 20 + 5 * 10 and outcomes["RESOURCE_EXHAUSTED"] >= 2900, dict(outcomes)
+    # The bucket (rate 5/s, burst 20) answers at most its burst and its rate over the flood's time, whatever the
+    # machine's speed (a loaded machine took about 13 s and answered 85).
+    answered = outcomes["INVALID_ARGUMENT"]
+    assert answered <= 20 + 5 * (seconds + 1) and outcomes["RESOURCE_EXHAUSTED"] >= 3000 - answered - 10, dict(outcomes)
     attack.obtained("log lines written for the malformed flood beyond one per 10 s", max(0, len(lines) - 2))
 
 

@@ -62,7 +62,7 @@ def _write_ca_config(workdir: Path, ca_dir: Path) -> Path:
 class ManufacturedTpm:
     """A TPM state with an EK certificate from a private CA, made once per test session."""
 
-    def __init__(self, workdir: Path, ca_dir: Path):
+    def __init__(self, workdir: Path, ca_dir: Path, pcr_banks: str | None = None):
         self.state = workdir / "state"
         self.state.mkdir(parents=True)
         self.ca_dir = ca_dir
@@ -77,6 +77,7 @@ class ManufacturedTpm:
                 "--lock-nvram",
                 "--config",
                 str(setup),
+                *(["--pcr-banks", pcr_banks] if pcr_banks else []),
             ],
             check=True,
             capture_output=True,
@@ -174,6 +175,19 @@ def _swtpm(manufactured):
 def swtpm(manufactured_tpms):
     """A fresh, running swtpm (PCRs reset) whose EK chains to the trusted test CA."""
     yield from _swtpm(manufactured_tpms["lab"])
+
+
+@pytest.fixture(scope="session")
+def manufactured_sha1_tpm(tmp_path_factory):
+    """A TPM that has allocated the sha1 bank beside sha256 (as older firmware's TPMs do; swtpm's default is sha256
+    only), made only for the sessions that use it."""
+    return ManufacturedTpm(tmp_path_factory.mktemp("tpm-sha1"), tmp_path_factory.mktemp("ca-sha1"), "sha1,sha256")
+
+
+@pytest.fixture
+def sha1_swtpm(manufactured_sha1_tpm):
+    """A fresh, running swtpm with a sha1 and a sha256 bank."""
+    yield from _swtpm(manufactured_sha1_tpm)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The TCG crypto-agile event log: parse (bounded), replay per PCR and bank, name the events that differ.
+"""The TCG event log: parse (bounded), replay per PCR and bank, name the events that differ.
 
 Layout (TCG PC Client Platform Firmware Profile, section 10; all integers little-endian):
 the first record is a TCG_PCR_EVENT in the SHA-1 format, EV_NO_ACTION on PCR 0 with a zero digest, whose data is the
@@ -9,6 +9,16 @@ TCG_EfiSpecIDEvent ("Spec ID Event03\\0", platform class, version 2.x, uintn siz
 pcrIndex u32, eventType u32, TPML_DIGEST_VALUES (count u32, then count (hashAlg u16, digest of the size the Spec ID
 event gives)), eventSize u32, event data. The same parser reads a real firmware's log
 (/sys/kernel/security/tpm0/binary_bios_measurements) and the lab's made-up boot events.
+
+A confidential VM's CC event log (the area the ACPI CCEL table points to; UEFI 2.10's EFI_CC_MEASUREMENT_PROTOCOL) is
+the same format with two differences that ``parse_ccel`` reads: each record's index is the CC measurement register
+(TDX: 0 MRTD, 1..4 RTMR0..3; the Spec ID record sits on MR index 0 or 1), and the area is padded with 0xFF to the
+length the table gives.
+
+Older firmware (GCE's Debian 10 and Windows shielded VMs) writes the SHA-1 format instead (TCG PC Client spec,
+TCG_PCClientPCREvent): no crypto-agile Spec ID event, every record a TCG_PCR_EVENT - pcrIndex u32, eventType u32, a
+SHA-1 digest (20 bytes), eventSize u32, event data - possibly led by a "Spec ID Event00" EV_NO_ACTION record. Such a
+log parses as one with the single bank sha1 (``format`` "sha1"), and replays to the sha1 PCRs.
 
 Standard library only: the lab loads this file by path to write and check its nodes' logs.
 """
@@ -21,11 +31,18 @@ import struct
 from typing import NamedTuple
 
 MAX_EVENT_LOG_BYTES = 96 * 1024
+# A CCEL area is the table's LAML (GCE: 256 KiB, mostly 0xFF padding); the log inside it has the same limit as a TPM's.
+MAX_CCEL_AREA_BYTES = 4 * 1024 * 1024
+CC_MR_INDICES = range(5)
+_CCEL_SPEC_ID_INDICES = (0, 1)
 MAX_EVENTS = 1024
 MAX_ALGORITHMS = 8
 MAX_DESCRIPTION = 160
 DEFAULT_PATH = "/sys/kernel/security/tpm0/binary_bios_measurements"
 SPEC_ID_SIGNATURE = b"Spec ID Event03\x00"
+SHA1_SPEC_ID_SIGNATURE = b"Spec ID Event00\x00"  # TCG_EfiSpecIdEventStruct of a SHA-1 format log
+CRYPTO_AGILE = "crypto-agile"
+SHA1_FORMAT = "sha1"
 STARTUP_LOCALITY_SIGNATURE = b"StartupLocality\x00"
 PCR_INDICES = range(24)
 # TPM_ALG_ID -> (bank name, digest size); a log may name other algorithms, which are read but not replayed.
@@ -136,10 +153,12 @@ class Event(NamedTuple):
 
 
 class EventLog(NamedTuple):
-    """A parsed log: the Spec ID event's algorithms (bank names; unknown ones as alg-0xNNNN) and the events."""
+    """A parsed log: the Spec ID event's algorithms (bank names; unknown ones as alg-0xNNNN) and the events; a SHA-1
+    format log has the one bank sha1."""
 
     banks: tuple[str, ...]
     events: tuple[Event, ...]
+    format: str = CRYPTO_AGILE
 
     def replay(self) -> dict[str, dict[int, bytes]]:
         """Bank -> PCR -> the value a TPM reset at boot holds after these events, for every PCR the log extends."""
@@ -151,23 +170,103 @@ def _alg_name(alg: int) -> str:
 
 
 def parse(raw: bytes) -> EventLog:
-    """Parse a crypto-agile event log, refusing anything malformed or over the limits with EventLogError."""
+    """Parse a crypto-agile or SHA-1 format event log, refusing anything malformed or over the limits with
+    EventLogError."""
+    raw = _as_bytes(raw, MAX_EVENT_LOG_BYTES, "event log")
+    if _is_sha1_format(raw):
+        return _parse_sha1_format(raw)
+    return _parse(raw, (0,), PCR_INDICES, padded=False)
+
+
+def parse_ccel(raw: bytes) -> EventLog:
+    """Parse a CC event log (the CCEL area, trailing 0xFF padding allowed); ``Event.pcr`` is the CC MR index."""
+    raw = _as_bytes(raw, MAX_CCEL_AREA_BYTES, "CC event log")
+    return _parse(raw, _CCEL_SPEC_ID_INDICES, CC_MR_INDICES, padded=True)
+
+
+def _as_bytes(raw: bytes, limit: int, what: str) -> bytes:
     if not isinstance(raw, (bytes, bytearray, memoryview)):
-        raise EventLogError(f"event log must be bytes, got {type(raw).__name__}")
+        raise EventLogError(f"{what} must be bytes, got {type(raw).__name__}")
     raw = bytes(raw)
-    if len(raw) > MAX_EVENT_LOG_BYTES:
-        raise EventLogError(f"event log is larger than {MAX_EVENT_LOG_BYTES} bytes ({len(raw)})")
+    if len(raw) > limit:
+        raise EventLogError(f"{what} is larger than {limit} bytes ({len(raw)})")
     if not raw:
-        raise EventLogError("event log is empty")
-    sizes, offset = _parse_spec_id(raw)
+        raise EventLogError(f"{what} is empty")
+    return raw
+
+
+def _parse(raw: bytes, spec_id_indices: tuple[int, ...], indices: range, *, padded: bool) -> EventLog:
+    sizes, offset = _parse_spec_id(raw, spec_id_indices)
     banks = tuple(_alg_name(alg) for alg in sizes)
     events: list[Event] = []
+    # The fast path reads a record whose digests come in the Spec ID event's order, whole and in bounds, with one
+    # struct unpack; any other record (another order, a truncation, a bad index) goes to _parse_event2, whose checks
+    # and messages are the definition.
+    record = struct.Struct("<III" + "".join(f"H{size}s" for size in sizes.values()) + "I")
+    head_size = record.size
+    algorithms = tuple(sizes)
+    count = len(algorithms)
+    names = tuple(_alg_name(alg) for alg in algorithms)
+    end = len(raw)
+    unpack = record.unpack_from
+    make = tuple.__new__
+    while offset < end:
+        if padded and raw[offset : offset + 4] == b"\xff\xff\xff\xff":
+            if raw.count(0xFF, offset) != len(raw) - offset:
+                raise EventLogError(f"CC event log: padding at offset {offset} is followed by bytes other than 0xFF")
+            break
+        number = len(events) + 1
+        if number > MAX_EVENTS:
+            raise EventLogError(f"event log holds more than {MAX_EVENTS} events")
+        if offset > MAX_EVENT_LOG_BYTES:
+            raise EventLogError(f"event log is larger than {MAX_EVENT_LOG_BYTES} bytes (event at offset {offset})")
+        if end - offset >= head_size:
+            fields = unpack(raw, offset)
+            start = offset + head_size
+            size = fields[-1]
+            if fields[0] in indices and fields[2] == count and fields[3:-1:2] == algorithms and end - start >= size:
+                offset = start + size
+                events.append(
+                    make(Event, (number, fields[0], fields[1], dict(zip(names, fields[4::2])), raw[start:offset]))
+                )
+                continue
+        event, offset = _parse_event2(raw, offset, number, sizes, indices)
+        events.append(event)
+    return EventLog(banks, tuple(events))
+
+
+def _is_sha1_format(raw: bytes) -> bool:
+    """Whether the first record is not a crypto-agile Spec ID event: no "Spec ID Event03" data, and not an
+    EV_NO_ACTION with a zero digest on PCR 0 that names another Spec ID (then the Spec ID checks say what is wrong),
+    except the SHA-1 format's own "Spec ID Event00"."""
+    if len(raw) < _FIRST_HEAD.size:
+        return False
+    pcr, event_type, digest, _size = _FIRST_HEAD.unpack_from(raw, 0)
+    data = raw[_FIRST_HEAD.size : _FIRST_HEAD.size + len(SPEC_ID_SIGNATURE)]
+    if data.startswith(SHA1_SPEC_ID_SIGNATURE):
+        return True
+    if data.startswith(SPEC_ID_SIGNATURE):
+        return False
+    return not (pcr == 0 and event_type == EV_NO_ACTION and digest == bytes(20) and data.startswith(b"Spec ID"))
+
+
+def _parse_sha1_format(raw: bytes) -> EventLog:
+    events: list[Event] = []
+    offset = 0
     while offset < len(raw):
         if len(events) >= MAX_EVENTS:
             raise EventLogError(f"event log holds more than {MAX_EVENTS} events")
-        event, offset = _parse_event2(raw, offset, len(events) + 1, sizes)
-        events.append(event)
-    return EventLog(banks, tuple(events))
+        number = len(events) + 1
+        what = f"event {number} (offset {offset}) of the SHA-1 format log"
+        _need(raw, offset, _FIRST_HEAD.size, what)
+        pcr, event_type, digest, size = _FIRST_HEAD.unpack_from(raw, offset)
+        if pcr not in PCR_INDICES:
+            raise EventLogError(f"{what}: PCR index {pcr} is not 0..23")
+        position = offset + _FIRST_HEAD.size
+        _need(raw, position, size, f"{what} data")
+        events.append(Event(number, pcr, event_type, {"sha1": digest}, raw[position : position + size]))
+        offset = position + size
+    return EventLog(("sha1",), tuple(events), SHA1_FORMAT)
 
 
 def _need(raw: bytes, offset: int, size: int, what: str) -> None:
@@ -175,14 +274,14 @@ def _need(raw: bytes, offset: int, size: int, what: str) -> None:
         raise EventLogError(f"{what} is truncated: {size} bytes needed at offset {offset}, {len(raw) - offset} left")
 
 
-def _parse_spec_id(raw: bytes) -> tuple[dict[int, int], int]:
+def _parse_spec_id(raw: bytes, indices: tuple[int, ...]) -> tuple[dict[int, int], int]:
     """The first record: algorithm id -> digest size, and the offset of the first TCG_PCR_EVENT2."""
     what = "event 0 (the Spec ID event)"
     _need(raw, 0, _FIRST_HEAD.size, what)
     pcr, event_type, digest, size = _FIRST_HEAD.unpack_from(raw, 0)
-    if pcr != 0 or event_type != EV_NO_ACTION or digest != bytes(20):
+    if pcr not in indices or event_type != EV_NO_ACTION or digest != bytes(20):
         raise EventLogError(
-            f"{what} must be EV_NO_ACTION on PCR 0 with a zero SHA-1 digest, got "
+            f"{what} must be EV_NO_ACTION on PCR {' or '.join(map(str, indices))} with a zero SHA-1 digest, got "
             f"{type_name(event_type)} on PCR {pcr}: not a TCG crypto-agile event log"
         )
     start = _FIRST_HEAD.size
@@ -216,12 +315,12 @@ def _parse_spec_id(raw: bytes) -> tuple[dict[int, int], int]:
     return sizes, start + size
 
 
-def _parse_event2(raw: bytes, offset: int, number: int, sizes: dict[int, int]) -> tuple[Event, int]:
+def _parse_event2(raw: bytes, offset: int, number: int, sizes: dict[int, int], indices: range) -> tuple[Event, int]:
     what = f"event {number} (offset {offset})"
     _need(raw, offset, _EVENT2_HEAD.size, what)
     pcr, event_type, count = _EVENT2_HEAD.unpack_from(raw, offset)
-    if pcr not in PCR_INDICES:
-        raise EventLogError(f"{what}: PCR index {pcr} is not 0..23")
+    if pcr not in indices:
+        raise EventLogError(f"{what}: PCR index {pcr} is not {indices.start}..{indices.stop - 1}")
     if count != len(sizes):
         raise EventLogError(f"{what}: carries {count} digest(s), the Spec ID event names {len(sizes)} algorithm(s)")
     position = offset + _EVENT2_HEAD.size
@@ -253,28 +352,49 @@ def _initial_value(pcr: int, size: int, locality: int) -> bytes:
     return bytes(size)
 
 
+_HASH_CONSTRUCTORS = {
+    "sha1": hashlib.sha1,
+    "sha256": hashlib.sha256,
+    "sha384": hashlib.sha384,
+    "sha512": hashlib.sha512,
+}
+
+
 def replay(log: EventLog) -> dict[str, dict[int, bytes]]:
+    locality = startup_locality(log)
+    return {bank: _replay_bank(log, bank, locality) for bank in log.banks if bank in ALGORITHM_IDS}
+
+
+def replay_bank(log: EventLog, bank: str) -> dict[int, bytes] | None:
+    """``replay(log)[bank]``, or None when the log has no such bank: one bank's work when only one is quoted."""
+    if bank not in log.banks or bank not in ALGORITHM_IDS:
+        return None
+    return _replay_bank(log, bank, startup_locality(log))
+
+
+def startup_locality(log: EventLog) -> int:
+    """The locality the TPM was started from (a StartupLocality event), 0 without one; EventLogError if malformed."""
     locality = 0
     for event in log.events:
         if event.type == EV_NO_ACTION and event.pcr == 0 and event.data.startswith(STARTUP_LOCALITY_SIGNATURE):
             if len(event.data) != len(STARTUP_LOCALITY_SIGNATURE) + 1:
                 raise EventLogError(f"event {event.number}: StartupLocality event of {len(event.data)} bytes, not 17")
             locality = event.data[-1]
-    values: dict[str, dict[int, bytes]] = {}
-    for bank in log.banks:
-        if bank not in ALGORITHM_IDS:
+    return locality
+
+
+def _replay_bank(log: EventLog, bank: str, locality: int) -> dict[int, bytes]:
+    new = _HASH_CONSTRUCTORS[bank]
+    bank_values: dict[int, bytes] = {}
+    for event in log.events:
+        if event.type == EV_NO_ACTION:
             continue
-        bank_values: dict[int, bytes] = {}
-        for event in log.events:
-            if event.type == EV_NO_ACTION:
-                continue
-            digest = event.digests[bank]
-            old = bank_values.get(event.pcr)
-            if old is None:
-                old = _initial_value(event.pcr, len(digest), locality)
-            bank_values[event.pcr] = hashlib.new(bank, old + digest).digest()
-        values[bank] = bank_values
-    return values
+        digest = event.digests[bank]
+        old = bank_values.get(event.pcr)
+        if old is None:
+            old = _initial_value(event.pcr, len(digest), locality)
+        bank_values[event.pcr] = new(old + digest).digest()
+    return bank_values
 
 
 def describe(event_type: int, data: bytes) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from .evidence import Evidence, variant_of
+from .evidence import variant_of
+from .variants import Evidence
 
 DEVICE_PATHS = ("/dev/tpmrm0",)
 SWTPM_SOCKET_PATHS = ("/run/tpm/swtpm.sock",)
@@ -182,9 +183,18 @@ class Tpm:
         return handle, public.marshal()
 
     def quote(
-        self, ak, qualifying: bytes, indices: tuple[int, ...] = ALL_PCRS, bank: str = "sha256"
+        self,
+        ak,
+        qualifying: bytes,
+        indices: tuple[int, ...] = ALL_PCRS,
+        bank: str = "sha256",
+        more_banks: dict[str, tuple[int, ...]] | None = None,
     ) -> tuple[bytes, bytes]:
-        selection = self._t.TPML_PCR_SELECTION.parse(f"{bank}:{','.join(map(str, indices))}")
+        """TPM2_Quote of ``indices`` in ``bank``, then of each of ``more_banks`` (a bank the TPM has not allocated
+        comes back selected with no PCR)."""
+        banks = {bank: indices, **(more_banks or {})}
+        text = "+".join(f"{name}:{','.join(map(str, selected))}" for name, selected in banks.items())
+        selection = self._t.TPML_PCR_SELECTION.parse(text)
         scheme = self._t.TPMT_SIG_SCHEME(scheme=self._c.TPM2_ALG.NULL)
         with self._call("quote"):
             attest, signature = self.esapi.quote(ak, selection, self._t.TPM2B_DATA(qualifying), scheme)
@@ -229,10 +239,15 @@ def issue_evidence(
     include_ek: bool = True,
     event_log: bytes | None = None,
     variant: str = "tpm",
+    warnings: list[str] | None = None,
 ) -> Evidence:
     """Evidence of ``variant`` (the TPM's quote unless said otherwise; variants.py) bound to ``nonce`` and
-    ``user_data``; EvidenceError for a variant that is not registered."""
-    return variant_of(variant).issue(tpm, nonce, user_data, include_ek=include_ek, event_log=event_log)
+    ``user_data``; EvidenceError for a variant that is not registered. What the node should know (an event log left
+    out) is appended to ``warnings``."""
+    options: dict = dict(include_ek=include_ek, event_log=event_log)
+    if warnings is not None:  # only asked of a variant by a caller that reads them
+        options["warnings"] = warnings
+    return variant_of(variant).issue(tpm, nonce, user_data, **options)
 
 
 def answer_challenge(tpm: Tpm, blob: bytes, encrypted_seed: bytes) -> bytes:

@@ -56,6 +56,25 @@ def read_event_log(path: str | None) -> bytes | None:
     return data
 
 
+EVENT_LOG_CHOICES = ("auto", "none")
+
+
+def event_log_for_evidence(path: str | None, choice: str = "auto") -> tuple[bytes | None, list[str]]:
+    """The event log to attach to evidence, and the warnings: none with ``choice`` V(none); else as read_event_log
+    reads it, except that a log that cannot be parsed or is over the parser's limits is left out with a warning - the
+    quote's PCRs are still checked against the policy, so a node is not refused for its firmware's log."""
+    if choice not in EVENT_LOG_CHOICES:
+        raise EvidenceError(f"the event log choice must be one of {', '.join(EVENT_LOG_CHOICES)}, got {choice!r}")
+    if choice == "none":
+        return None, []
+    try:
+        return read_event_log(path), []
+    except EvidenceError as exc:
+        if str(exc).startswith("cannot read"):
+            raise
+        return None, [f"{exc}: the evidence goes without the event log (its PCRs are checked as quoted)"]
+
+
 def produce_evidence(
     tcti: str,
     nonce_hex: str,
@@ -64,11 +83,13 @@ def produce_evidence(
     event_log_path: str | None,
     ephemeral_key_path: str | None,
     check_mode: bool,
+    event_log_choice: str = "auto",
 ) -> dict:
     nonce = decode_nonce(nonce_hex)
     key = EphemeralKey.generate(SUITES[suite])
+    event_log, warnings = event_log_for_evidence(event_log_path, event_log_choice)
     with Tpm(tcti) as tpm:
-        evidence = issue_evidence(tpm, nonce, key.public_bytes(), include_ek, read_event_log(event_log_path))
+        evidence = issue_evidence(tpm, nonce, key.public_bytes(), include_ek, event_log, warnings=warnings)
     if ephemeral_key_path and not check_mode:
         write_private_file(ephemeral_key_path, key.private_bytes())
     # The kept key is transient: the next task of the hand-over consumes and deletes it.
@@ -77,6 +98,7 @@ def produce_evidence(
         "evidence": evidence.to_document(),
         "ephemeral_key_path": ephemeral_key_path,
         "ak_trust_material": evidence.ek_certificate is not None,
+        "warnings": warnings,
     }
 
 
@@ -106,5 +128,6 @@ def read_measurements(
                 f"event log {event_log_path or eventlog.DEFAULT_PATH} does not replay to this node's "
                 f"{bank} PCR(s) {', '.join(map(str, differing))}: not enrolled"
             )
-        golden = eventlog.golden_events(log, bank, set(values))
+        # A log without this bank (a SHA-1 format log for a sha256 policy) explains none of its PCRs: none enrolled.
+        golden = eventlog.golden_events(log, bank, set(values)) if bank in log.banks else ()
     return MeasurementPolicy(bank, rules, ak_trust, golden).to_document()

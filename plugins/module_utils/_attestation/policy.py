@@ -1,15 +1,17 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Measurement policies: PCR index -> allowed values (+ warn-only), own format and Constellation's."""
+"""Measurement policies: PCR index -> allowed values (+ warn-only), own format and Constellation's; and a section per CVM
+evidence variant (`sev-snp`, `tdx`), kept as the file has it for that variant to read."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .._files import FileTooLargeError, read_bounded
+from . import variants
 from .eventlog import EVENT_TYPE_IDS, MAX_DESCRIPTION, MAX_EVENTS, GoldenEvent
 
 try:
@@ -46,6 +48,8 @@ class MeasurementPolicy:
     ak_trust: str = "ek-certificate"
     # The golden node's measured events in this bank: they name the events behind a PCR that fails the policy.
     event_log: tuple[GoldenEvent, ...] = ()
+    # Variant name -> that variant's section as the file has it (``sev-snp``, ``tdx``).
+    variant_sections: dict[str, dict] = field(default_factory=dict)
 
     @property
     def ak_trust_level(self) -> int:
@@ -71,6 +75,7 @@ class MeasurementPolicy:
                 {"pcr": e.pcr, "type": e.type, "description": e.description, "digest": e.digest.hex()}
                 for e in self.event_log
             ]
+        document.update(self.variant_sections)
         return document
 
 
@@ -145,7 +150,9 @@ def _flag(where: str, value: object) -> bool:
 
 def _from_own(doc: dict) -> MeasurementPolicy:
     # YAML keys may be of any type (1, null, a date): name them as text.
-    unknown = sorted(str(key) for key in doc if key not in _OWN_KEYS)
+    # Beside its own keys, a section per variant that reads one (variants.py: sev-snp, tdx), kept for that variant.
+    section_names = variants.policy_sections()
+    unknown = sorted(str(key) for key in doc if key not in _OWN_KEYS and key not in section_names)
     if unknown:
         raise PolicyError(f"policy has unknown key(s): {', '.join(unknown)}")
     if isinstance(doc.get("version"), bool) or doc.get("version") != POLICY_VERSION:
@@ -156,7 +163,19 @@ def _from_own(doc: dict) -> MeasurementPolicy:
     ak_trust = doc.get("ak_trust", "ek-certificate")
     if not isinstance(ak_trust, str) or ak_trust not in AK_TRUST_LEVELS:
         raise PolicyError(f"policy ak_trust {ak_trust!r} is not one of {', '.join(AK_TRUST_LEVELS)}")
-    pcrs = doc.get("pcrs")
+    sections = {}
+    for name in section_names:
+        if name in doc:
+            if not isinstance(doc[name], dict) or not doc[name]:
+                raise PolicyError(f"policy {name!r} section must be a non-empty mapping of its fields")
+            try:
+                variants.find(name).read_policy_section(doc[name])
+            except variants.VerificationError as exc:
+                raise PolicyError(f"policy {name!r} section: {exc}") from None
+            sections[name] = doc[name]
+    pcrs = doc.get("pcrs", {} if sections else None)
+    if sections and pcrs == {}:
+        return MeasurementPolicy(hash_algorithm, {}, ak_trust, (), sections)
     if not isinstance(pcrs, dict) or not pcrs:
         raise PolicyError("policy 'pcrs' must be a non-empty mapping of PCR index -> rule")
     rules = {}
@@ -173,7 +192,7 @@ def _from_own(doc: dict) -> MeasurementPolicy:
         values = tuple(_hex_value(where, v, _DIGEST_SIZES[hash_algorithm]) for v in allowed)
         rules[index] = PcrRule(index, values, _flag(f"{where} warn_only", rule.get("warn_only", False)))
     event_log = _golden_events(doc["event_log"], _DIGEST_SIZES[hash_algorithm]) if "event_log" in doc else ()
-    return MeasurementPolicy(hash_algorithm, rules, ak_trust, event_log)
+    return MeasurementPolicy(hash_algorithm, rules, ak_trust, event_log, sections)
 
 
 def _golden_events(value: object, size: int) -> tuple[GoldenEvent, ...]:

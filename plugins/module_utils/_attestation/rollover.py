@@ -275,10 +275,18 @@ class PolicyRollover:
             nodes_on_old_values=on_old,
         )
 
-    def rollback(self, node_pcrs: dict[str, dict[int, bytes]]) -> Outcome:
+    def rollback(self, node_pcrs: dict[str, dict[int, bytes]], force: bool = False) -> Outcome:
+        """Put the policy from before the rollover back. After a retire that trusts the retired values again, so it
+        needs ``force``."""
         record = self.record()
         if record is None:
             return Outcome(False, "no measurement rollover to roll back")
+        if record.retired is not None and not force:
+            raise RolloverError(
+                f"refusing to roll back: the old values were retired at {record.retired}, and the policy from before "
+                f"the rollover trusts them again ({_retired_pcrs(record)}). Roll back anyway with "
+                "-e measurements_force=true"
+            )
         if not os.path.exists(record.backup):
             raise RolloverError(f"the policy from before the rollover, {record.backup}, is gone: cannot roll back")
         text = self._read(record.backup, "measurement policy backup")
@@ -306,6 +314,10 @@ class PolicyRollover:
             backup,
             nodes_not_allowed=not_allowed,
         )
+
+
+def _retired_pcrs(record: RolloverRecord) -> str:
+    return ", ".join(f"PCR {index}: {len(values)} value(s)" for index, values in sorted(record.retiring.items()))
 
 
 def nodes_on_values(

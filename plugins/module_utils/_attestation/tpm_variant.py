@@ -16,12 +16,14 @@ try:
 except ImportError:  # reported by the modules through missing_required_lib()
     pass
 
-from . import eventlog, tpm2
-from .evidence import Evidence, qualifying_data
+from .._reset import NEEDS_RESET
+from . import eventlog, logcache, tpm2
+from .evidence import qualifying_data
 from .issuer import Tpm, TpmError
-from .policy import MeasurementPolicy
-from .variants import Variant, VariantVerifier, register
-from .verifier import ActivationChallenge, VerificationError, VerificationResult, check_ek_template
+from .policy import NODE_LOCK_PCR, MeasurementPolicy
+from .tpm_evidence import BODY_OPTIONAL, BODY_REQUIRED, ActivationChallenge, TpmResult, check_ek_template, parse_body
+from .tpm_evidence import TpmEvidence as Evidence
+from .variants import Variant, VariantVerifier, VerificationError, register
 
 AK_REQUIRED_ATTRIBUTES = {
     "restricted": tpm2.ATTR_RESTRICTED,
@@ -41,6 +43,13 @@ _PCR_POLICY_NEXT = (
     "(confidential.kubernetes.measurements; several golden nodes with measurements_merge=true); "
     "otherwise it is not the image you enrolled and gets no cluster secret"
 )
+# PCR 15 is the node lock, not the image: measurements.yml refuses to enrol it, so its mismatch has its own next step
+# (the join service, which knows the cluster, says more precisely which, in its place).
+PCR15_NEXT = (
+    "PCR 15 is the node lock, not the image: it differs when the node is locked to another cluster (or to this one "
+    "while a fresh node is expected), or was rebooted and has not rejoined. A member of this cluster: reboot it and let "
+    "it rejoin (it does at boot; recover.yml when no join service answers). A node to start afresh: " + NEEDS_RESET
+)
 
 
 @lru_cache(maxsize=64)
@@ -58,6 +67,13 @@ class TpmVerifier(VariantVerifier):
     """The checks of TPM evidence, in the order of DESIGN section 3."""
 
     def __init__(self, policy: MeasurementPolicy, ek_ca_certificates: list[x509.Certificate], now):
+        if not set(policy.rules) - {NODE_LOCK_PCR}:
+            # A policy of CVM sections only (the join service and the hand-overs add PCR 15's rule to every policy):
+            # with no rule of what booted, every quote would pass whatever it booted.
+            raise VerificationError(
+                "policy",
+                "the measurement policy has no 'pcrs' rule besides the node lock (PCR 15), so it accepts no tpm evidence",
+            )
         self.policy = policy
         self.ek_ca_certificates = ek_ca_certificates
         self._now = now
@@ -68,7 +84,7 @@ class TpmVerifier(VariantVerifier):
         self._policy_mask = sum(1 << index for index in policy.rules)
         self._rules = tuple((index, rule.allowed, rule.warn_only) for index, rule in sorted(policy.rules.items()))
 
-    def verify(self, evidence: Evidence, nonce: bytes) -> VerificationResult:
+    def verify(self, evidence: Evidence, nonce: bytes) -> TpmResult:
         field_name = "ak_public"
         try:
             ak = _usable_public(bytes(evidence.ak_public))
@@ -89,10 +105,10 @@ class TpmVerifier(VariantVerifier):
         if not hmac.compare_digest(attest.extra_data, qualifying_data(nonce, evidence.user_data)):
             raise VerificationError("nonce", "quote is not bound to this nonce and ephemeral key (extraData mismatch)")
         pcrs = self._check_pcr_selection_and_digest(evidence, attest, signature.hash_alg)
-        log = _check_event_log(evidence, attest) if evidence.event_log else None
+        log = _check_event_log(evidence, attest, ak.name) if evidence.event_log else None
         warnings = self._check_policy(pcrs, log)
         challenge = self._check_ak_trust(evidence, ak)
-        return VerificationResult(evidence, ak.name, self._ak_trust_level, pcrs, warnings, challenge)
+        return TpmResult(evidence, ak.name, self._ak_trust_level, pcrs, warnings, challenge)
 
     @staticmethod
     def _check_signature_scheme(ak: tpm2.Public, signature: tpm2.Signature) -> None:
@@ -183,7 +199,7 @@ class TpmVerifier(VariantVerifier):
                 "pcr-policy",
                 f"PCR(s) {names} do not match the measurement policy"
                 + (f": {events}" if events else "")
-                + f" ({values}). {_PCR_POLICY_NEXT}",
+                + f" ({values}). {_pcr_policy_next(mismatches)}",
                 mismatches,
                 warnings,
             )
@@ -271,28 +287,45 @@ class TpmVerifier(VariantVerifier):
         )
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=4)
 def _parsed_event_log(raw: bytes) -> tuple[eventlog.EventLog, dict[str, dict[int, bytes]]]:
-    """A log parsed and replayed once per exact byte string: a node sends the same log at every attestation."""
+    """A node's own log parsed and replayed once per exact byte string, for the node's side (what to quote); the
+    verifier, which sees every node's logs, uses PARSED_EVENT_LOGS below instead."""
     log = eventlog.parse(raw)
     return log, log.replay()
 
 
-def _check_event_log(evidence: Evidence, attest: tpm2.Attest) -> eventlog.EventLog:
+def _parse_log(raw: bytes) -> tuple[eventlog.EventLog, dict[str, dict[int, bytes] | None]]:
+    """A log parsed, and a dict for its banks' replays: each bank is replayed when a quote first covers it."""
+    log = eventlog.parse(raw)
+    eventlog.startup_locality(log)  # a malformed StartupLocality event makes the log malformed, as a replay would
+    return log, {}
+
+
+# Parsed logs and their replays, one slot per attestation key (logcache.py): a node sends the same log at every
+# attestation, and a node sending other logs replaces only its own entry.
+PARSED_EVENT_LOGS: logcache.LogCache[tuple[eventlog.EventLog, dict[str, dict[int, bytes] | None]]] = logcache.LogCache()
+
+
+def _check_event_log(evidence: Evidence, attest: tpm2.Attest, ak_name: bytes) -> eventlog.EventLog:
     """The log must replay to the quoted value of every PCR it extends, in every quoted bank it has."""
     try:
-        log, replayed = _parsed_event_log(bytes(evidence.event_log))
+        log, replayed = PARSED_EVENT_LOGS.get(ak_name, bytes(evidence.event_log), _parse_log)
     except eventlog.EventLogError as exc:
         raise VerificationError("malformed", f"evidence field 'event_log': {exc}") from None
     compared = False
     differing = []
     for alg, indices, _mask in attest.pcr_selection:
         bank = tpm2.HASHES.get(alg)
-        values = replayed.get(bank)
-        if values is None:
+        if bank in replayed:
+            values = replayed[bank]
+        else:
+            values = replayed[bank] = eventlog.replay_bank(log, bank) if bank is not None else None
+        # A bank the quote selects without a PCR of it (a TPM that has not allocated the bank) proves nothing.
+        if values is None or not indices:
             continue
         compared = True
-        quoted = evidence.pcrs[bank]
+        quoted = evidence.pcrs.get(bank, _NO_VALUES)
         differing += (
             {"pcr": i, "bank": bank, "quoted": quoted[i].hex(), "replayed": values[i].hex()}
             for i in indices
@@ -310,6 +343,31 @@ def _check_event_log(evidence: Evidence, attest: tpm2.Attest) -> eventlog.EventL
     return log
 
 
+def _pcr_policy_next(mismatches: list[dict]) -> str:
+    """What to do next: enrol an image for the image's PCRs, reboot and rejoin or reset for the node lock's."""
+    steps = [PCR15_NEXT] if any(m["pcr"] == NODE_LOCK_PCR for m in mismatches) else []
+    if any(m["pcr"] != NODE_LOCK_PCR for m in mismatches):
+        steps.append(_PCR_POLICY_NEXT)
+    return ". ".join(steps)
+
+
+def _log_banks_to_quote(raw: bytes) -> dict[str, tuple[int, ...]]:
+    """The banks besides sha256 to quote for a log without sha256 (a SHA-1 format log): the PCRs it extends."""
+    log, replayed = _parsed_event_log(bytes(raw))
+    if "sha256" in replayed:
+        return {}
+    return {bank: tuple(sorted(values)) for bank, values in replayed.items() if values}
+
+
+def _allocated(device: Tpm, bank: str, indices: tuple[int, ...]) -> bool:
+    """Whether the TPM has this bank (a TPM reads no value of a bank it has not allocated)."""
+    try:
+        device.read_pcrs(bank, indices[:1])
+    except TpmError:
+        return False
+    return True
+
+
 def _spki(public_key) -> bytes:
     """A public key of any type as SubjectPublicKeyInfo DER, so that keys of different types compare unequal instead of failing."""
     return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -324,35 +382,60 @@ def _is_ca(certificate: x509.Certificate) -> bool:
 
 class TpmVariant(Variant):
     name = "tpm"
+    body_required = BODY_REQUIRED
+    body_optional = BODY_OPTIONAL
+
+    def parse_body(self, document: dict, user_data: bytes) -> Evidence:
+        return parse_body(document, user_data)
 
     def verifier(self, policy: MeasurementPolicy, ek_ca_certificates: list[x509.Certificate], now) -> TpmVerifier:
         return TpmVerifier(policy, ek_ca_certificates, now)
 
     def issue(
-        self, device: Tpm, nonce: bytes, user_data: bytes, include_ek: bool = True, event_log: bytes | None = None
+        self,
+        device: Tpm,
+        nonce: bytes,
+        user_data: bytes,
+        include_ek: bool = True,
+        event_log: bytes | None = None,
+        warnings: list[str] | None = None,
     ) -> Evidence:
         """Quote every sha256 PCR over SHA-256(nonce || SHA-256(user_data)); with ``include_ek`` the EK public key (the
-        TPM's identity, which the join service proves by credential activation) and its certificate where one exists."""
+        TPM's identity, which the join service proves by credential activation) and its certificate where one exists.
+
+        A log without a sha256 bank (the SHA-1 format) has its bank's PCRs quoted too, so that the verifier can replay
+        it; on a TPM that has not allocated that bank the log proves nothing and is left out, with a warning appended
+        to ``warnings``."""
         ak, ak_public = device.attestation_key()
         ek_certificate = ek_public = None
         if include_ek:
             ek_certificate, ek, ek_public = device.endorsement_key()
             device.flush(ek)
+        wanted = _log_banks_to_quote(event_log) if event_log else {}
+        more_banks = {bank: indices for bank, indices in wanted.items() if _allocated(device, bank, indices)}
         for _attempt in range(3):
             before = device.read_pcrs()
-            attest, signature = device.quote(ak, qualifying_data(nonce, user_data))
+            pcrs = {"sha256": before, **{bank: device.read_pcrs(bank, i) for bank, i in more_banks.items()}}
+            attest, signature = device.quote(ak, qualifying_data(nonce, user_data), more_banks=more_banks)
             # A PCR extended between read and quote would make the digest check fail.
-            if device.read_pcrs() == before:
+            if device.read_pcrs() == before and all(device.read_pcrs(b, i) == pcrs[b] for b, i in more_banks.items()):
                 break
         else:
             raise TpmError("PCRs kept changing while quoting; retry when the node is idle")
         device.flush(ak)
+        if wanted and not more_banks:
+            if warnings is not None:
+                warnings.append(
+                    f"the event log is in the {', '.join(wanted)} bank only, which this TPM has not allocated: "
+                    "no quote can cover it, so the evidence goes without it (its PCRs are checked as quoted)"
+                )
+            event_log = None
         return Evidence(
             variant=self.name,
             ak_public=ak_public,
             quote=attest,
             signature=signature,
-            pcrs={"sha256": before},
+            pcrs=pcrs,
             user_data=user_data,
             ek_public=ek_public,
             ek_certificate=ek_certificate,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Callable
 
 from .._crypto.root_secrets import RootSecrets
 from .._files import file_sha256
-from . import snapshot
+from . import manifest, snapshot
 
 # argv -> (rc, stdout, stderr)
 Runner = Callable[[list], "tuple[int, str, str]"]
@@ -138,10 +139,22 @@ def _stamp() -> str:
 
 
 def take_snapshot(
-    etcdctl: Etcdctl, secrets: RootSecrets, work_dir: str, dest: str, chunk_size: int = snapshot.DEFAULT_CHUNK_SIZE
+    etcdctl: Etcdctl,
+    secrets: RootSecrets,
+    work_dir: str,
+    dest: str,
+    chunk_size: int = snapshot.DEFAULT_CHUNK_SIZE,
+    name: str | None = None,
+    member: str | None = None,
 ) -> dict:
-    """Save a snapshot from the member, check it, encrypt it to ``dest`` (new, 0600); the plaintext lives only in
-    ``work_dir`` and is deleted whatever happens. Returns the manifest fields the node knows."""
+    """Save a snapshot from the member, check it, encrypt it to ``dest`` (new, 0600) with its manifest's fields in the
+    authenticated header; the plaintext lives only in ``work_dir`` and is deleted whatever happens. ``name`` is the
+    snapshot's ``etcd-<UTC time>`` (default now), ``member`` this member's name (default the host name).
+
+    Returns ``manifest`` (its document, as ``manifest.json`` holds it), the figures a report names (revision, sizes,
+    SHA-256, ...) and the timings."""
+    name = manifest.name_for(time.time()) if name is None else name
+    manifest.check_name(name)
     plaintext = os.path.join(_work_dir(work_dir), f"etcd-{_stamp()}-{os.getpid()}.db")
     started = time.monotonic()
     try:
@@ -155,20 +168,18 @@ def take_snapshot(
             plaintext,
             dest,
             chunk_size,
+            manifest.provenance(name, status.revision, status.total_keys, status.hash, member or socket.gethostname()),
         )
     finally:
         if os.path.lexists(plaintext):
             os.unlink(plaintext)
         if os.path.lexists(plaintext + ".part"):
             os.unlink(plaintext + ".part")
+    document = manifest.from_info(info, info.ciphertext_size, file_sha256(dest)).to_document()
+    reported = ("cluster_id", "revision", "etcd_hash", "total_keys", "snapshot_size", "size", "sha256")
     return dict(
-        cluster_id=info.cluster_id,
-        revision=status.revision,
-        etcd_hash=status.hash,
-        total_keys=status.total_keys,
-        snapshot_size=info.plaintext_size,
-        size=info.ciphertext_size,
-        sha256=file_sha256(dest),
+        {name: document[name] for name in reported},
+        manifest=document,
         save_seconds=round(saved - started, 3),
         encrypt_seconds=round(time.monotonic() - saved, 3),
     )

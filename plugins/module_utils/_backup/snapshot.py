@@ -2,6 +2,11 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The encrypted etcd snapshot file: a header, then AES-256-GCM chunks (a STREAM construction, see README.md).
 
+Format 2 (written since the snapshot manifest was authenticated) carries in its header what the snapshot is - when
+it was taken, the etcd revision, the member - and a random salt from which the file's own key is derived; the header
+is the associated data of every chunk, so none of it can be changed without the key. Format 1 (no provenance, the
+snapshot key itself) is still read, so that older snapshots restore.
+
 Every refusal has its own exception type, so that a restore can say exactly what is wrong with a file: another
 cluster's snapshot, a truncated one, reordered or swapped chunks, or altered bytes.
 """
@@ -22,12 +27,21 @@ except ImportError:  # reported by the modules through missing_required_lib()
 from .._crypto import derive
 
 BACKUP_KEY_INFO = "key-etcdBackup"
+FILE_KEY_INFO = "key-etcdBackupFile"
 MAGIC = b"CKSNAP\r\n"
-VERSION = 1
-# magic, version, chunk size, plaintext size, cluster ID, file nonce prefix
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+_PREFIX = struct.Struct(">8sH")
+# Format 1: magic, version, chunk size, plaintext size, cluster ID, file nonce prefix
 _HEADER = struct.Struct(">8sHIQ32s7s")
 HEADER_SIZE = _HEADER.size
+# Format 2 adds: file key salt, time (Unix seconds), etcd revision, total keys, etcd hash, member name length; then
+# the member name (UTF-8).
+_PROVENANCE = struct.Struct(">32sQQQIH")
+HEADER_V2_FIXED_SIZE = HEADER_SIZE + _PROVENANCE.size
 NONCE_PREFIX_SIZE = 7
+KEY_SALT_SIZE = 32
+MAX_MEMBER_BYTES = 255
 # Each chunk is stored as its nonce (prefix, index, final flag) followed by the ciphertext and the GCM tag.
 _NONCE = struct.Struct(">7sIB")
 NONCE_SIZE = _NONCE.size
@@ -71,8 +85,33 @@ class AuthenticationError(SnapshotError):
 
 
 def backup_key(master_key: bytes, master_salt: bytes) -> bytes:
-    """The etcd snapshot encryption key (DESIGN section 2, row key-etcdBackup)."""
+    """The etcd snapshot key (DESIGN section 2, row key-etcdBackup); format 2 encrypts with a per-file key from it."""
     return derive.derive(master_key, master_salt, BACKUP_KEY_INFO)
+
+
+def file_key(snapshot_key: bytes, key_salt: bytes) -> bytes:
+    """The key of one format-2 file: HKDF(snapshot key, the header's random salt, "key-etcdBackupFile")."""
+    return derive.derive(snapshot_key, key_salt, FILE_KEY_INFO)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a format-2 header says the snapshot is; authenticated with every chunk."""
+
+    time: int
+    revision: int
+    total_keys: int
+    etcd_hash: int
+    member: str
+
+    def check(self) -> None:
+        if len(self.member.encode()) > MAX_MEMBER_BYTES:
+            raise SnapshotFormatError(f"member name longer than {MAX_MEMBER_BYTES} bytes: {self.member[:64]!r}...")
+        for name in ("time", "revision", "total_keys"):
+            if not 0 <= getattr(self, name) < 1 << 64:
+                raise SnapshotFormatError(f"{name} {getattr(self, name)} does not fit the header")
+        if not 0 <= self.etcd_hash < 1 << 32:
+            raise SnapshotFormatError(f"etcd hash {self.etcd_hash} does not fit the header")
 
 
 @dataclass(frozen=True)
@@ -81,9 +120,43 @@ class Header:
     plaintext_size: int
     cluster_id: bytes
     nonce_prefix: bytes
+    # Format 2 only (None in a format-1 header).
+    key_salt: bytes | None = None
+    provenance: Provenance | None = None
+
+    @property
+    def version(self) -> int:
+        return 1 if self.provenance is None else 2
+
+    @property
+    def size(self) -> int:
+        if self.provenance is None:
+            return HEADER_SIZE
+        return HEADER_V2_FIXED_SIZE + len(self.provenance.member.encode())
 
     def pack(self) -> bytes:
-        return _HEADER.pack(MAGIC, VERSION, self.chunk_size, self.plaintext_size, self.cluster_id, self.nonce_prefix)
+        fixed = _HEADER.pack(
+            MAGIC, self.version, self.chunk_size, self.plaintext_size, self.cluster_id, self.nonce_prefix
+        )
+        if self.provenance is None:
+            return fixed
+        member = self.provenance.member.encode()
+        return (
+            fixed
+            + _PROVENANCE.pack(
+                self.key_salt,
+                self.provenance.time,
+                self.provenance.revision,
+                self.provenance.total_keys,
+                self.provenance.etcd_hash,
+                len(member),
+            )
+            + member
+        )
+
+    def aead_key(self, snapshot_key: bytes) -> bytes:
+        """The key the chunks are sealed with: the file's own key (format 2) or the snapshot key (format 1)."""
+        return snapshot_key if self.key_salt is None else file_key(snapshot_key, self.key_salt)
 
     @property
     def chunk_count(self) -> int:
@@ -91,7 +164,7 @@ class Header:
 
     @property
     def file_size(self) -> int:
-        return HEADER_SIZE + self.chunk_count * (NONCE_SIZE + TAG_SIZE) + self.plaintext_size
+        return self.size + self.chunk_count * (NONCE_SIZE + TAG_SIZE) + self.plaintext_size
 
     def chunk_length(self, index: int) -> int:
         """The plaintext length of chunk ``index``: full chunks, then the rest in the final one."""
@@ -103,25 +176,43 @@ class Header:
         return _NONCE.pack(self.nonce_prefix, index, 1 if index == self.chunk_count - 1 else 0)
 
     @classmethod
-    def parse(cls, data: bytes, source: str) -> Header:
+    def read(cls, source: BinaryIO, name: str) -> Header:
+        """The header at the start of ``source`` (its fields are not authenticated until a chunk verifies)."""
+        data = source.read(HEADER_SIZE)
         if len(data) < HEADER_SIZE:
             if MAGIC.startswith(data[: len(MAGIC)]):
                 raise TruncatedError(
-                    f"{source}: truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header"
+                    f"{name}: truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header"
                 )
-            raise SnapshotFormatError(f"{source}: not an encrypted etcd snapshot (no {MAGIC!r} header)")
-        magic, version, chunk_size, plaintext_size, cluster_id, prefix = _HEADER.unpack(data[:HEADER_SIZE])
+            raise SnapshotFormatError(f"{name}: not an encrypted etcd snapshot (no {MAGIC!r} header)")
+        magic, version, chunk_size, plaintext_size, cluster_id, prefix = _HEADER.unpack(data)
         if magic != MAGIC:
-            raise SnapshotFormatError(f"{source}: not an encrypted etcd snapshot (no {MAGIC!r} header)")
-        if version != VERSION:
-            raise SnapshotFormatError(f"{source}: snapshot format version {version}, this collection reads {VERSION}")
-        if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
+            raise SnapshotFormatError(f"{name}: not an encrypted etcd snapshot (no {MAGIC!r} header)")
+        if version not in READABLE_VERSIONS:
             raise SnapshotFormatError(
-                f"{source}: chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}"
+                f"{name}: snapshot format version {version}, this collection reads "
+                f"{', '.join(str(v) for v in READABLE_VERSIONS)}"
             )
-        header = cls(chunk_size, plaintext_size, cluster_id, prefix)
+        if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
+            raise SnapshotFormatError(f"{name}: chunk size {chunk_size} is outside {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
+        salt, provenance = None, None
+        if version == 2:
+            fixed = source.read(_PROVENANCE.size)
+            if len(fixed) < _PROVENANCE.size:
+                raise TruncatedError(f"{name}: truncated in its format-2 header")
+            salt, taken, revision, total_keys, etcd_hash, member_length = _PROVENANCE.unpack(fixed)
+            if member_length > MAX_MEMBER_BYTES:
+                raise SnapshotFormatError(f"{name}: member name of {member_length} bytes (at most {MAX_MEMBER_BYTES})")
+            member = source.read(member_length)
+            if len(member) < member_length:
+                raise TruncatedError(f"{name}: truncated in its format-2 header")
+            try:
+                provenance = Provenance(taken, revision, total_keys, etcd_hash, member.decode())
+            except UnicodeDecodeError:
+                raise SnapshotFormatError(f"{name}: the member name is not UTF-8") from None
+        header = cls(chunk_size, plaintext_size, cluster_id, prefix, salt, provenance)
         if header.chunk_count > MAX_CHUNKS:
-            raise SnapshotFormatError(f"{source}: plaintext size {plaintext_size} needs more than {MAX_CHUNKS} chunks")
+            raise SnapshotFormatError(f"{name}: plaintext size {plaintext_size} needs more than {MAX_CHUNKS} chunks")
         return header
 
 
@@ -133,6 +224,8 @@ class SnapshotInfo:
     plaintext_size: int
     ciphertext_size: int
     chunks: int
+    version: int = VERSION
+    provenance: Provenance | None = None
 
 
 def encrypt(
@@ -143,10 +236,15 @@ def encrypt(
     sink: BinaryIO,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     nonce_prefix: bytes | None = None,
+    provenance: Provenance | None = None,
+    key_salt: bytes | None = None,
 ) -> SnapshotInfo:
     """Encrypt ``plaintext_size`` bytes of ``source`` into ``sink``, one chunk in memory at a time.
 
-    ``nonce_prefix`` is random unless a test pins it (known-answer vectors).
+    ``key`` is the snapshot key. With ``provenance`` the file is format 2 (what the collection writes): the header
+    carries it and a random ``key_salt``, the chunks are sealed with the file's own key. Without it the file is
+    format 1 (what the collection wrote before; tests build old snapshots with it). ``nonce_prefix`` and ``key_salt``
+    are random unless a test pins them (known-answer vectors).
     """
     if len(cluster_id) != 32:
         raise SnapshotFormatError(f"cluster ID must be 32 bytes, got {len(cluster_id)}")
@@ -155,11 +253,17 @@ def encrypt(
     prefix = os.urandom(NONCE_PREFIX_SIZE) if nonce_prefix is None else nonce_prefix
     if len(prefix) != NONCE_PREFIX_SIZE:
         raise SnapshotFormatError(f"nonce prefix must be {NONCE_PREFIX_SIZE} bytes")
-    header = Header(chunk_size, plaintext_size, cluster_id, prefix)
+    salt = None
+    if provenance is not None:
+        provenance.check()
+        salt = os.urandom(KEY_SALT_SIZE) if key_salt is None else key_salt
+        if len(salt) != KEY_SALT_SIZE:
+            raise SnapshotFormatError(f"key salt must be {KEY_SALT_SIZE} bytes")
+    header = Header(chunk_size, plaintext_size, cluster_id, prefix, salt, provenance)
     if header.chunk_count > MAX_CHUNKS:
         raise SnapshotFormatError(f"plaintext size {plaintext_size} needs more than {MAX_CHUNKS} chunks")
     aad = header.pack()
-    aead = AESGCM(key)
+    aead = AESGCM(header.aead_key(key))
     sink.write(aad)
     for index in range(header.chunk_count):
         length = header.chunk_length(index)
@@ -174,11 +278,13 @@ def encrypt(
         sink.write(aead.encrypt(nonce, chunk, aad))
     if source.read(1):
         raise SnapshotFormatError(f"the plaintext grew beyond {plaintext_size} bytes while being encrypted")
-    return SnapshotInfo(cluster_id.hex(), plaintext_size, header.file_size, header.chunk_count)
+    return SnapshotInfo(
+        cluster_id.hex(), plaintext_size, header.file_size, header.chunk_count, header.version, provenance
+    )
 
 
 def read_header(source: BinaryIO, name: str) -> Header:
-    return Header.parse(source.read(HEADER_SIZE), name)
+    return Header.read(source, name)
 
 
 def decrypt(
@@ -188,11 +294,13 @@ def decrypt(
     file_size: int,
     name: str,
     write: Callable[[bytes], object] | None = None,
+    header_only: bool = False,
 ) -> SnapshotInfo:
     """Check and decrypt the snapshot in ``source`` (``file_size`` bytes), passing each verified chunk to ``write``.
 
     With ``write`` None it only verifies. The cluster ID and the file size are checked before any chunk is
-    decrypted; a caller that writes plaintext must discard it when this raises.
+    decrypted; a caller that writes plaintext must discard it when this raises. With ``header_only`` only the first
+    chunk is checked, which authenticates the header (its associated data): enough to trust what the file says it is.
     """
     header = read_header(source, name)
     if header.cluster_id != expected_cluster_id:
@@ -210,8 +318,8 @@ def decrypt(
             f"(the header announces {header.file_size} bytes)"
         )
     aad = header.pack()
-    aead = AESGCM(key)
-    for index in range(header.chunk_count):
+    aead = AESGCM(header.aead_key(key))
+    for index in range(1 if header_only else header.chunk_count):
         record = source.read(NONCE_SIZE + header.chunk_length(index) + TAG_SIZE)
         if len(record) != NONCE_SIZE + header.chunk_length(index) + TAG_SIZE:
             raise TruncatedError(f"{name}: truncated in chunk {index} of {header.chunk_count}")
@@ -224,7 +332,14 @@ def decrypt(
             raise AuthenticationError(f"{name}: chunk {index} of {header.chunk_count}: its stored nonce was altered")
         if write is not None:
             write(plaintext)
-    return SnapshotInfo(header.cluster_id.hex(), header.plaintext_size, header.file_size, header.chunk_count)
+    return SnapshotInfo(
+        header.cluster_id.hex(),
+        header.plaintext_size,
+        header.file_size,
+        header.chunk_count,
+        header.version,
+        header.provenance,
+    )
 
 
 def _chunk_refusal(header: Header, index: int, stored_nonce: bytes, name: str) -> SnapshotError:
@@ -244,13 +359,19 @@ def _chunk_refusal(header: Header, index: int, stored_nonce: bytes, name: str) -
 
 
 def encrypt_file(
-    key: bytes, cluster_id: bytes, plaintext_path: str, ciphertext_path: str, chunk_size: int = DEFAULT_CHUNK_SIZE
+    key: bytes,
+    cluster_id: bytes,
+    plaintext_path: str,
+    ciphertext_path: str,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    provenance: Provenance | None = None,
 ) -> SnapshotInfo:
     """Encrypt a file into a new 0600 file (exclusive create; removed again on failure)."""
     fd = os.open(ciphertext_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with open(plaintext_path, "rb") as source, os.fdopen(fd, "wb") as sink:
-            info = encrypt(key, cluster_id, source, os.fstat(source.fileno()).st_size, sink, chunk_size)
+            size = os.fstat(source.fileno()).st_size
+            info = encrypt(key, cluster_id, source, size, sink, chunk_size, provenance=provenance)
             sink.flush()
             os.fsync(sink.fileno())
     except BaseException:
@@ -259,10 +380,10 @@ def encrypt_file(
     return info
 
 
-def verify_file(key: bytes, cluster_id: bytes, path: str) -> SnapshotInfo:
-    """Authenticate a whole file without writing any plaintext."""
+def verify_file(key: bytes, cluster_id: bytes, path: str, header_only: bool = False) -> SnapshotInfo:
+    """Authenticate a whole file (or, with ``header_only``, its header and first chunk) without writing plaintext."""
     with open(path, "rb") as source:
-        return decrypt(key, cluster_id, source, os.fstat(source.fileno()).st_size, path)
+        return decrypt(key, cluster_id, source, os.fstat(source.fileno()).st_size, path, header_only=header_only)
 
 
 def decrypt_file(key: bytes, cluster_id: bytes, ciphertext_path: str, plaintext_path: str) -> SnapshotInfo:

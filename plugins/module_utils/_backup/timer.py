@@ -4,7 +4,7 @@
 take an encrypted snapshot of the local member exactly as the etcd_snapshot module does (key derived on the node
 from its own 0600 copy of the root secrets), keep it as ``<dir>/etcd-<UTC time>/`` with ``etcd.cksnap`` and
 ``manifest.json`` (the controller's layout, so a directory copied into ``backups/`` restores as it is), and remove
-all but the newest ``--keep``.
+all but the newest ``--keep`` of this cluster's authenticated snapshots (nothing else in the directory is removed).
 
     python -m ansible_collections.confidential.kubernetes.plugins.module_utils._backup.timer --dir DIR --keep N
 """
@@ -14,35 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import socket
 import sys
 import time
 
-from .._files import write_file_atomically
 from .._join.config import ConfigError, load_root_secrets
-from . import snapshot
+from . import manifest, snapshot
 from .etcd import EtcdError, Etcdctl, take_snapshot
-
-SNAPSHOT_FILE = "etcd.cksnap"
-MANIFEST_FILE = "manifest.json"
-MANIFEST_VERSION = 1
-NAME = re.compile(r"^etcd-\d{8}T\d{6}Z$")
-PARTIAL = re.compile(r"^\.etcd-\d{8}T\d{6}Z\.part$")
 
 
 class TimerError(RuntimeError):
     """The snapshot could not be taken or kept; the message names why."""
-
-
-def snapshot_names(directory: str) -> list[str]:
-    """The kept snapshots, oldest first (the names sort by time)."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(
-        name for name in os.listdir(directory) if NAME.match(name) and os.path.isdir(os.path.join(directory, name))
-    )
 
 
 def run(
@@ -63,8 +46,7 @@ def run(
         secrets = load_root_secrets(secrets_file)
     except ConfigError as exc:
         raise TimerError(str(exc)) from None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    name = f"etcd-{stamp}"
+    name = manifest.name_for(time.time() if now is None else now)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     final = os.path.join(directory, name)
@@ -73,46 +55,31 @@ def run(
     partial = os.path.join(directory, f".{name}.part")
     try:
         os.mkdir(partial, 0o700)
-        result = take_snapshot(etcdctl, secrets, work_dir, os.path.join(partial, SNAPSHOT_FILE), chunk_size)
-        manifest = dict(
-            version=MANIFEST_VERSION,
-            name=name,
-            cluster_id=result["cluster_id"],
-            time=stamp,
-            revision=result["revision"],
-            member=member,
-            size=result["size"],
-            sha256=result["sha256"],
-            snapshot_size=result["snapshot_size"],
-            total_keys=result["total_keys"],
-            etcd_hash=result["etcd_hash"],
+        result = take_snapshot(
+            etcdctl, secrets, work_dir, os.path.join(partial, manifest.SNAPSHOT_FILE), chunk_size, name, member
         )
-        write_file_atomically(
-            os.path.join(partial, MANIFEST_FILE),
-            (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode(),
-            0o600,
-        )
+        manifest.write(partial, manifest.Manifest.from_document(result["manifest"], name))
         os.rename(partial, final)
     except EtcdError as exc:
         raise TimerError(str(exc)) from None
     finally:
         if os.path.lexists(partial):
             shutil.rmtree(partial)
-    stale = [entry for entry in os.listdir(directory) if PARTIAL.match(entry)]
+    stale = [entry for entry in os.listdir(directory) if manifest.PARTIAL.fullmatch(entry)]
     for entry in stale:
         shutil.rmtree(os.path.join(directory, entry))
-    names = snapshot_names(directory)
-    pruned = [old for old in names[:-keep] if old != name]
-    for old in pruned:
-        shutil.rmtree(os.path.join(directory, old))
+    kept = manifest.prune(
+        directory, keep, snapshot.backup_key(secrets.master_key, secrets.master_salt), secrets.cluster_id(), name
+    )
     return dict(
         snapshot=final,
-        revision=manifest["revision"],
-        size=manifest["size"],
+        revision=result["revision"],
+        size=result["size"],
         save_seconds=result["save_seconds"],
         encrypt_seconds=result["encrypt_seconds"],
-        kept=[n for n in names if n not in pruned],
-        pruned=pruned,
+        kept=kept["kept"],
+        pruned=kept["pruned"],
+        unauthenticated=sorted(kept["unauthenticated"]),
     )
 
 

@@ -16,6 +16,8 @@ KEY_LENGTH = 32
 INFO_PREFIX = "key-"
 MEASUREMENT_SECRET_INFO = "key-measurementSecret"
 CLUSTER_ID_INFO = "key-clusterID"
+# The API servers' EncryptionConfiguration key (DESIGN section 2): generation 0 is this info, generation n its "-<n>".
+ETCD_SECRETS_INFO = "key-etcdSecrets"
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -46,3 +48,15 @@ def measurement_secret(master_key: bytes, master_salt: bytes) -> bytes:
 
 def cluster_id(measurement_secret_value: bytes, measurement_salt: bytes) -> bytes:
     return derive(measurement_secret_value, measurement_salt, CLUSTER_ID_INFO)
+
+
+def etcd_secrets_key_name(generation: int) -> str:
+    """The info string, and the key's name in the EncryptionConfiguration, of one generation of the at-rest key."""
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise DerivationError(f"the etcd Secrets key generation must be an integer >= 0, got {generation!r}")
+    return ETCD_SECRETS_INFO if generation == 0 else f"{ETCD_SECRETS_INFO}-{generation}"
+
+
+def etcd_secrets_key(master_key: bytes, master_salt: bytes, generation: int = 0) -> bytes:
+    """The 32-byte key the API servers encrypt Secrets in etcd with (generation n after n rotations)."""
+    return derive(master_key, master_salt, etcd_secrets_key_name(generation))

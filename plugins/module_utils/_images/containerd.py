@@ -3,14 +3,17 @@
 """Import verified OCI archives into containerd's ``k8s.io`` namespace, where the kubelet and kubeadm find them.
 
 One ``ctr images ls`` tells which images are present by digest; only the missing ones are verified (``oci.py``) and
-imported, named by the row's reference and tagged with their aliases, and each import is checked by listing again:
-every name must name the pinned digest. ``ctr`` runs through one seam (``_run_command``), an argument list, never a shell.
+imported - from a canonical archive written from the verified blobs, under a staging name whose digest is checked
+before the image's names (its reference, its aliases, each also by digest) move to it - and each import is checked by
+listing again: every name must name the pinned digest, and one that does not is removed. ``ctr`` runs through one seam
+(``_run_command``), an argument list, never a shell.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,9 +21,12 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._images.oc
     DIGEST,
     ImageArchiveError,
     verify_archive,
+    write_canonical_archive,
 )
 
 NAMESPACE = "k8s.io"
+# The name an image is imported under before its own names move to it (``.invalid``: no registry serves it).
+STAGING_REPOSITORY = "import.confidential-kubernetes.invalid/staging"
 
 Runner = Callable[[list], tuple]  # argv -> (rc, stdout, stderr)
 
@@ -44,6 +50,19 @@ class WantedImage:
     @property
     def label(self) -> str:
         return f"{self.name} ({self.reference})"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name the image gets: its reference and aliases, and each by digest (``repository@sha256:...``), the
+        name containerd's CRI looks up for an image referenced by digest (the sandbox image pinned by digest)."""
+        tagged = (self.reference, *self.aliases)
+        return (*tagged, *(_repository(name) + "@" + self.digest for name in tagged))
+
+
+def _repository(reference: str) -> str:
+    """``registry:5000/path:tag`` without its tag."""
+    head, sep, tail = reference.rpartition(":")
+    return head if sep and "/" not in tail else reference
 
 
 def wanted_images(entries: list[dict]) -> list[WantedImage]:
@@ -98,30 +117,61 @@ class ContainerdImages:
 
     def missing(self, wanted: list[WantedImage]) -> list[WantedImage]:
         present = self.present()
-        return [
-            image
-            for image in wanted
-            if any(present.get(name) != image.digest for name in (image.reference, *image.aliases))
-        ]
+        return [image for image in wanted if any(present.get(name) != image.digest for name in image.names)]
 
     def import_missing(self, missing: list[WantedImage], architecture: str) -> None:
-        """Verify every archive against its digest first - one bad archive imports nothing - then import each under
-        its reference and check that the reference names the pinned digest."""
+        """Verify every archive against its digest and reference first - one bad archive imports nothing - then import
+        each from a canonical archive written from its verified blobs, and check that every name names the pinned
+        digest."""
+        architectures = (architecture,) if architecture else ()
         for image in missing:
             try:
-                verify_archive(image.archive, image.label, image.digest, (architecture,) if architecture else ())
+                verify_archive(image.archive, image.label, image.digest, architectures, image.reference)
             except ImageArchiveError as exc:
                 raise ContainerdImageError(f"{exc}; no image was imported") from exc
         for image in missing:
-            repository = image.reference.rsplit(":", 1)[0]
-            self._ctr("images", "import", "--base-name", repository, image.archive)
-            if image.aliases:
-                self._ctr("images", "tag", "--force", image.reference, *image.aliases)
-            present = self.present()
-            for name in (image.reference, *image.aliases):
-                found = present.get(name)
-                if found != image.digest:
-                    raise ContainerdImageError(
-                        f"{image.label}: after the import containerd names {found or 'no image'} for {name}, "
-                        f"not the pinned {image.digest} (the archive's index.json names another image?)"
-                    )
+            self._import(image, architectures)
+
+    def _import(self, image: WantedImage, architectures: tuple[str, ...]) -> None:
+        """Import under a staging name first: the image's names move only once containerd names the pinned digest
+        for it, so a failed import leaves them where they were; names that end up anywhere else are removed."""
+        staging = f"{STAGING_REPOSITORY}:{image.digest.split(':')[1]}"
+        handle, canonical = tempfile.mkstemp(
+            prefix=".canonical-", suffix=".oci.tar", dir=os.path.dirname(os.path.abspath(image.archive))
+        )
+        os.close(handle)
+        try:
+            try:
+                write_canonical_archive(
+                    image.archive, image.label, image.digest, architectures, image.reference, canonical, staging
+                )
+            except ImageArchiveError as exc:
+                raise ContainerdImageError(f"{exc}; {image.reference} was left as it was") from exc
+            self._ctr("images", "import", canonical)
+        finally:
+            os.unlink(canonical)
+        try:
+            staged = self.present().get(staging)
+            if staged != image.digest:
+                raise ContainerdImageError(
+                    f"{image.label}: containerd imported {staged or 'no image'} from the verified archive, not the "
+                    f"pinned {image.digest}; {image.reference} was left as it was"
+                )
+            self._ctr("images", "tag", "--force", staging, *image.names)
+        finally:
+            self._remove(staging)
+        present = self.present()
+        wrong = [name for name in image.names if present.get(name) != image.digest]
+        if wrong:
+            for name in wrong:
+                self._remove(name)
+            raise ContainerdImageError(
+                f"{image.label}: after the import containerd names "
+                + ", ".join(f"{present.get(name) or 'no image'} for {name}" for name in wrong)
+                + f", not the pinned {image.digest}; those names were removed"
+            )
+
+    def _remove(self, name: str) -> None:
+        """Remove a name if containerd has it (the image's content stays until containerd's garbage collection)."""
+        if name in self.present():
+            self._ctr("images", "rm", name)

@@ -31,7 +31,7 @@ else:
 
 from .._attestation.evidence import EvidenceError
 from .._attestation.issuer import Tpm, TpmError, answer_challenge, issue_evidence
-from .._attestation.node import read_event_log
+from .._attestation.node import event_log_for_evidence
 from .._crypto import seal
 from .._crypto.seal import EphemeralKey, SealError
 from .credential import ProofError, activation_proof
@@ -69,9 +69,12 @@ def request_ticket(
     server_name: str | None = None,
     sleep=time.sleep,
     clock=time.monotonic,
+    event_log: str = "auto",
+    warnings: list[str] | None = None,
 ) -> JoinTicket | RejoinTicket:
     """Return the opened ticket (a JoinTicket, or a RejoinTicket for ``flow="rejoin"``). ``ca_pem`` is the cluster CA
-    that issued the services' TLS certificates."""
+    that issued the services' TLS certificates. ``event_log`` V(none) sends no firmware event log; a log that cannot
+    be used is left out, and why is appended to ``warnings``."""
     if GRPC_IMPORT_ERROR is not None:
         raise JoinError("dependency", f"grpcio and protobuf are required on the node: {GRPC_IMPORT_ERROR}")
     if seal.CRYPTOGRAPHY_IMPORT_ERROR is not None:
@@ -84,7 +87,8 @@ def request_ticket(
         raise JoinError(
             "tls", "the cluster CA certificate is required to authenticate the join service (no trust on first use)"
         )
-    deadline = clock() + total_timeout
+    started = clock()
+    deadline = started + total_timeout
     last: JoinError | None = None
     for attempt in range(max(1, attempts)):
         for endpoint in endpoints:
@@ -103,6 +107,8 @@ def request_ticket(
                     flow,
                     min(timeout, remaining),
                     server_name,
+                    event_log,
+                    warnings,
                 )
             except JoinError as exc:
                 if not exc.retryable:
@@ -116,7 +122,8 @@ def request_ticket(
     # Only transient failures get here: a node that waits for a join service (a rebooted one) may try again later.
     raise JoinError(
         last.reason if last else "timeout",
-        f"no join service issued a ticket after {attempt + 1} attempt(s) within {total_timeout:g} s over "
+        f"no join service issued a ticket after {attempt + 1} attempt(s) in {clock() - started:.1f} s (of "
+        f"{total_timeout:g} s allowed) over "
         f"{', '.join(endpoints)}; last failure: {last}. Check that a join service runs (systemctl status "
         "confidential-joinservice on a control plane) and that its port is reachable from this node; "
         "join_attempts gives more rounds",
@@ -156,6 +163,8 @@ def _attempt(
     flow: str,
     timeout: float,
     server_name: str | None,
+    event_log_choice: str = "auto",
+    warnings: list[str] | None = None,
 ) -> JoinTicket | RejoinTicket:
     control_plane = control_plane and flow == JOIN
     try:
@@ -171,14 +180,16 @@ def _attempt(
             raise JoinError("nonce", f"join service {endpoint} sent a {len(nonce)}-byte nonce, not 32 bytes")
         key = EphemeralKey.generate()
         try:
-            # The firmware's event log where the node has one, for the service to replay against the quote.
-            event_log = read_event_log(None)
+            # The firmware's event log where the node has one, for the service to replay against the quote; one it
+            # cannot use is left out (the quoted PCRs are checked all the same), and said so once per attempt.
+            event_log, left_out = event_log_for_evidence(None, event_log_choice)
             with Tpm(tcti) as tpm:
-                evidence = (
-                    issue_evidence(tpm, nonce, bind_user_data(key.public_bytes(), digest), event_log=event_log)
-                    .to_json()
-                    .encode()
+                evidence = issue_evidence(
+                    tpm, nonce, bind_user_data(key.public_bytes(), digest), event_log=event_log, warnings=left_out
                 )
+            if warnings is not None:
+                warnings.extend(warning for warning in left_out if warning not in warnings)
+            evidence = evidence.to_json().encode()
         except (TpmError, EvidenceError) as exc:
             raise JoinError("tpm", f"cannot produce evidence: {exc}") from None
         if flow == JOIN:

@@ -40,8 +40,21 @@ _FLOATS = (
     "connection_idle_timeout",
     "handshake_timeout",
     "first_rpc_timeout",
+    "health_rate",
+    "health_burst",
+    "attestation_grace",
 )
-_COUNTS = ("max_registrations", "max_concurrent_rpcs", "max_connections", "max_connections_per_client")
+FAILURE_ACTIONS = ("quarantine", "taint", "report")
+_POSITIVE = ("request_message_timeout",)
+_COUNTS = (
+    "max_registrations",
+    "max_concurrent_rpcs",
+    "max_connections",
+    "max_connections_per_client",
+    "max_connections_per_network",
+    "max_calls_per_client",
+    "max_calls_per_network",
+)
 _POOL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,39}[a-z0-9])?")
 MAX_CONFIG_BYTES = 64 * 1024
 POLICY_CHECK_INTERVAL = 1.0
@@ -81,9 +94,20 @@ class ServiceConfig:
     nonce_burst: float = 100.0
     ticket_rate: float = 20.0
     ticket_burst: float = 50.0
+    health_rate: float = 5.0
+    health_burst: float = 20.0
+    # Calls in progress in all, of one client and of one network (a /24, an IPv6 /48): the global cap holds four networks'
+    # shares, a network's sixteen clients'; a call's request message must follow its headers within request_message_timeout.
     max_concurrent_rpcs: int = 256
+    max_calls_per_client: int = 16
+    max_calls_per_network: int = 64
+    request_message_timeout: float = 5.0
+    # At max_connections the gate closes the biggest holder's oldest idle connection; a network holds at most
+    # max_connections_per_network. A connection with no call for connection_idle_timeout is closed (gRPC's GOAWAY, then
+    # the gate 5 s later).
     max_connections: int = 1024
-    connection_idle_timeout: float = 120.0
+    max_connections_per_network: int = 128
+    connection_idle_timeout: float = 10.0
     # Per client (an IPv4 address, an IPv6 prefix of client_ipv6_prefix bits): open connections, accepted by the service's
     # gate before gRPC; a connection that sends nothing within handshake_timeout, or makes no RPC within first_rpc_timeout,
     # is closed.
@@ -94,6 +118,11 @@ class ServiceConfig:
     # Processes for the CPU-bound steps of a join (verify, sign, seal): one per core beside the event loop's (which is busy
     # with gRPC and TLS when joins arrive faster than one core verifies them); 0 runs the steps in the event loop's thread.
     worker_processes: int = max(1, (os.cpu_count() or 1) - 1)
+    # Continuous attestation (DESIGN section 8): how often nodes attest, how long a silent node is trusted (0: three
+    # intervals), and what a failure costs it.
+    attestation_interval: float = 60.0
+    attestation_grace: float = 0.0
+    attestation_failure_action: str = "quarantine"
 
     @classmethod
     def from_document(cls, doc: object, source: str) -> "ServiceConfig":
@@ -112,6 +141,8 @@ class ServiceConfig:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
             elif name in _COUNTS:
                 ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            elif name in _POSITIVE:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
             elif name == "client_ipv6_prefix":
                 ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 128
             elif name == "worker_processes":
@@ -125,6 +156,10 @@ class ServiceConfig:
                 value = value or None
             elif name == "kubernetes_version":
                 ok = isinstance(value, str)
+            elif name == "attestation_interval":
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            elif name == "attestation_failure_action":
+                ok = value in FAILURE_ACTIONS
             else:
                 ok = isinstance(value, str) and value != ""
             if not ok:
@@ -138,6 +173,18 @@ class ServiceConfig:
             raise ConfigError(f"{source}: api_server_endpoint {config.api_server_endpoint!r} must be host:port")
         if not _ENDPOINT.fullmatch(config.listen):
             raise ConfigError(f"{source}: listen {config.listen!r} must be address:port")
+        # Each level's cap holds shares of the level below: a client's share larger than its network's (or the server's)
+        # would let one address take all of it.
+        for levels in (
+            ("max_calls_per_client", "max_calls_per_network", "max_concurrent_rpcs"),
+            ("max_connections_per_client", "max_connections_per_network", "max_connections"),
+        ):
+            values = [getattr(config, name) for name in levels]
+            if not values[0] <= values[1] <= values[2]:
+                raise ConfigError(
+                    f"{source}: {levels[0]} ({values[0]}) <= {levels[1]} ({values[1]}) <= {levels[2]} ({values[2]}) "
+                    "must hold: one client's or one network's share cannot exceed what it is a share of"
+                )
         return config
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from .._attestation.nonces import NONCE_BYTES
+
 PROOF_INFO = b"confidential.kubernetes/activation-proof/v1"
-NONCE_BYTES = 32
 
 
 class ProofError(ValueError):

@@ -24,16 +24,14 @@ except ImportError:  # reported by the service at start
     pass
 
 from .._attestation import tpm2
+from .._attestation.evidence import EvidenceError, parse_evidence
 from .._attestation.policy import NODE_LOCK_PCR, MeasurementPolicy, node_lock_mark
-from .._attestation.verifier import (
-    EK_REQUIRED_ATTRIBUTES,
-    VerificationError,
-    VerificationResult,
-    Verifier,
-    check_ek_template,
-)
+from .._attestation.tpm_evidence import EK_REQUIRED_ATTRIBUTES, check_ek_template
+from .._attestation.tpm_variant import PCR15_NEXT, TPM
+from .._attestation.verifier import VerificationError, VerificationResult, Verifier
 from .._crypto import seal
 from .._reset import NEEDS_RESET
+from .attest import NODE_FAILURES, ClockInfo, quoted_identity
 from .pki import ClusterPki, PkiError, RequestError, check_disk_uuid, check_node_name, load_kubelet_csr
 from .protocol import JOIN, JoinTicket, RejoinTicket
 from .request import BindingError, digest_matches, identity_of, public_key_digest, request_digest, split_user_data
@@ -65,6 +63,13 @@ class Refusal(Exception):
         self.code = code
         self.reason = reason
         self.mismatches = mismatches or []
+        # What the caller is told, when it must not learn the message (the service's log has that).
+        self.public: str | None = None
+
+    def generic(self, public: str) -> "Refusal":
+        """The refusal, with ``public`` told to the caller instead of its message."""
+        self.public = public
+        return self
 
     def __reduce__(self):
         # Raised in a worker process, re-raised in the service's: pickled with all four fields.
@@ -102,6 +107,33 @@ class Checked:
     kubelet_key: bytes
     secret: bytes = field(repr=False)
     credential: tpm2.Credential
+    # The AK proven by this activation and the TPM's clock info in the quote: recorded for continuous attestation.
+    ak_name: bytes = b""
+    clock: ClockInfo | None = None
+
+
+@dataclass(frozen=True, repr=False)
+class AttestCheck:
+    """A continuous attestation's input: the evidence, its nonce, and the policy current when it arrived."""
+
+    policy: MeasurementPolicy
+    evidence: bytes
+    nonce: bytes
+
+
+@dataclass(frozen=True, repr=False)
+class Attested:
+    """What a continuous attestation's evidence established: whose TPM (EK identity) quoted with which AK, its clock
+    info, and the verification's failure where the quote verified but the node's measurements do not pass (``reason``
+    empty when they do)."""
+
+    ek: str
+    ak_name: bytes
+    clock: ClockInfo
+    reason: str = ""
+    message: str = ""
+    mismatches: list[dict] = field(default_factory=list)
+    warnings: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True, repr=False)
@@ -117,6 +149,19 @@ class SealRequest:
     now: datetime.datetime | None = None
 
 
+class _Verified:
+    """The part of a VerificationResult ``JoinCrypto._ek`` reads, for evidence not verified yet."""
+
+    def __init__(self, evidence):
+        self.evidence = evidence
+
+
+def _clock_of(quote: bytes) -> ClockInfo:
+    """The clock info of a quote the verifier parsed already (it is signed: TPMS_ATTEST carries it)."""
+    attest = tpm2.parse_attest(quote)
+    return ClockInfo(attest.clock, attest.reset_count, attest.restart_count, bool(attest.safe))
+
+
 class JoinCrypto:
     """Verifiers (made again only when the policy changes), the cluster CA, and the two CPU-bound steps."""
 
@@ -125,10 +170,11 @@ class JoinCrypto:
         self._ek_cas = ek_cas
         self._cluster_id = cluster_id
         self._verifier_id = verifier_id
-        self._verifier_cache: tuple[MeasurementPolicy, Verifier, Verifier] | None = None
+        self._verifier_cache: tuple[MeasurementPolicy, Verifier, Verifier, Verifier] | None = None
 
-    def _verifiers(self, policy: MeasurementPolicy) -> tuple[Verifier, Verifier]:
-        """(verifier of fresh nodes, verifier of rejoining members); a policy from another process compares equal."""
+    def _verifiers(self, policy: MeasurementPolicy) -> tuple[Verifier, Verifier, Verifier]:
+        """(verifier of fresh nodes, of rejoining members, of running members); a policy from another process compares
+        equal."""
         cached = self._verifier_cache
         if cached is None or not (cached[0] is policy or cached[0] == policy):
             unlocked = bytes(len(node_lock_mark(b"", policy.hash_algorithm)))
@@ -137,17 +183,21 @@ class JoinCrypto:
                 policy,
                 Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked]), self._ek_cas),
                 Verifier(policy.with_rule(NODE_LOCK_PCR, [unlocked, member]), self._ek_cas),
+                # A running member carries the cluster's mark: PCR 15 zero means it rebooted and did not rejoin.
+                Verifier(policy.with_rule(NODE_LOCK_PCR, [member]), self._ek_cas),
             )
             self._verifier_cache = cached
-        return cached[1], cached[2]
+        return cached[1], cached[2], cached[3]
 
     def check(self, request: CheckRequest) -> Checked:
         fresh_only = request.flow == JOIN
-        fresh, member = self._verifiers(request.policy)
+        fresh, member, _running = self._verifiers(request.policy)
         try:
             verified = (fresh if fresh_only else member).verify(request.evidence, request.nonce)
         except VerificationError as exc:
             raise Refusal.of(exc.reason, self._explain(exc, request.policy, fresh_only), exc.mismatches) from None
+        if verified.variant != TPM.name:  # a CVM's proof of possession and identity are issue 40 item 5
+            raise Refusal.of("variant", f"the join service takes TPM evidence only, not {verified.variant}")
         node_name = request.node_name
         try:
             if node_name:
@@ -193,10 +243,39 @@ class JoinCrypto:
             kubelet_key,
             secret,
             credential,
+            verified.ak_name,
+            _clock_of(evidence.quote),
         )
 
+    def attest(self, request: AttestCheck) -> Attested:
+        """Verify a running member's evidence with the join flow's verifier (PCR 15: this cluster's mark). A failure
+        the quote itself states (the policy's PCRs, the event log) is returned for the caller to judge once it knows
+        the AK is the node's own; any other failure is a Refusal."""
+        try:
+            evidence = parse_evidence(request.evidence)
+            if evidence.variant != TPM.name:
+                raise Refusal.of("variant", f"the join service takes TPM evidence only, not {evidence.variant}")
+            ak_name = tpm2.parse_public(bytes(evidence.ak_public)).name
+        except (EvidenceError, tpm2.StructureError) as exc:
+            raise Refusal.of("malformed", f"the evidence is unreadable: {exc}") from None
+        ek = identity_of(self._ek(_Verified(evidence)))
+        if quoted_identity(evidence.user_data) != ek:
+            raise Refusal.of(
+                "request-binding",
+                "the quote does not name the EK the evidence carries: continuous attestation quotes "
+                "'confidential.kubernetes/attest/v1' followed by the node's EK identity",
+            )
+        running = self._verifiers(request.policy)[2]
+        try:
+            verified = running.verify(evidence, request.nonce)
+        except VerificationError as exc:
+            if exc.reason not in NODE_FAILURES:
+                raise Refusal.of(exc.reason, str(exc), exc.mismatches) from None
+            return Attested(ek, ak_name, _clock_of(evidence.quote), exc.reason, str(exc), exc.mismatches, exc.warnings)
+        return Attested(ek, verified.ak_name, _clock_of(evidence.quote), warnings=verified.warnings)
+
     @staticmethod
-    def _ek(verified: VerificationResult) -> tpm2.Public:
+    def _ek(verified: VerificationResult | _Verified) -> tpm2.Public:
         """The node is its EK: the evidence must carry the EK public key (and carries its certificate where one exists)."""
         evidence = verified.evidence
         if evidence.ek_public is None:
@@ -241,11 +320,14 @@ class JoinCrypto:
 
     def _explain(self, error: VerificationError, policy: MeasurementPolicy, fresh_only: bool) -> str:
         for mismatch in error.mismatches:
-            if mismatch["pcr"] != NODE_LOCK_PCR:
+            # A CVM variant's mismatches name fields, not PCRs.
+            if mismatch.get("pcr") != NODE_LOCK_PCR:
                 continue
+            # What PCR 15 shows here takes the place of the verifier's every-case advice.
+            base = str(error).replace(f" {PCR15_NEXT}.", "").replace(f" {PCR15_NEXT}", "")
             if fresh_only and mismatch["actual"] == node_lock_mark(self._cluster_id, policy.hash_algorithm).hex():
-                return f"{error}; PCR 15 shows the node is already a member of this cluster: a rebooted node asks for a rejoin ticket"
-            return f"{error}; PCR 15 shows the node is locked for another cluster (or was tampered with): {NEEDS_RESET}"
+                return f"{base}; PCR 15 shows the node is already a member of this cluster: a rebooted node asks for a rejoin ticket"
+            return f"{base}; PCR 15 shows the node is locked for another cluster (or was tampered with): {NEEDS_RESET}"
         return str(error)
 
     def seal_ticket(self, request: SealRequest) -> bytes:

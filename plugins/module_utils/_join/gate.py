@@ -7,9 +7,12 @@ them (plain connects, or TLS connections that send nothing after the HTTP/2 pref
 service's public address belongs to this gate, which
 
 - refuses a connection beyond ``per_client`` open ones from the same client (an IPv4 address, or an IPv6 prefix, a /64
-  by default; IPv4-mapped addresses count as IPv4) and beyond ``max_connections`` in all (the backstop);
-- closes a connection that sends no byte within ``handshake_timeout``, and one that has made no RPC within
-  ``first_rpc_timeout`` (TLS and the HTTP/2 preface alone do not hold a place);
+  by default; IPv4-mapped addresses count as IPv4) and beyond ``per_network`` from its network (a /24, an IPv6 /48);
+- at ``max_connections`` in all, closes the oldest idle connection (no call in progress) of the client holding the
+  most, and refuses the new one only when no connection is idle;
+- closes a connection that sends no byte within ``handshake_timeout``, one that has made no RPC within
+  ``first_rpc_timeout`` (TLS and the HTTP/2 preface alone do not hold a place, nor do streams whose request message
+  never arrives), and one with no call in progress for ``idle_timeout`` after its last RPC;
 - splices each admitted connection, bytes unchanged (TLS ends in gRPC), to the gRPC server on loopback, and tells the
   servicer which real client each upstream connection carries (``client_peer``), for the per-client rate limits.
 
@@ -24,10 +27,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .limits import IPV6_PREFIX, peer_key
+from .limits import IPV6_PREFIX, network_key, peer_key
 from .log import StructuredLog
 
 PER_CLIENT = 32
+PER_NETWORK = 128
+IDLE_TIMEOUT = 15.0
 HANDSHAKE_TIMEOUT = 5.0
 FIRST_RPC_TIMEOUT = 10.0
 LOG_INTERVAL = 10.0
@@ -47,9 +52,14 @@ def grpc_style_peer(address: tuple) -> str:
 @dataclass(eq=False)
 class _Connection:
     client: str
+    network: str
     peer: str
     accepted: float
     rpc_seen: bool = False
+    # Calls in progress on this connection, and when the last one ended (or the connection was accepted).
+    calls: int = 0
+    last_active: float = 0.0
+    evicted: bool = False
     writers: list = field(default_factory=list)
 
     def close(self) -> None:
@@ -70,9 +80,13 @@ class ConnectionGate:
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         first_rpc_timeout: float = FIRST_RPC_TIMEOUT,
         clock=time.monotonic,
+        per_network: int = PER_NETWORK,
+        idle_timeout: float = IDLE_TIMEOUT,
     ):
         self.upstream_port = upstream_port
         self.per_client = per_client
+        self.per_network = per_network
+        self.idle_timeout = idle_timeout
         self.max_connections = max_connections
         self.ipv6_prefix = ipv6_prefix
         self.handshake_timeout = handshake_timeout
@@ -80,6 +94,7 @@ class ConnectionGate:
         self._log = log
         self._clock = clock
         self._open: Counter = Counter()
+        self._open_network: Counter = Counter()
         self._total = 0
         # Upstream local port -> the client connection it carries.
         self._by_upstream: dict[int, _Connection] = {}
@@ -116,15 +131,34 @@ class ConnectionGate:
         for connection in list(self._live):
             connection.close()
 
+    def _upstream(self, grpc_peer: str) -> _Connection | None:
+        if grpc_peer.startswith("ipv4:127.0.0.1:"):
+            return self._by_upstream.get(int(grpc_peer.rsplit(":", 1)[1]))
+        return None
+
     def client_peer(self, grpc_peer: str) -> str:
         """The real client behind the servicer's ``context.peer()``, its connection marked as having made an RPC. A peer
         the gate did not forward (a local process on the loopback port) is its own client."""
-        if grpc_peer.startswith("ipv4:127.0.0.1:"):
-            connection = self._by_upstream.get(int(grpc_peer.rsplit(":", 1)[1]))
-            if connection is not None:
-                connection.rpc_seen = True
-                return connection.peer
-        return grpc_peer
+        connection = self._upstream(grpc_peer)
+        if connection is None:
+            return grpc_peer
+        connection.rpc_seen = True
+        return connection.peer
+
+    def call_started(self, grpc_peer: str) -> str:
+        """A call opened on the connection behind ``grpc_peer`` (its request message not yet read, so it is no RPC yet);
+        returns the real client's peer. Pair with ``call_ended``."""
+        connection = self._upstream(grpc_peer)
+        if connection is None:
+            return grpc_peer
+        connection.calls += 1
+        return connection.peer
+
+    def call_ended(self, grpc_peer: str) -> None:
+        connection = self._upstream(grpc_peer)
+        if connection is not None:
+            connection.calls = max(0, connection.calls - 1)
+            connection.last_active = self._clock()
 
     @property
     def open_connections(self) -> int:
@@ -151,15 +185,21 @@ class ConnectionGate:
         address = writer.get_extra_info("peername")
         peer = grpc_style_peer(address)
         client = peer_key(peer, self.ipv6_prefix)
-        if self._total >= self.max_connections:
-            self._refuse(writer, client, "connection-limit")
-            return
+        network = network_key(client)
         if self._open[client] >= self.per_client:
             self._refuse(writer, client, "client-connection-limit")
             return
+        if self._open_network[network] >= self.per_network:
+            self._refuse(writer, client, "network-connection-limit")
+            return
+        if self._total >= self.max_connections and not self._evict_idle():
+            self._refuse(writer, client, "connection-limit")
+            return
         self._open[client] += 1
+        self._open_network[network] += 1
         self._total += 1
-        connection = _Connection(client, peer, self._clock(), writers=[writer])
+        now = self._clock()
+        connection = _Connection(client, network, peer, now, last_active=now, writers=[writer])
         self._live.add(connection)
         try:
             await self._serve(connection, reader, writer)
@@ -168,8 +208,23 @@ class ConnectionGate:
             self._open[client] -= 1
             if self._open[client] <= 0:
                 del self._open[client]
+            self._open_network[network] -= 1
+            if self._open_network[network] <= 0:
+                del self._open_network[network]
             self._total -= 1
             connection.close()
+
+    def _evict_idle(self) -> bool:
+        """At the global cap: close the oldest idle connection (no call in progress) of the client holding the most, so
+        that no set of clients keeps the service full with connections it does not use. False when none is idle."""
+        idle = [connection for connection in self._live if connection.calls == 0 and not connection.evicted]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda connection: (-self._open[connection.client], connection.last_active))
+        victim.evicted = True
+        self.refused["evicted-idle"] += 1
+        victim.close()
+        return True
 
     async def _serve(self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -195,16 +250,24 @@ class ConnectionGate:
             self._by_upstream.pop(local_port, None)
 
     async def _sweep(self) -> None:
-        """Close connections that made no RPC within ``first_rpc_timeout`` of their accept."""
+        """Close connections that made no RPC within ``first_rpc_timeout`` of their accept, and those with no call in
+        progress for ``idle_timeout`` after their last one."""
         while True:
             await asyncio.sleep(SWEEP_INTERVAL)
-            deadline = self._clock() - self.first_rpc_timeout
+            now = self._clock()
             for connection in list(self._live):
-                if not connection.rpc_seen and connection.accepted < deadline:
-                    self.refused["first-rpc-timeout"] += 1
-                    connection.close()
-                    # Marked, so that a connection still closing is not counted twice.
-                    connection.rpc_seen = True
+                if connection.evicted:
+                    continue
+                if not connection.rpc_seen and connection.accepted < now - self.first_rpc_timeout:
+                    reason = "first-rpc-timeout"
+                elif connection.rpc_seen and connection.calls == 0 and connection.last_active < now - self.idle_timeout:
+                    reason = "idle-timeout"
+                else:
+                    continue
+                self.refused[reason] += 1
+                # Marked, so that a connection still closing is not counted twice.
+                connection.evicted = True
+                connection.close()
 
 
 async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

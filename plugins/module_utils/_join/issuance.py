@@ -8,7 +8,9 @@ covers what the node asks for (``request.py``); identify the node by the evidenc
 role and disk; answer with a credential for the evidence's EK and AK, and nothing else (the grant is disclosed in the
 ticket only). Nothing is signed, sealed or registered, and the nonce is not used up: a software key that claims TPM
 attributes passes step 1, so what it leaves behind is bounded - a challenge lives ``PENDING_TTL`` seconds, a client
-has at most ``MAX_PENDING_PER_CLIENT`` waiting, and one per EK (a node's new challenge replaces its old one).
+has at most ``MAX_PENDING_PER_CLIENT`` waiting, an EK at most ``MAX_PENDING_PER_EK`` (further ones are refused, none
+is displaced), and one per EK and connection (a node's new challenge on its connection replaces its old one; a
+neighbour behind the same address, on a connection of its own, cannot).
 
 Step 2 (``activate``): the node proves it activated the credential (only the TPM holding the EK, with the AK loaded,
 can). Only then: the nonce is used, the registry's grant is checked again (an enrolment changed in between counts), then
@@ -45,7 +47,14 @@ from .tokens import LiveToken, TokenMinter, TokenMintError, generate_token
 # MAX_PENDING_PER_CLIENT of one client (a site behind one address may join a few nodes at once).
 MAX_PENDING = 4096
 MAX_PENDING_PER_CLIENT = 16
+# Challenges of one EK waiting at once (further ones are refused, none displaced): with PENDING_TTL, step 1 per EK over
+# time; 16 named EKs hold a quarter of MAX_PENDING.
+MAX_PENDING_PER_EK = 64
 PENDING_TTL = 10.0
+STEP1_NOT_GRANTED = (
+    "the node registry does not grant what this request asks for (name, role or disk) to this TPM; the join "
+    "service's log says why"
+)
 CONTROL_PLANE_BUSY = "another control-plane join is in progress"
 
 
@@ -96,10 +105,19 @@ class Pending:
     identity: NodeIdentity | None = None
     requested: tuple = ()
     client: str = ""
+    # The client's connection (its full address and port): the one slot it may replace.
+    connection: str = ""
+    # The AK proven by this activation and the TPM's clock info: recorded for continuous attestation.
+    ak_name: bytes = b""
+    clock: object = None
 
     @property
     def key(self) -> tuple[bytes, str, str]:
         return (self.nonce, self.grant.ek, self.client)
+
+    @property
+    def slot(self) -> tuple[str, str, str]:
+        return (self.grant.ek, self.client, self.connection)
 
 
 @dataclass(frozen=True, repr=False)
@@ -196,11 +214,14 @@ class TicketIssuer:
         # 2), by EK and client (one each), and counted per client.
         self._pending: OrderedDict[tuple, Pending] = OrderedDict()
         self._by_nonce: dict[bytes, set[tuple]] = {}
-        self._by_slot: dict[tuple[str, str], tuple] = {}
+        self._by_slot: dict[tuple[str, str, str], tuple] = {}
         self._per_client: dict[str, int] = {}
+        self._per_ek: dict[str, int] = {}
         self._pending_lock = threading.Lock()
         # Tokens registered and not yet retired, by token ID (the service retires them once their node registered).
         self.live_tokens: dict[str, LiveToken] = {}
+        # The quarantined EK's record (attest_state.ApiAttestationRecords.quarantined), or None; the service sets it.
+        self.quarantined: Callable[[str], object] = lambda ek: None
         # At most this many registrations in flight at once (the API client's threads); joins beyond wait their turn.
         self._registrations = asyncio.Semaphore(max_registrations)
 
@@ -210,6 +231,25 @@ class TicketIssuer:
 
     def issue_nonce(self) -> bytes:
         return self._nonces.issue()
+
+    def check_nonce(self, nonce: bytes) -> None:
+        """VerificationError unless ``nonce`` is this service's, fresh and unused."""
+        self._nonces.check(nonce)
+
+    def use_nonce(self, nonce: bytes) -> None:
+        self._nonces.consume(nonce)
+
+    def policy(self) -> MeasurementPolicy:
+        return self._policy()
+
+    def _refuse_quarantined(self, ek: str) -> None:
+        record = self.quarantined(ek)
+        if record is not None:
+            raise Refusal.of(
+                "quarantined",
+                f"this TPM (node {record.node_name}) is quarantined since {record.quarantined_at}: "
+                f"{record.quarantine_reason[:300]}; it gets no ticket and no disk key until an operator releases it",
+            )
 
     # --- step 1 -------------------------------------------------------------------------------------------------
 
@@ -257,19 +297,21 @@ class TicketIssuer:
             raise Refusal.of(exc.reason, str(exc)) from None
         return check
 
-    def accept(self, check: CheckRequest, checked: Checked, client: str = "") -> Challenge:
-        """Let the registry grant and remember the challenge of ``client`` (its rate-limit key). The nonce stays unused
-        until step 2: a step 1 that nobody activates cannot burn it."""
+    def accept(self, check: CheckRequest, checked: Checked, client: str = "", connection: str = "") -> Challenge:
+        """Let the registry grant and remember the challenge of ``client`` (its rate-limit key) on ``connection``. The
+        nonce stays unused until step 2: a step 1 that nobody activates cannot burn it."""
         try:
             self._nonces.check(check.nonce)
         except VerificationError as exc:
             raise Refusal.of(exc.reason, str(exc)) from None
         identity = NodeIdentity(checked.ek, checked.ek_certificate)
+        self._refuse_quarantined(checked.ek)
         requested = (check.node_name, check.control_plane, check.disk_uuid)
         try:
             grant = self.registry.grant(identity, check.flow, *requested)
         except RegistryRefusal as refusal:
-            raise Refusal.of(refusal.reason, str(refusal)) from None
+            # Before step 2 the caller has proven no TPM: it learns no enrolled name, role or bound disk.
+            raise Refusal.of(refusal.reason, str(refusal)).generic(STEP1_NOT_GRANTED) from None
         self._remember(
             Pending(
                 check.flow,
@@ -284,6 +326,9 @@ class TicketIssuer:
                 identity,
                 requested,
                 client,
+                connection,
+                checked.ak_name,
+                checked.clock,
             )
         )
         return Challenge(
@@ -298,9 +343,15 @@ class TicketIssuer:
     def _remember(self, pending: Pending) -> None:
         with self._pending_lock:
             self._expire(self._clock())
-            previous = self._by_slot.get((pending.grant.ek, pending.client))
+            previous = self._by_slot.get(pending.slot)
             if previous is not None:
                 self._drop(previous)
+            ek = pending.grant.ek
+            if self._per_ek.get(ek, 0) >= MAX_PENDING_PER_EK:
+                raise Refusal.of(
+                    "busy",
+                    f"{MAX_PENDING_PER_EK} challenges of this TPM wait for their activation; retry in a few seconds",
+                )
             if self._per_client.get(pending.client, 0) >= MAX_PENDING_PER_CLIENT:
                 raise Refusal.of(
                     "busy",
@@ -314,8 +365,9 @@ class TicketIssuer:
             key = pending.key
             self._pending[key] = pending
             self._by_nonce.setdefault(pending.nonce, set()).add(key)
-            self._by_slot[(pending.grant.ek, pending.client)] = key
+            self._by_slot[pending.slot] = key
             self._per_client[pending.client] = self._per_client.get(pending.client, 0) + 1
+            self._per_ek[ek] = self._per_ek.get(ek, 0) + 1
 
     def _expire(self, now: float) -> None:
         while self._pending and next(iter(self._pending.values())).expires < now:
@@ -327,11 +379,12 @@ class TicketIssuer:
         keys.discard(key)
         if not keys:
             del self._by_nonce[pending.nonce]
-        if self._by_slot.get((pending.grant.ek, pending.client)) == key:
-            del self._by_slot[(pending.grant.ek, pending.client)]
-        self._per_client[pending.client] -= 1
-        if not self._per_client[pending.client]:
-            del self._per_client[pending.client]
+        if self._by_slot.get(pending.slot) == key:
+            del self._by_slot[pending.slot]
+        for counts, name in ((self._per_client, pending.client), (self._per_ek, pending.grant.ek)):
+            counts[name] -= 1
+            if not counts[name]:
+                del counts[name]
         return pending
 
     def pending(self) -> int:
@@ -367,6 +420,7 @@ class TicketIssuer:
                 "and the AK of the evidence",
             )
         pending = matching[0]
+        self._refuse_quarantined(pending.grant.ek)
         try:
             self._nonces.consume(nonce)
         except VerificationError as exc:

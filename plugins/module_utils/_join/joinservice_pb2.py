@@ -37,17 +37,20 @@ else:
         b'\t"q\n\tChallenge\x12\x17\n\x0fcredential_blob\x18\x01 \x01(\x0c\x12!\n\x19credential_encrypted_seed\x18'
         b'\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x15\n\rcontrol_plane\x18\x04 \x01(\x08"@\n\x15Activ'
         b'ateTicketRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x18\n\x10activation_proof\x18\x02 \x01(\x0c"/\n\x16'
-        b'ActivateTicketResponse\x12\x15\n\rsealed_ticket\x18\x01 \x01(\x0c"\x0f\n\rHealthRequest"\xc3\x01\n\x0eHealt'
-        b'hResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12\x1e\n\x16policy_'
-        b'rejected_digest\x18\x03 \x01(\t\x12\x14\n\x0cpolicy_error\x18\x04 \x01(\t\x12\x18\n\x10enrolment_digest\x18'
-        b'\x05 \x01(\t\x12!\n\x19enrolment_rejected_digest\x18\x06 \x01(\t\x12\x17\n\x0fenrolment_error\x18\x07 \x01('
-        b'\t2\xe1\x04\n\x0bJoinService\x12o\n\x08GetNonce\x120.confidential.kubernetes.join.v1.GetNonceRequest\x1a1.c'
-        b'onfidential.kubernetes.join.v1.GetNonceResponse\x12v\n\x0fIssueJoinTicket\x127.confidential.kubernetes.join'
-        b'.v1.IssueJoinTicketRequest\x1a*.confidential.kubernetes.join.v1.Challenge\x12z\n\x11IssueRejoinTicket\x129.'
-        b'confidential.kubernetes.join.v1.IssueRejoinTicketRequest\x1a*.confidential.kubernetes.join.v1.Challenge\x12'
+        b'ActivateTicketResponse\x12\x15\n\rsealed_ticket\x18\x01 \x01(\x0c"0\n\rAttestRequest\x12\x10\n\x08evidence'
+        b'\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x0c"B\n\x0eAttestResponse\x12\x0e\n\x06result\x18\x01 '
+        b'\x01(\t\x12 \n\x18next_attestation_seconds\x18\x02 \x01(\r"\x0f\n\rHealthRequest"\xc3\x01\n\x0eHealthRespon'
+        b'se\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12\x1e\n\x16policy_rejecte'
+        b'd_digest\x18\x03 \x01(\t\x12\x14\n\x0cpolicy_error\x18\x04 \x01(\t\x12\x18\n\x10enrolment_digest\x18\x05 '
+        b'\x01(\t\x12!\n\x19enrolment_rejected_digest\x18\x06 \x01(\t\x12\x17\n\x0fenrolment_error\x18\x07 \x01(\t2'
+        b'\xcc\x05\n\x0bJoinService\x12o\n\x08GetNonce\x120.confidential.kubernetes.join.v1.GetNonceRequest\x1a1.conf'
+        b'idential.kubernetes.join.v1.GetNonceResponse\x12v\n\x0fIssueJoinTicket\x127.confidential.kubernetes.join.v1'
+        b'.IssueJoinTicketRequest\x1a*.confidential.kubernetes.join.v1.Challenge\x12z\n\x11IssueRejoinTicket\x129.con'
+        b'fidential.kubernetes.join.v1.IssueRejoinTicketRequest\x1a*.confidential.kubernetes.join.v1.Challenge\x12'
         b'\x81\x01\n\x0eActivateTicket\x126.confidential.kubernetes.join.v1.ActivateTicketRequest\x1a7.confidential.k'
         b'ubernetes.join.v1.ActivateTicketResponse\x12i\n\x06Health\x12..confidential.kubernetes.join.v1.HealthReques'
-        b't\x1a/.confidential.kubernetes.join.v1.HealthResponseb\x06proto3'
+        b't\x1a/.confidential.kubernetes.join.v1.HealthResponse\x12i\n\x06Attest\x12..confidential.kubernetes.join.v1'
+        b'.AttestRequest\x1a/.confidential.kubernetes.join.v1.AttestResponseb\x06proto3'
     )
 
     _globals = globals()
@@ -69,10 +72,14 @@ else:
         _globals['_ACTIVATETICKETREQUEST']._serialized_end = 549
         _globals['_ACTIVATETICKETRESPONSE']._serialized_start = 551
         _globals['_ACTIVATETICKETRESPONSE']._serialized_end = 598
-        _globals['_HEALTHREQUEST']._serialized_start = 600
-        _globals['_HEALTHREQUEST']._serialized_end = 615
-        _globals['_HEALTHRESPONSE']._serialized_start = 618
-        _globals['_HEALTHRESPONSE']._serialized_end = 813
-        _globals['_JOINSERVICE']._serialized_start = 816
-        _globals['_JOINSERVICE']._serialized_end = 1425
+        _globals['_ATTESTREQUEST']._serialized_start = 600
+        _globals['_ATTESTREQUEST']._serialized_end = 648
+        _globals['_ATTESTRESPONSE']._serialized_start = 650
+        _globals['_ATTESTRESPONSE']._serialized_end = 716
+        _globals['_HEALTHREQUEST']._serialized_start = 718
+        _globals['_HEALTHREQUEST']._serialized_end = 733
+        _globals['_HEALTHRESPONSE']._serialized_start = 736
+        _globals['_HEALTHRESPONSE']._serialized_end = 931
+        _globals['_JOINSERVICE']._serialized_start = 934
+        _globals['_JOINSERVICE']._serialized_end = 1650
     # @@protoc_insertion_point(module_scope)

@@ -61,6 +61,11 @@ else:
                 request_serializer=joinservice__pb2.HealthRequest.SerializeToString,
                 response_deserializer=joinservice__pb2.HealthResponse.FromString,
                 _registered_method=True)
+            self.Attest = channel.unary_unary(
+                '/confidential.kubernetes.join.v1.JoinService/Attest',
+                request_serializer=joinservice__pb2.AttestRequest.SerializeToString,
+                response_deserializer=joinservice__pb2.AttestResponse.FromString,
+                _registered_method=True)
 
     class JoinServiceServicer:
         """Missing associated documentation comment in .proto file."""
@@ -101,6 +106,15 @@ else:
             context.set_details('Method not implemented!')
             raise NotImplementedError('Method not implemented!')
 
+        def Attest(self, request, context):
+            """Continuous attestation of a member (DESIGN section 8): a quote of the policy's PCRs and PCR 15 with the AK proven
+            at the node's join, bound to a nonce of GetNonce; the verdict is recorded in the cluster's API. At most one
+            evidence per attestation interval per node; the ticket rate limits apply.
+            """
+            context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+            context.set_details('Method not implemented!')
+            raise NotImplementedError('Method not implemented!')
+
     def add_JoinServiceServicer_to_server(servicer, server):
         rpc_method_handlers = {
             'GetNonce': grpc.unary_unary_rpc_method_handler(
@@ -127,6 +141,11 @@ else:
                 servicer.Health,
                 request_deserializer=joinservice__pb2.HealthRequest.FromString,
                 response_serializer=joinservice__pb2.HealthResponse.SerializeToString,
+            ),
+            'Attest': grpc.unary_unary_rpc_method_handler(
+                servicer.Attest,
+                request_deserializer=joinservice__pb2.AttestRequest.FromString,
+                response_serializer=joinservice__pb2.AttestResponse.SerializeToString,
             ),
         }
         generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +282,33 @@ else:
                 '/confidential.kubernetes.join.v1.JoinService/Health',
                 joinservice__pb2.HealthRequest.SerializeToString,
                 joinservice__pb2.HealthResponse.FromString,
+                options,
+                channel_credentials,
+                insecure,
+                call_credentials,
+                compression,
+                wait_for_ready,
+                timeout,
+                metadata,
+                _registered_method=True)
+
+        @staticmethod
+        def Attest(request,
+                   target,
+                   options=(),
+                   channel_credentials=None,
+                   call_credentials=None,
+                   insecure=False,
+                   compression=None,
+                   wait_for_ready=None,
+                   timeout=None,
+                   metadata=None):
+            return grpc.experimental.unary_unary(
+                request,
+                target,
+                '/confidential.kubernetes.join.v1.JoinService/Attest',
+                joinservice__pb2.AttestRequest.SerializeToString,
+                joinservice__pb2.AttestResponse.FromString,
                 options,
                 channel_credentials,
                 insecure,

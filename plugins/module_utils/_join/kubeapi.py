@@ -56,6 +56,8 @@ RESOURCES = {
     "configmaps": ("CoreV1Api", "config_map", True),
     "nodes": ("CoreV1Api", "node", False),
     "certificatesigningrequests": ("CertificatesV1Api", "certificate_signing_request", False),
+    "events": ("CoreV1Api", "event", True),
+    "leases": ("CoordinationV1Api", "lease", True),
 }
 
 
@@ -130,11 +132,13 @@ class ClusterApi:
 
     # --- calls ------------------------------------------------------------------------------------------------
 
-    def _method(self, verb: str, resource: str) -> tuple[Callable, tuple]:
+    def _method(self, verb: str, resource: str, namespace: str = NAMESPACE) -> tuple[Callable, tuple]:
+        resource, _slash, subresource = resource.partition("/")
         group, singular, namespaced = RESOURCES[resource]
         api = self._groups[group]
+        singular += f"_{subresource}" if subresource else ""
         if namespaced:
-            return getattr(api, f"{verb}_namespaced_{singular}"), (NAMESPACE,)
+            return getattr(api, f"{verb}_namespaced_{singular}"), (namespace,)
         return getattr(api, f"{verb}_{singular}"), ()
 
     def call(self, what: str, method: Callable, *args, **kwargs) -> dict:
@@ -169,20 +173,28 @@ class ClusterApi:
         except ValueError:
             raise ApiUnavailable(f"the Kubernetes API at {self.host} answered {what} with something not JSON") from None
 
-    async def _run(self, what: str, verb: str, resource: str, *args, **kwargs) -> dict:
-        method, scope = self._method(verb, resource)
+    async def _run(self, what: str, verb: str, resource: str, *args, namespace: str = NAMESPACE, **kwargs) -> dict:
+        method, scope = self._method(verb, resource, namespace)
         call = functools.partial(self.call, what, method, *args, *scope, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
-    async def create(self, resource: str, body: dict) -> dict:
+    async def create(self, resource: str, body: dict, namespace: str = NAMESPACE) -> dict:
         name = body["metadata"]["name"]
-        return await self._run(f"creating {resource} {NAMESPACE}/{name}", "create", resource, body=body)
+        return await self._run(
+            f"creating {resource} {namespace}/{name}", "create", resource, body=body, namespace=namespace
+        )
 
     async def read(self, resource: str, name: str) -> dict:
         return await self._run(f"reading {resource} {NAMESPACE}/{name}", "read", resource, name)
 
     async def replace(self, resource: str, name: str, body: dict) -> dict:
         return await self._run(f"replacing {resource} {NAMESPACE}/{name}", "replace", resource, name, body=body)
+
+    async def replace_status(self, resource: str, name: str, body: dict) -> dict:
+        """The status subresource (a Node's conditions), compare-and-swap by the body's resourceVersion."""
+        return await self._run(
+            f"replacing the status of {resource} {name}", "replace", resource + "/status", name, body=body
+        )
 
     async def delete(self, resource: str, name: str) -> bool:
         """Whether it was there (a missing object is no error)."""

@@ -12,12 +12,15 @@ from __future__ import annotations
 import ipaddress
 import time
 import urllib.parse
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 MAX_PEERS = 65_536
 IDLE_SECONDS = 60.0
 # One host usually owns a whole /64.
 IPV6_PREFIX = 64
+# The second level: clients of one network share its caps.
+NETWORK_IPV4_PREFIX = 24
+NETWORK_IPV6_PREFIX = 48
 
 
 def peer_key(peer: str, ipv6_prefix: int = IPV6_PREFIX) -> str:
@@ -39,6 +42,18 @@ def peer_key(peer: str, ipv6_prefix: int = IPV6_PREFIX) -> str:
             return str(address.ipv4_mapped)
         return str(ipaddress.IPv6Network(f"{address}/{ipv6_prefix}", strict=False))
     return peer
+
+
+def network_key(client: str) -> str:
+    """The network a client key belongs to, for the second-level caps: an IPv4 address's /24, an IPv6 prefix's /48
+    (a key that is neither is its own network)."""
+    try:
+        if "/" in client:
+            network = ipaddress.IPv6Network(client, strict=False)
+            return str(network.supernet(new_prefix=min(network.prefixlen, NETWORK_IPV6_PREFIX)))
+        return str(ipaddress.IPv4Network(f"{client}/{NETWORK_IPV4_PREFIX}", strict=False))
+    except ValueError:
+        return client
 
 
 class PeerLimiter:
@@ -82,3 +97,45 @@ class PeerLimiter:
             if len(self._buckets) <= self._max_peers and now - oldest[1] < IDLE_SECONDS:
                 break
             del self._buckets[key]
+
+
+class CallLimits:
+    """Calls in progress, per client key, per network (``network_key``) and in all: one address, or one /24, cannot take
+    the server's whole ``max_concurrent_rpcs``. Used on the service's event loop only."""
+
+    def __init__(self, per_client: int, per_network: int, total: int):
+        self.per_client = per_client
+        self.per_network = per_network
+        self.total = total
+        self._clients: Counter = Counter()
+        self._networks: Counter = Counter()
+        self._total = 0
+        self.refused: Counter = Counter()
+
+    def acquire(self, client: str) -> str | None:
+        """Take a place for a call of ``client``; None when taken (pair with ``release``), else the cap it met."""
+        network = network_key(client)
+        if self._clients[client] >= self.per_client:
+            refused = "client"
+        elif self._networks[network] >= self.per_network:
+            refused = "network"
+        elif self._total >= self.total:
+            refused = "total"
+        else:
+            self._clients[client] += 1
+            self._networks[network] += 1
+            self._total += 1
+            return None
+        self.refused[refused] += 1
+        return refused
+
+    def release(self, client: str) -> None:
+        network = network_key(client)
+        for counter, key in ((self._clients, client), (self._networks, network)):
+            counter[key] -= 1
+            if counter[key] <= 0:
+                del counter[key]
+        self._total -= 1
+
+    def in_progress(self, client: str | None = None) -> int:
+        return self._total if client is None else self._clients[client]

@@ -21,10 +21,9 @@ import struct
 import threading
 import time
 
-from .._attestation.nonces import NonceLimitError
+from .._attestation.nonces import NONCE_BYTES, NonceLimitError
 from .._attestation.verifier import VerificationError
 
-NONCE_BYTES = 32
 LABEL = b"confidential.kubernetes/join-nonce/v1"
 MAC_BYTES = 16
 DEFAULT_TTL = 60.0

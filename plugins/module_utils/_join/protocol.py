@@ -30,8 +30,6 @@ TICKET_VERSION = 1
 HAND_OVER_VERSION = 1
 # The trailing gRPC metadata that carries a refusal's reason code (also the start of the status details).
 REASON_METADATA = "confidential-kubernetes-reason"
-# Reason codes of the controller's recover refusals (the play names one per refused node).
-RECOVER_REFUSALS = ("evidence", "not-enrolled", "not-a-control-plane", "name-not-granted", "disk-not-bound")
 # Relative to the PKI directory -> file mode on the joining node: keys 0600, certificates and public keys 0644.
 CONTROL_PLANE_FILE_MODES = {
     "ca.crt": 0o644,

@@ -21,7 +21,6 @@ from . import joinservice_pb2_grpc as pb2_grpc
 
 try:
     import grpc
-    from google.protobuf.message import DecodeError
     from grpc import aio as grpc_aio
     from cryptography.hazmat.primitives import serialization
 except ImportError as exc:  # reported by main() and build_service()
@@ -32,11 +31,15 @@ else:
 from .._attestation.verifier import VerificationError, load_ca_certificates
 from .._crypto import seal
 from .._kubeadm import scrub
+from .attest_handler import AttestJudge
+from .attest_service import attestation_parts, attest_work
 from .bindings import ApiDiskBindings
 from .config import ConfigError, PolicyWatcher, ServiceConfig, load_config, load_root_secrets, read_private_file
 from .issuance import Challenge, JoinRequest, Refusal, RejoinRequest, TicketIssuer
 from .gate import ConnectionGate
-from .limits import PeerLimiter, peer_key
+from .admission import FLOOD_LOG_INTERVAL, AdmittedRegistration, CallAdmission
+from .limits import CallLimits, PeerLimiter, peer_key
+from .tolerant import Undecodable
 from .log import StructuredLog
 from .nonces import MacNonces
 from .pki import ClusterPki, PkiError
@@ -58,52 +61,10 @@ MAX_CONNECTION_AGE_MS = 30 * 60 * 1000
 MAX_CONNECTION_AGE_GRACE_MS = 60_000
 KEEPALIVE_TIME_MS = 60_000
 KEEPALIVE_TIMEOUT_MS = 20_000
-FLOOD_LOG_INTERVAL = 10.0
+# The gate closes a connection idle this long after gRPC's own idle timeout (a GOAWAY the client may ignore).
+IDLE_GRACE = 5.0
 # Without a change from the watch, live tokens are looked at this often (expiry, a retirement that failed).
 RETIRE_RECHECK = 5.0
-
-
-class Undecodable:
-    """A request body that is not the RPC's protobuf message; the servicer refuses it as malformed."""
-
-    def __init__(self, message_type: str, error: str):
-        self.message_type = message_type
-        self.error = error
-
-    def __str__(self) -> str:
-        return f"the request is not a valid {self.message_type} message ({self.error})"
-
-
-def _tolerant(deserializer):
-    def deserialize(raw: bytes):
-        try:
-            return deserializer(raw)
-        except DecodeError as exc:
-            return Undecodable(getattr(deserializer, "__self__", object).__name__, str(exc))
-
-    return deserialize
-
-
-class _TolerantRegistration:
-    """Registers the generated handlers with deserializers that hand an undecodable body to the servicer.
-
-    Without this grpc answers such a body with UNKNOWN "Unexpected DecodeError", unlogged; the servicer turns
-    it into INVALID_ARGUMENT with reason 'malformed', like every other refusal.
-    """
-
-    def __init__(self, server):
-        self._server = server
-
-    def add_generic_rpc_handlers(self, handlers) -> None:
-        """The generated code also registers the same methods below; those are the ones served."""
-
-    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
-        tolerant = {
-            name: handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
-            for name, handler in handlers.items()
-        }
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, tolerant),))
-        self._server.add_registered_method_handlers(service, tolerant)
 
 
 class JoinServicer:
@@ -127,9 +88,13 @@ class JoinServicer:
         nonce_limiter: PeerLimiter,
         ticket_limiter: PeerLimiter,
         policy: PolicyWatcher,
+        attest: AttestJudge,
         gate: ConnectionGate | None = None,
+        health_limiter: PeerLimiter | None = None,
     ):
         self._issuer = issuer
+        self._health_limiter = health_limiter or nonce_limiter
+        self._attest = attest
         self._gate = gate
         self._log = log
         self._draining = draining
@@ -238,14 +203,18 @@ class JoinServicer:
 
         async def issue() -> bytes:
             if pending.flow == REJOIN:
-                return await self._workers.seal_ticket(self._issuer.rejoin_seal(pending))
-            await self._issuer.claim_disk(pending)
-            reserved = self._issuer.reserve_join(pending)
-            # The control-plane slot stays taken until the response is sent (or the RPC fails or is cancelled).
-            context.add_done_callback(lambda unused_context: reserved.release())
-            prepared = reserved.sealed(await self._workers.seal_ticket(reserved.seal))
-            await self._issuer.register_token(prepared)
-            return prepared.envelope
+                sealed = await self._workers.seal_ticket(self._issuer.rejoin_seal(pending))
+            else:
+                await self._issuer.claim_disk(pending)
+                reserved = self._issuer.reserve_join(pending)
+                # The control-plane slot stays taken until the response is sent (or the RPC fails or is cancelled).
+                context.add_done_callback(lambda unused_context: reserved.release())
+                prepared = reserved.sealed(await self._workers.seal_ticket(reserved.seal))
+                await self._issuer.register_token(prepared)
+                sealed = prepared.envelope
+            # The AK this activation proved and the TPM's counters now: continuous attestation's starting point.
+            await self._attest.enrolled_quietly(pending, self._log)
+            return sealed
 
         sealed = await self._outcome(
             context,
@@ -262,8 +231,13 @@ class JoinServicer:
         )
         return pb2.ActivateTicketResponse(sealed_ticket=sealed)
 
+    async def Attest(self, request, context):  # noqa: N802 - gRPC method name
+        peer = await self._admit(context, request, "attest", self._ticket_limiter)
+        await self._outcome(context, peer, "attest", "", attest_work(self._attest, self._workers, request), "passed")
+        return pb2.AttestResponse(result="passed", next_attestation_seconds=int(self._attest.interval))
+
     async def Health(self, request, context):  # noqa: N802 - gRPC method name
-        await self._admit(context, request, "health", self._nonce_limiter, while_draining=True)
+        await self._admit(context, request, "health", self._health_limiter, while_draining=True)
         # A push is noticed at once: the watchers re-read a changed file (at most once per policy_check_interval).
         policy, enrolment = self._policy, self._issuer.registry.enrolment
         policy.current()
@@ -280,10 +254,10 @@ class JoinServicer:
 
     async def _begin(self, make_check, request, peer: str) -> Challenge:
         """Step 1: the nonce checked here, the evidence and request in a worker, the grant made and the challenge kept here
-        (counted against the client's rate-limit key)."""
+        (counted against the client's rate-limit key, in the slot of its connection: ``peer`` has the port)."""
         check = make_check(request)
         return self._issuer.accept(
-            check, await self._workers.check(check), peer_key(peer, self._ticket_limiter.ipv6_prefix)
+            check, await self._workers.check(check), peer_key(peer, self._ticket_limiter.ipv6_prefix), peer
         )
 
     async def _outcome(self, context, peer: str, event: str, node_name: str, work, result: str, **fields: object):
@@ -332,7 +306,8 @@ class JoinServicer:
             **fields,
         )
         context.set_trailing_metadata(((REASON_METADATA, refusal.reason),))
-        await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {message}")
+        told = message if refusal.public is None else refusal.public
+        await context.abort(getattr(grpc.StatusCode, refusal.code), f"{refusal.reason}: {told}")
 
 
 def _challenge_message(challenge: Challenge):
@@ -357,10 +332,19 @@ def _elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
-def grpc_server(config: ServiceConfig, servicer, tls_cert_pem: bytes, tls_key_pem: bytes, listen: str | None = None):
-    """The service's gRPC server around ``servicer`` (TLS, flood limits, the tolerant registration), not started, and the
-    port it listens on (0: it cannot), on ``listen`` (default ``config.listen``). Called on the event loop that will serve
-    it. The benchmark measures the transport alone through it (a servicer of fixed answers)."""
+def grpc_server(
+    config: ServiceConfig,
+    servicer,
+    tls_cert_pem: bytes,
+    tls_key_pem: bytes,
+    listen: str | None = None,
+    admission: CallAdmission | None = None,
+):
+    """The service's gRPC server around ``servicer`` (TLS, flood limits, the call admission, the tolerant registration),
+    not started, and the port it listens on (0: it cannot), on ``listen`` (default ``config.listen``). Called on the
+    event loop that will serve it. The benchmark measures the transport alone through it (a servicer of fixed answers)."""
+    if admission is None:
+        admission = CallAdmission(call_limits(config), config.request_message_timeout, StructuredLog())
     options = [
         # No SO_REUSEPORT: a second service on the same port must fail to start, not share it silently.
         ("grpc.so_reuseport", 0),
@@ -379,11 +363,17 @@ def grpc_server(config: ServiceConfig, servicer, tls_cert_pem: bytes, tls_key_pe
         # service whose messages are a few kB (bench/join_service.py, 64 clients: 3 to 8 % less service CPU per join).
         ("grpc.http2.bdp_probe", 0),
     ]
-    server = grpc_aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
-    pb2_grpc.add_JoinServiceServicer_to_server(servicer, _TolerantRegistration(server))
+    # gRPC's own cap is the backstop behind the admission's, which refuses a call at its headers: calls being refused
+    # hold gRPC's places for an instant.
+    server = grpc_aio.server(options=options, maximum_concurrent_rpcs=2 * config.max_concurrent_rpcs)
+    pb2_grpc.add_JoinServiceServicer_to_server(servicer, AdmittedRegistration(server, admission))
     return server, server.add_secure_port(
         listen or config.listen, grpc.ssl_server_credentials([(tls_key_pem, tls_cert_pem)])
     )
+
+
+def call_limits(config: ServiceConfig) -> CallLimits:
+    return CallLimits(config.max_calls_per_client, config.max_calls_per_network, config.max_concurrent_rpcs)
 
 
 class JoinService:
@@ -427,7 +417,11 @@ class JoinService:
         self.ticket_limiter = PeerLimiter(
             self.config.ticket_rate, self.config.ticket_burst, ipv6_prefix=self.config.client_ipv6_prefix
         )
+        self.health_limiter = PeerLimiter(
+            self.config.health_rate, self.config.health_burst, ipv6_prefix=self.config.client_ipv6_prefix
+        )
         self.gate: ConnectionGate | None = None
+        self.judge, self.enforcer = attestation_parts(issuer, config, log)
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._background: list[asyncio.Task] = []
@@ -453,7 +447,10 @@ class JoinService:
             config.client_ipv6_prefix,
             config.handshake_timeout,
             config.first_rpc_timeout,
+            per_network=config.max_connections_per_network,
+            idle_timeout=config.connection_idle_timeout + IDLE_GRACE,
         )
+        self.calls = CallAdmission(call_limits(config), config.request_message_timeout, self._log, self.gate)
         servicer = JoinServicer(
             self.issuer,
             self._log,
@@ -462,9 +459,13 @@ class JoinService:
             self.nonce_limiter,
             self.ticket_limiter,
             self._policy,
+            self.judge,
             self.gate,
+            self.health_limiter,
         )
-        self._server, upstream_port = grpc_server(config, servicer, tls_cert_pem, tls_key_pem, listen="127.0.0.1:0")
+        self._server, upstream_port = grpc_server(
+            config, servicer, tls_cert_pem, tls_key_pem, listen="127.0.0.1:0", admission=self.calls
+        )
         if not upstream_port:
             return 0
         self.gate.upstream_port = upstream_port
@@ -501,7 +502,9 @@ class JoinService:
         self._background = [
             asyncio.ensure_future(self._retire_used_tokens()),
             asyncio.ensure_future(self._mirror_disk_bindings()),
+            asyncio.ensure_future(self.enforcer.run()),
         ]
+        self.judge.records.follow(lambda: None, self._log_failure("attestation-sync", "failed"))
 
     def _wake(self, event: asyncio.Event) -> Callable[[], None]:
         """A callback for a watch's thread that sets ``event`` on the service's loop."""

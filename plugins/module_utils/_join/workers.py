@@ -24,7 +24,7 @@ import socket
 import struct
 
 from .._attestation.verifier import load_ca_certificates
-from .crypto import CheckRequest, Checked, JoinCrypto, SealRequest
+from .crypto import AttestCheck, Attested, CheckRequest, Checked, JoinCrypto, SealRequest
 from .log import StructuredLog
 from .pki import ClusterPki
 
@@ -65,6 +65,11 @@ class WorkerPool:
         if not self.processes:
             return self._crypto.check(request)
         return await self._run("check", request)
+
+    async def attest(self, request: AttestCheck) -> Attested:
+        if not self.processes:
+            return self._crypto.attest(request)
+        return await self._run("attest", request)
 
     async def seal_ticket(self, request: SealRequest) -> bytes:
         if not self.processes:
@@ -188,7 +193,7 @@ def serve(connection: socket.socket, pki_dir: str, ek_ca_pem: bytes, cluster_id:
     crypto = JoinCrypto(
         ClusterPki.load(pki_dir), load_ca_certificates(ek_ca_pem) if ek_ca_pem else [], cluster_id, verifier_id
     )
-    steps = {"check": crypto.check, "seal_ticket": crypto.seal_ticket}
+    steps = {"check": crypto.check, "seal_ticket": crypto.seal_ticket, "attest": crypto.attest}
     jobs = connection.makefile("rb")
     while True:
         head = jobs.read(_LENGTH.size)

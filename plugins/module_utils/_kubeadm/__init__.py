@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 
 from .._files import write_file_atomically
+from .encryption import API_SERVER_FLAG, VOLUME_NAME
 
 try:
     import yaml
@@ -135,6 +136,8 @@ class InitOptions:
     kubelet_config: dict | None = None
     skip_phases: list | None = None
     ca_key_algorithm: str = "rsa-2048"
+    # The API servers' EncryptionConfiguration (_kubeadm/encryption.py), on the host and in the pod at this path.
+    encryption_provider_config: str | None = None
 
 
 def has_encryption_algorithm(api_version: str) -> bool:
@@ -176,7 +179,8 @@ def render_init_config(options: InitOptions, api_version: str) -> str:
             "apiServer": _prune(
                 {
                     "certSANs": options.cert_sans or [],
-                    "extraArgs": extra_args(api_version, options.api_server_extra_args or {}),
+                    "extraArgs": extra_args(api_version, _api_server_args(options)),
+                    "extraVolumes": _api_server_volumes(options),
                 }
             ),
             "controllerManager": _prune(
@@ -190,6 +194,28 @@ def render_init_config(options: InitOptions, api_version: str) -> str:
         **(options.kubelet_config or {}),
     )
     return yaml.safe_dump_all([init, cluster, kubelet], sort_keys=False)
+
+
+def _api_server_args(options: InitOptions) -> dict:
+    args = dict(options.api_server_extra_args or {})
+    if options.encryption_provider_config:
+        args[API_SERVER_FLAG] = options.encryption_provider_config
+    return args
+
+
+def _api_server_volumes(options: InitOptions) -> list:
+    """The EncryptionConfiguration mounted read-only into the kube-apiserver pod, at the path its flag names."""
+    if not options.encryption_provider_config:
+        return []
+    return [
+        {
+            "name": VOLUME_NAME,
+            "hostPath": options.encryption_provider_config,
+            "mountPath": options.encryption_provider_config,
+            "readOnly": True,
+            "pathType": "File",
+        }
+    ]
 
 
 class Kubeadm:
@@ -440,8 +466,8 @@ def join_with_token_file(
 ) -> dict:
     """Render, validate and run ``kubeadm join`` with the token from ``token_file``; returns the result.
 
-    The token reaches kubeadm in a 0600 configuration file (never argv); that file and the token file are deleted
-    after the join. A node that has joined (kubelet.conf exists) is left alone.
+    The token reaches kubeadm in a 0600 configuration file (never argv) in the token file's directory (tmpfs: ``/run``);
+    that file and the token file are deleted after the join. A node that has joined (kubelet.conf exists) is left alone.
     """
     result = {"changed": False, "kubelet_kubeconfig": KUBELET_CONF}
     bad_pins = [pin for pin in options.ca_cert_hashes if not re.fullmatch(r"sha256:[0-9a-f]{64}", str(pin))]
@@ -453,7 +479,8 @@ def join_with_token_file(
         token = read_token_file(token_file)
         result["config_api_version"] = config_api_version(kubeadm.version(), wanted_api_version)
         rendered = render_join_config(options, result["config_api_version"], token)
-        fd, config_path = tempfile.mkstemp(prefix="kubeadm-join-", suffix=".yaml")
+        # Beside the token file (on tmpfs, /run), never in $TMPDIR, which is on the root disk.
+        fd, config_path = tempfile.mkstemp(prefix=".kubeadm-join-", suffix=".yaml", dir=os.path.dirname(token_file))
         try:
             with os.fdopen(fd, "w") as handle:
                 handle.write(rendered)

@@ -107,6 +107,12 @@ def _initialise(
         return
     result["config_validated"] = _validate(kubeadm, rendered)
     result["changed"] = True
+    encryption_config = options.encryption_provider_config
+    if encryption_config and not check_mode and not os.path.isfile(kubeadm.path(encryption_config)):
+        raise KubeadmError(
+            f"the Secrets encryption configuration {encryption_config} does not exist, so kube-apiserver could not "
+            "start: init_ticket writes it from the root secrets before kubeadm init; nothing was changed"
+        )
     pki_dir = kubeadm.path(os.path.dirname(CA_CERT))
     if options.ca_key_algorithm == ECDSA_P256 and not has_encryption_algorithm(result["config_api_version"]):
         result["generated_cas"] = missing_cas(pki_dir)

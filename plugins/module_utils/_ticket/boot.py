@@ -160,6 +160,7 @@ def parse_config(document: object, source: str) -> BootConfig:
         kubeadm=dict(type="dict", default={}),
         status_file=dict(type="path", default=DEFAULT_STATUS_FILE),
         wait_interval=dict(type="float", default=5.0),
+        event_log=dict(type="str", default="auto", choices=["auto", "none"]),
     )
     values = _options(source, "", document, spec)
     values["state_disk"] = _options(source, "state_disk.", values["state_disk"], STATE_DISK_OPTIONS)
@@ -220,7 +221,7 @@ def _rejoin_or_wait(config: BootConfig, log: StructuredLog, joining: NodeJoin, f
     """Rejoin; while no join service answers, wait for keys (status file), trying again each wait_interval.
 
     Returns the rejoin's result, or None when the node became a member meanwhile (recover.yml's hand-over)."""
-    since, logged = None, 0.0
+    since, logged, started = None, 0.0, time.monotonic()
     while True:
         try:
             # One try over every endpoint per round: a node that waits must notice a recover hand-over soon.
@@ -229,10 +230,13 @@ def _rejoin_or_wait(config: BootConfig, log: StructuredLog, joining: NodeJoin, f
             now = time.monotonic()
             if since is None:
                 since = _now()
+            # The whole wait, every round of it (the exception gives the last round's time only).
+            waited = round(now - started, 1)
             write_status(
                 config.status_file,
                 WAITING_FOR_KEYS,
                 since=since,
+                waited_seconds=waited,
                 reason=str(exc),
                 control_plane=config.settings.control_plane,
             )
@@ -240,7 +244,9 @@ def _rejoin_or_wait(config: BootConfig, log: StructuredLog, joining: NodeJoin, f
                 log.warning(
                     "wait",
                     result=WAITING_FOR_KEYS,
-                    msg=f"no join service answers; waiting for a control plane or recover.yml: {exc}",
+                    waited_seconds=waited,
+                    msg=f"no join service answers after {waited:g} s of waiting (since {since}); waiting for a "
+                    f"control plane or recover.yml: {exc}",
                     **fields,
                 )
                 logged = now
@@ -293,6 +299,7 @@ def run(
                 **fields,
             )
         else:
+            _log_warnings(log, joining, fields)
             lock = joining.lock.state()
             log.info(
                 "rejoin",
@@ -308,6 +315,7 @@ def run(
     if state == FRESH:
         result = joining.join()
         fields["node_name"] = result["node_name"]
+        _log_warnings(log, joining, fields)
         log.info(
             "ticket",
             result="applied",
@@ -340,6 +348,12 @@ def run(
     )
     write_status(config.status_file, MEMBER)
     return state
+
+
+def _log_warnings(log: StructuredLog, joining: NodeJoin, fields: dict) -> None:
+    """What the node's evidence went without (an event log it could not use), once each."""
+    for warning in joining.warnings:
+        log.warning("evidence", result="event-log-left-out", msg=warning, **fields)
 
 
 def _now() -> str:

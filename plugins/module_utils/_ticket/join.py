@@ -30,6 +30,7 @@ from . import (
 )
 from .._join.protocol import JOIN, REJOIN, JoinTicket, RejoinTicket
 from .._kubeadm import BOOTSTRAP_KUBELET_CONF, CA_CERT, KUBELET_CONF, TOKEN_FILE
+from .._kubeadm import encryption
 from .._nodelock import DEFAULT_RECORD, NodeLock
 from .._reset import NEEDS_RESET
 from .versions import check_cluster_version
@@ -91,6 +92,12 @@ class JoinSettings:
     join_record: str = JOIN_RECORD
     secrets_file: str = SECRETS_FILE
     kubelet_version: str = ""
+    # auto: the firmware's event log where the node has one and it can be used; none: no event log.
+    event_log: str = "auto"
+    # A control plane's Secrets encryption configuration (empty: none) and its key generations (the cluster's own, as
+    # its other control planes' files name them).
+    encryption_config: str = encryption.CONFIG_PATH
+    encryption_keys: tuple = (0,)
 
     @classmethod
     def of(cls, options: dict) -> "JoinSettings":
@@ -104,6 +111,8 @@ class NodeJoin:
     def __init__(self, settings: JoinSettings, lock: NodeLock | None = None, root: str = "/"):
         self.settings = settings
         self.lock = lock or NodeLock.for_tcti(settings.tcti, settings.lock_record)
+        # What the operator should know of the evidence this node sent (an event log left out).
+        self.warnings: list[str] = []
         self.root = root
         self.kubelet_conf = self._path(KUBELET_CONF)
 
@@ -198,6 +207,8 @@ class NodeJoin:
                 attempts=attempts or settings.attempts,
                 timeout=settings.timeout,
                 total_timeout=settings.total_timeout,
+                event_log=settings.event_log,
+                warnings=self.warnings,
             )
         except JoinError as exc:
             if exc.retryable:
@@ -215,6 +226,10 @@ class NodeJoin:
     def join(self) -> dict:
         """A fresh node: ticket, node lock, state disk, files, token file. Returns the join record and the state disk result."""
         self._require_cluster_ca(JOIN)
+        try:
+            encryption.check_generations(list(self.settings.encryption_keys))
+        except encryption.EncryptionConfigError as exc:
+            raise TicketError(f"{exc}; nothing was changed") from None
         uuid = disk_uuid(self.settings.state_disk, False)[0]
         private_key_pem, csr_pem = kubelet_csr(self.settings.node_name)
         return self._apply_join_ticket(self._request(JOIN, uuid, csr_pem), private_key_pem)
@@ -269,6 +284,16 @@ class NodeJoin:
         if settings.control_plane:
             # A control plane runs a join service of its own, which needs the root secrets.
             keep_root_secrets(settings.secrets_file, ticket.cluster_secrets, False)
+            if settings.encryption_config:
+                # Before kubeadm join starts this node's kube-apiserver, which the cluster's configuration points at it.
+                try:
+                    encryption.write_config(
+                        self._path(settings.encryption_config),
+                        ticket.cluster_secrets,
+                        list(settings.encryption_keys),
+                    )
+                except encryption.EncryptionConfigError as exc:
+                    raise TicketError(f"{exc} (the node is locked; before another try, {NEEDS_RESET})") from None
         write_if_changed(settings.token_file, ticket.bootstrap_token.encode(), 0o600, False)
         record = {
             "cluster_id": cluster_id.hex(),

@@ -31,7 +31,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="NODE",
         help="boot these nodes with a different kernel command line (PCR 8; a VM's real one, PCR 9)",
     )
-    commands.add_parser("down", help="stop every node and remove bridge, veths and node state")
+    commands.add_parser(
+        "down", help="stop every node and remove bridge, veths, node state and the cluster's secrets/ and backups/"
+    )
     for name, what in (
         ("stop", "power nodes off, keeping their disks and TPM state (all nodes when none is named)"),
         ("start", "power stopped nodes on: swtpm restarted (PCRs reset), boot measured (all for none)"),

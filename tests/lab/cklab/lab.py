@@ -534,10 +534,20 @@ def _teardown(paths: LabPaths) -> None:
     network.remove_network()
     shutil.rmtree(paths.nodes_dir, ignore_errors=True)
     paths.inventory.unlink(missing_ok=True)
-    # The lab's cluster dies with its nodes: its root secrets and admin kubeconfig (secrets/ beside the
-    # inventory) go too, so the next up starts a new cluster.
-    shutil.rmtree(paths.lab_dir / "secrets", ignore_errors=True)
+    remove_cluster_files(paths)
     paths.known_hosts.unlink(missing_ok=True)
+
+
+# What the playbooks keep beside the lab's inventory for its cluster: the root secrets and admin kubeconfig, and
+# backup.yml's snapshots (confidential_backup_dir's default).
+CLUSTER_FILES = ("secrets", "backups")
+
+
+def remove_cluster_files(paths: LabPaths) -> None:
+    """The lab's cluster dies with its nodes: its secrets/ and backups/ beside the inventory go too, so that the next
+    up starts a new cluster, and restore.yml there finds no snapshot of a dead one."""
+    for name in CLUSTER_FILES:
+        shutil.rmtree(paths.lab_dir / name, ignore_errors=True)
 
 
 # Programs the lab starts with the lab dir in their arguments; nothing else is ever killed.

@@ -40,7 +40,12 @@ from .plan import BRIDGE, HOST_ADDRESS, LAB_INDEX, PREFIX_LENGTH, TAP_PREFIX, No
 
 QEMU = "qemu-system-x86_64"
 MEMORY_MIB = 2048
-CPUS = 2
+# One vCPU: under TCG a second one costs more than it gives on a 2-core machine that also runs the rest of the lab (a
+# vCPU thread preempted while it holds a guest lock leaves the other spinning).
+CPUS = 1
+# The host CPUs QEMU may run on (a comma-separated list, as `taskset -c` takes it without ranges); unset: any. The
+# suite keeps the VM on a core of its own this way (scripts/test.sh).
+VM_CPUS_VARIABLE = "CK_LAB_VM_CPUS"
 # The same for every VM (PCR 9) but a tampered one, which gets measure.TAMPER_ARGUMENT appended; cgroup v1 because the
 # 1.20 kubelet prefers it (REAL-NODE.md).
 KERNEL_COMMAND_LINE = "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=0"
@@ -161,6 +166,20 @@ class VmConfig:
     command_line: str = KERNEL_COMMAND_LINE
     memory_mib: int = MEMORY_MIB
     cpus: int = CPUS
+
+
+def host_cpus(value: str) -> set[int]:
+    """The host CPUs of CK_LAB_VM_CPUS ("1" or "0,1"); empty for an unset or empty value."""
+    if not value.strip():
+        return set()
+    try:
+        cpus = {int(item) for item in value.split(",")}
+    except ValueError:
+        raise LabError(f"{VM_CPUS_VARIABLE}={value!r}: not a comma-separated list of CPU numbers") from None
+    available = os.sched_getaffinity(0)
+    if not cpus <= available:
+        raise LabError(f"{VM_CPUS_VARIABLE}={value!r}: CPU {sorted(cpus - available)} is not one this process may use")
+    return cpus
 
 
 def qemu_command(config: VmConfig) -> list[str]:
@@ -378,9 +397,16 @@ def start(
     )
     files["qemu_pid"].unlink(missing_ok=True)
     directory = paths.node_dir(node.name)
+    cpus = host_cpus(os.environ.get(VM_CPUS_VARIABLE, ""))
     with open(directory / "qemu.log", "ab") as qemu_log:
         process = subprocess.Popen(
-            qemu_command(config), stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log, start_new_session=True
+            qemu_command(config),
+            stdin=subprocess.DEVNULL,
+            stdout=qemu_log,
+            stderr=qemu_log,
+            start_new_session=True,
+            # Before exec, so that every thread QEMU starts inherits it.
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
     deadline = time.monotonic() + PID_FILE_WAIT_SECONDS
     while not files["qemu_pid"].is_file():

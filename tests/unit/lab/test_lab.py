@@ -41,6 +41,24 @@ IMAGE_ID = "7897f4d0de52b9cf38ee49621214c44fb3c93c38d33edd2f8eb43f6c280e867f"
 # ---- address plan -----------------------------------------------------------------------
 
 
+def test_down_removes_the_dead_cluster_s_secrets_and_backups_and_keeps_the_rest(tmp_path):
+    # The next lab in this folder must not list a dead cluster's snapshot (restore.yml would offer it).
+    paths = LabPaths(lab_dir=tmp_path, cache_dir=tmp_path / "cache", repo_root=tmp_path)
+    for name in ("secrets", "backups/etcd-20261201T000000Z", "ca", "ssh"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "file").write_text("x")
+    lab_commands.remove_cluster_files(paths)
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["ca", "ssh"]
+    lab_commands.remove_cluster_files(paths)  # nothing to remove: nothing fails
+
+
+def test_the_readme_lists_every_command_of_the_lab():
+    readme = (LAB.parent / "README.md").read_text()
+    commands = cli.parser()._subparsers._group_actions[0].choices
+    missing = [name for name in commands if f"tests/lab/lab {name}" not in readme]
+    assert not missing, f"tests/lab/README.md does not list: {', '.join(missing)}"
+
+
 def test_default_lab_is_one_control_plane_and_two_workers_with_fixed_addresses():
     nodes = plan.plan_nodes(1, 2)
     assert [(n.name, n.role, n.address, n.tampered) for n in nodes] == [

@@ -1,10 +1,10 @@
 # Copyright (c) confidential.kubernetes contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Every variable an operator sets is checked: each one README.md and docs/ name belongs to an argument spec; each
-inventory snippet of the docs passes the node role's inventory entry point; and every playbook's first check (the
-second play of playbooks/groups.yml, run for real by ansible-playbook against local hosts) fails naming a typo in a
-variable name or in a key of confidential_state_disk. The init role refuses a first control plane without a state
-disk unless confidential_cluster_state_unencrypted gives it up."""
+"""Every variable an operator sets is checked: each one README.md and docs/ name, and each one a playbook reads with a
+default, belongs to an argument spec; each inventory snippet of the docs passes the node role's inventory entry point;
+and every playbook's first check (the second play of playbooks/groups.yml, run for real by ansible-playbook against
+local hosts) fails naming a typo in a variable name or in a key of confidential_state_disk. The init role refuses a
+first control plane without a state disk unless confidential_cluster_state_unencrypted gives it up."""
 
 from __future__ import annotations
 
@@ -29,10 +29,6 @@ def _check_vars(task_name: str) -> dict:
     return next(task for task in yaml.safe_load(CHECK.read_text()) if task["name"] == task_name)["vars"]
 
 
-_PREFIX_NAMES = _check_vars("Refuse variables with this collection's prefixes that no argument spec knows")[
-    "__node_prefix_names"
-]
-PREFIXES = re.compile(f"({'|'.join(_PREFIX_NAMES)})_|remove_node$|confirm_reset$")
 SPECS = {
     path.parent.parent.name: yaml.safe_load(path.read_text())["argument_specs"]
     for path in sorted(REPO.glob("roles/*/meta/argument_specs.yml"))
@@ -42,6 +38,17 @@ NAMED = r"`([a-z][a-z0-9_]*[a-z0-9])\b|^\s*-?\s*([a-z][a-z0-9_]*[a-z0-9]):|-e ([
 KNOWN = {
     name for entry_points in SPECS.values() for spec in entry_points.values() for name in spec.get("options") or {}
 }
+
+
+def _prefix(word: str) -> str:
+    """The check's prefix for the options whose first word is word: that word and _, or its first two words where
+    every such option shares the second (as roles/node/tasks/inventory.yml derives it)."""
+    names = [name for name in KNOWN if name.startswith(f"{word}_")]
+    seconds = {name.split("_")[1] for name in names}
+    return f"{word}_{seconds.pop()}" if len(names) > 1 and len(seconds) == 1 else f"{word}_"
+
+
+PREFIXES = re.compile("|".join(sorted(_prefix(word) for word in {name.split("_")[0] for name in KNOWN})))
 INVENTORY_SPEC = SPECS["node"]["inventory"]["options"]
 # Names with the collection's prefixes that the docs use for something other than a variable an operator sets:
 # modules, playbooks, the roles' entry points and what the roles register for the operator to read.
@@ -50,6 +57,8 @@ NOT_VARIABLES = (
     | {path.stem for path in (REPO / "playbooks").glob("*.yml")}
     | {name for entry_points in SPECS.values() for name in entry_points}
     | {"upgrade_results", "upgrade_backup_path", "upgrade_kubernetes_plan", "joinservice_api_host"}
+    # helm_release's options and result, and what the certificates role registers.
+    | {"backup_kubeconfig", "backup_path", "certificates_expiry"}
 )
 
 
@@ -85,6 +94,50 @@ def test_every_variable_the_docs_name_belongs_to_an_argument_spec():
 def test_the_check_reads_every_role_s_argument_spec():
     check_vars = _check_vars("Read the options of the collection's argument specs")
     assert sorted(check_vars["__node_roles"]) == sorted(SPECS)
+
+
+# A variable a playbook reads with a default: a name (and its attributes) before `| default(`, not an item of groups[].
+DEFAULTED = re.compile(r"(?<![\w.'\]])([a-z_][a-z0-9_]*)(?:\.[a-z0-9_]+)*\s*\|\s*default\(")
+
+
+def _nodes(document):
+    """Every mapping of a parsed playbook or tasks file: plays, tasks, blocks and what they hold."""
+    if isinstance(document, dict):
+        yield document
+        for value in document.values():
+            yield from _nodes(value)
+    elif isinstance(document, list):
+        for item in document:
+            yield from _nodes(item)
+
+
+def _set_by(playbook: Path) -> set[str]:
+    """What a playbook sets itself: its vars, registered results and facts, and those of the roles it runs (the
+    certificates role's expiry entry point registers certificates_expiry for upgrade_kubernetes.yml)."""
+    nodes = list(_nodes(yaml.safe_load(playbook.read_text())))
+    roles = {node["ansible.builtin.include_role"]["name"] for node in nodes if "ansible.builtin.include_role" in node}
+    roles |= {role if isinstance(role, str) else role["role"] for node in nodes for role in node.get("roles") or []}
+    for role in roles:
+        for tasks in (REPO / "roles" / role.rsplit(".", 1)[-1] / "tasks").glob("*.yml"):
+            nodes += _nodes(yaml.safe_load(tasks.read_text()))
+    return (
+        {node["register"] for node in nodes if "register" in node}
+        | {name for node in nodes for name in node.get("ansible.builtin.set_fact") or {}}
+        | {name for node in nodes if isinstance(node.get("vars"), dict) for name in node["vars"]}
+    )
+
+
+def test_every_variable_a_playbook_reads_with_a_default_belongs_to_an_argument_spec():
+    # A variable only a playbook reads (split_secrets.yml's split_threshold) is checked once an argument spec names it.
+    read = {
+        playbook.name: set(DEFAULTED.findall(playbook.read_text())) - _set_by(playbook)
+        for playbook in sorted((REPO / "playbooks").glob("*.yml"))
+    }
+    assert {"split_threshold", "split_remove_plain", "confirm_remove"} <= read["split_secrets.yml"]
+    assert "__split_confirmation" not in read["split_secrets.yml"]
+    assert "certificates_expiry" not in read["upgrade_kubernetes.yml"]
+    unknown = [f"playbooks/{playbook}: {name}" for playbook, names in read.items() for name in sorted(names - KNOWN)]
+    assert not unknown, "variables playbooks read that no argument spec knows:\n" + "\n".join(unknown)
 
 
 def _inventory_snippets() -> list[tuple[str, dict]]:
@@ -198,6 +251,69 @@ def test_a_wrong_variable_fails_naming_it_before_anything_runs(tmp_path, variabl
     assert run.returncode != 0
     assert message in run.stdout, run.stdout
     assert "REACHED" not in run.stdout
+
+
+def test_a_wrong_key_of_a_structured_variable_is_refused_in_a_line_not_with_the_whole_spec(tmp_path):
+    # Ansible's own check of the entry point printed its whole argument spec: 12-34 KB of JSON for one key.
+    run = _run(tmp_path, {"confidential_state_disk": {"device": "/dev/vdb", "stat": "mounted"}}, [GROUPS, REACHED])
+    assert run.returncode != 0 and "REACHED" not in run.stdout
+    assert (
+        '"msg": "cp-0: confidential_state_disk.stat. Supported parameters include: device, mount_path, name, '
+        "pbkdf_iterations, pbkdf_memory, state - the inventory's variables: ansible-doc -t role "
+        'confidential.kubernetes.node -e inventory. Nothing was changed."' in run.stdout
+    ), run.stdout
+    assert "argument_spec_data" not in run.stdout and len(run.stdout + run.stderr) < 4000, len(run.stdout)
+
+
+def _refused(run: subprocess.CompletedProcess) -> list[str]:
+    """The variables the check refused, from its message."""
+    match = re.search(r"cp-0: (.*?) (?:is not a variable|are not variables) of confidential.kubernetes", run.stdout)
+    assert match, run.stdout + run.stderr
+    return match.group(1).split(", ")
+
+
+def test_a_typo_of_every_variable_of_every_argument_spec_is_refused(tmp_path):
+    # One misspelling per option of every role's every entry point, all in one run: none may escape the check.
+    typos = sorted(f"{name}x" for name in KNOWN)
+    assert not set(typos) & KNOWN
+    run = _run(tmp_path, dict.fromkeys(typos, "x"), [GROUPS, REACHED])
+    assert run.returncode != 0
+    assert "REACHED" not in run.stdout
+    escaped = sorted(set(typos) - set(_refused(run)))
+    assert not escaped, f"{len(escaped)} of {len(typos)} typos escape the check: {', '.join(escaped)}"
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        (
+            ["-e", "backup_keeps=3", "-e", "certificates_renew_before_day=60", "-e", "restore_snaphot=x"],
+            ["backup_keeps", "certificates_renew_before_day", "restore_snaphot"],
+        ),
+        (["-e", "confirm_restor=5bb6c492"], ["confirm_restor"]),
+        (["-e", "recover_state_dsk=/dev/vdb", "-e", "remove_node_drain_timout=1m"], None),
+        (["-e", "pkcs11_pin_fle=/run/pin", "-e", "split_treshold=3"], None),
+    ],
+    ids=["backup, certificates and restore typos", "confirm typo", "recover and remove_node typos", "custody typos"],
+)
+def test_a_typo_of_a_day_2_playbook_s_variable_is_refused(tmp_path, extra, refused):
+    run = _run(tmp_path, {}, [GROUPS, REACHED], *extra)
+    assert run.returncode != 0
+    assert "REACHED" not in run.stdout
+    assert _refused(run) == (refused or sorted(arg.split("=")[0] for arg in extra if "=" in arg))
+
+
+def test_the_day_2_confirmations_pass_the_check(tmp_path):
+    run = _run(tmp_path, {}, [GROUPS, REACHED], "-e", "confirm_restore=5bb6c492", "-e", "confirm_reset=yes-reset-cp-0")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "REACHED" in run.stdout
+
+
+def test_kubespray_s_kube_variables_are_not_ours(tmp_path):
+    # kube_vip_ is the collection's prefix, not kube_: a kubespray inventory's group_vars pass.
+    run = _run(tmp_path, {"kube_version": "v1.36.4", "kube_network_plugin": "cilium"}, [GROUPS, REACHED])
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "REACHED" in run.stdout
 
 
 def test_a_variable_of_another_role_is_left_alone_when_listed(tmp_path):

@@ -21,5 +21,12 @@ def test_join_unit_keeps_devices_open():
     assert CLOSING_OPTIONS.findall(text) == []
 
 
+def test_attest_unit_keeps_the_tpm_open():
+    """confidential-attest.service quotes with the TPM at every interval."""
+    text = (UNIT.parent / "confidential-attest.service.j2").read_text()
+    assert "[Service]" in text
+    assert CLOSING_OPTIONS.findall(text) == []
+
+
 def test_the_check_finds_a_closing_option():
     assert CLOSING_OPTIONS.findall("[Service]\nProtectClock=yes\nPrivateDevices=no\n") == ["ProtectClock"]

@@ -104,7 +104,9 @@ def test_a_worker_imports_only_its_pods_images_and_the_extra_ones(tmp_path, cont
     wanted.update({reference: digests[reference] for reference in row["artifacts"]["cilium"]["images"].values()})
     wanted["registry.example.com/site/agent:1.0"] = extra_digest
     assert run.stdout.count(f"(item={agent})") == 1, run.stdout  # pushed once
-    assert _listed(containerd) == wanted
+    # Each by its tag and by its digest (the name containerd's CRI looks up for an image referenced by digest).
+    by_digest = {reference.rsplit(":", 1)[0] + "@" + digest: digest for reference, digest in wanted.items()}
+    assert _listed(containerd) == {**wanted, **by_digest}
     # A worker gets no helm (only the control planes run it).
     assert not (tmp_path / "root/usr/local/bin/helm").exists()
     assert (tmp_path / "root/usr/local/bin/kubelet").exists()

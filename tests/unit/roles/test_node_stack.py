@@ -355,3 +355,17 @@ def test_the_upgrade_playbooks_request_installs_another_version_under_a_running_
     assert back.returncode != 0 and "runs Kubernetes v9.9.10, but kubernetes_version asks for 9.9.9" in " ".join(
         back.stdout.split()
     ), back.stdout
+
+
+def test_a_pause_image_the_row_pins_by_digest_is_containerds_sandbox_by_digest(tmp_path):
+    """containerd's CRI looks a name:tag@sha256 sandbox image up as name@sha256, a name the import gives it: the
+    sandbox is the pinned image, not whatever the tag names."""
+    row = _offline_tree(tmp_path / "offline")
+    digest = "sha256:" + "5" * 64
+    row["images"]["pause"] = row["images"]["pause"] + "@" + digest
+    tag = row["images"]["pause"].split("@")[0].rsplit(":", 1)[1]
+    run = _play(tmp_path, row, tmp_path / "root", "cache", "-e", "kubernetes_image_repository=registry.example.com/k8s")
+    assert run.returncode == 0, run.stdout + run.stderr
+    config = tomllib.loads((tmp_path / "root/etc/containerd/config.toml").read_text())
+    sandbox = config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"]
+    assert sandbox == f"registry.example.com/k8s/pause:{tag}@{digest}"

@@ -29,10 +29,10 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
     PcrRule,
     PolicyError,
 )
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.tpm_evidence import check_ek_template
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.verifier import (
     VerificationError,
     Verifier,
-    check_ek_template,
 )
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.crypto import JoinCrypto, Refusal

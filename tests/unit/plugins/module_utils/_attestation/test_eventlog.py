@@ -1,4 +1,5 @@
-"""The TCG crypto-agile event log parser: layout, replay, tpm2_eventlog agreement, refusals, event differences."""
+"""The TCG event log parser (crypto-agile, and the older SHA-1 format): layout, replay, tpm2_eventlog agreement,
+refusals, event differences."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import eventlog as el
-from eventlogs import COMMAND_LINE, firmware_log, ipl_log
+from eventlogs import COMMAND_LINE, firmware_events, firmware_log, ipl_log, sha1_log
 
 FIXTURE_LOGS = {
     "firmware sha1+sha256": lambda: firmware_log(locality=None),
@@ -146,7 +147,26 @@ MALFORMED = [
     ("too large", GOOD + b"\x00" * el.MAX_EVENT_LOG_BYTES, f"larger than {el.MAX_EVENT_LOG_BYTES} bytes"),
     ("not bytes", "text", "must be bytes"),
     ("truncated header", GOOD[:20], "event 0 (the Spec ID event) is truncated"),
-    ("a SHA-1 log", struct.pack("<II20sI", 0, 8, bytes(20), 4) + b"1.00", "must be EV_NO_ACTION on PCR 0"),
+    (
+        "a SHA-1 format log on PCR 24",
+        struct.pack("<II20sI", 0, 8, bytes(20), 4) + b"1.00" + struct.pack("<II20sI", 24, 8, bytes(20), 0),
+        "event 2 (offset 36) of the SHA-1 format log: PCR index 24 is not 0..23",
+    ),
+    (
+        "a SHA-1 format log cut short",
+        struct.pack("<II20sI", 0, 8, bytes(20), 40) + b"1.00",
+        "event 1 (offset 0) of the SHA-1 format log data is truncated: 40 bytes needed at offset 32, 4 left",
+    ),
+    (
+        "SHA-1 format header cut short",
+        sha1_log() + struct.pack("<II", 8, el.EV_IPL),
+        "of the SHA-1 format log is truncated: 32 bytes needed",
+    ),
+    (
+        "too many SHA-1 format events",
+        struct.pack("<II20sI", 8, el.EV_IPL, bytes(20), 0) * (el.MAX_EVENTS + 1),
+        f"more than {el.MAX_EVENTS} events",
+    ),
     ("first event on PCR 1", struct.pack("<II", 1, 3) + GOOD[8:], "must be EV_NO_ACTION on PCR 0"),
     ("no Spec ID signature", _spec_id(signature=b"Spec ID Event02\x00"), "does not start with 'Spec ID Event03'"),
     ("spec version 1", _spec_id(major=1), "spec version 1.x"),
@@ -181,6 +201,28 @@ MALFORMED = [
 def test_malformed_logs_are_refused_naming_what_is_wrong(raw, message):
     with pytest.raises(el.EventLogError, match=re.escape(message)):
         el.parse(raw).replay()
+
+
+def test_a_sha1_format_log_parses_as_the_one_bank_sha1_and_replays_as_firmware_extended_it():
+    for raw in (sha1_log(), sha1_log(spec_id=False)):
+        log = el.parse(raw)
+        assert (log.format, log.banks) == (el.SHA1_FORMAT, ("sha1",))
+        measured = [
+            (pcr, kind, digests["sha1"])
+            for pcr, kind, digests, _data in firmware_events(banks=("sha1",), locality=None)
+        ]
+        assert [(e.pcr, e.type, e.digests["sha1"]) for e in log.events if e.measured] == measured
+        # The replay, worked out here from the events (sha1 from zero: swtpm starts at locality 0).
+        expected: dict[int, bytes] = {}
+        for pcr, _kind, digest in measured:
+            expected[pcr] = hashlib.sha1(expected.get(pcr, bytes(20)) + digest).digest()
+        assert log.replay() == {"sha1": expected}
+    log = el.parse(sha1_log())
+    assert (log.events[0].type_name, log.events[0].description) == ("EV_NO_ACTION", "Spec ID Event00")
+    assert (4, "EV_EFI_BOOT_SERVICES_APPLICATION", "\\EFI\\debian\\vmlinuz") in [
+        (e.pcr, e.type_name, e.description) for e in log.events
+    ]
+    assert el.parse(firmware_log()).format == el.CRYPTO_AGILE
 
 
 def test_the_good_log_of_the_malformed_table_parses():
@@ -254,3 +296,42 @@ def test_golden_events_keep_only_measured_events_of_the_asked_pcrs():
     ]
     with pytest.raises(el.EventLogError, match="has no sha384 bank"):
         el.golden_events(el.parse(firmware_log()), "sha384")
+
+
+def _ccel(events: bytes = b"", padding: int = 64) -> bytes:
+    """A CC event log as TDVF writes it: the Spec ID record on MR index 1, sha384, the area padded with 0xFF."""
+    spec_id = el.build(("sha384",), [])
+    return struct.pack("<I", 1) + spec_id[4:] + events + b"\xff" * padding
+
+
+def _cc_event(index: int, data: bytes) -> bytes:
+    digest = hashlib.sha384(data).digest()
+    return struct.pack("<IIIH", index, el.EV_EFI_ACTION, 1, 0x000C) + digest + struct.pack("<I", len(data)) + data
+
+
+def test_a_ccel_area_parses_with_mr_indices_and_its_0xff_padding_ends_the_log():
+    log = el.parse_ccel(_ccel(_cc_event(1, b"one") + _cc_event(4, b"four")))
+    assert log.banks == ("sha384",)
+    assert [(e.number, e.pcr, e.data) for e in log.events] == [(1, 1, b"one"), (2, 4, b"four")]
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (_ccel(_cc_event(5, b"x")), "PCR index 5 is not 0..4"),
+        (_ccel(padding=8) + b"\x00", "padding at offset"),
+        (struct.pack("<I", 2) + _ccel()[4:], "must be EV_NO_ACTION on PCR 0 or 1"),
+        (b"\xff" * (el.MAX_CCEL_AREA_BYTES + 1), "CC event log is larger than"),
+    ],
+    ids=["MR index 5", "bytes after the padding", "Spec ID on MR 2", "area too large"],
+)
+def test_malformed_ccel_areas_are_refused_naming_what_is_wrong(raw, message):
+    with pytest.raises(el.EventLogError, match=re.escape(message)):
+        el.parse_ccel(raw)
+
+
+def test_a_tpm_log_still_refuses_0xff_padding_and_mr_index_records():
+    with pytest.raises(el.EventLogError, match="is truncated"):
+        el.parse(GOOD + b"\xff" * 8)
+    with pytest.raises(el.EventLogError, match="must be EV_NO_ACTION on PCR 0 with"):
+        el.parse(struct.pack("<I", 1) + GOOD[4:])

@@ -237,11 +237,24 @@ def test_unsupported_version_is_refused(golden, version):
     )
 
 
-@pytest.mark.parametrize("variant", ["sev-snp", "tdx", "TPM", "", None, 1, ["tpm"]], ids=repr)
+@pytest.mark.parametrize("variant", ["sgx", "TPM", "", None, 1, ["tpm"]], ids=repr)
 def test_unknown_variant_is_refused(golden, variant):
     _assert_refused(
-        golden, _with(golden.document(), variant=variant), f"evidence variant {variant!r} is not supported (known: tpm)"
+        golden,
+        _with(golden.document(), variant=variant),
+        f"evidence variant {variant!r} is not supported (known: tpm, sev-snp, tdx)",
     )
+
+
+@pytest.mark.parametrize(
+    "variant, message",
+    [
+        ("sev-snp", "lacks field(s): report, certificate"),
+        ("tdx", "has unknown field(s): ak_public, ek_certificate, ek_public, pcrs, signature"),
+    ],
+)
+def test_a_tpm_body_under_another_variants_name_is_refused_naming_the_fields(golden, variant, message):
+    _assert_refused(golden, _with(golden.document(), variant=variant), message)
 
 
 BAD_BASE64 = [

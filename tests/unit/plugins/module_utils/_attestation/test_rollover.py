@@ -215,12 +215,26 @@ def test_rollback_after_retire_restores_the_exact_policy_from_before(policy_file
     before = policy_file.read_bytes()
     PolicyRollover(str(policy_file)).add(GOLDEN, "golden-0")
     PolicyRollover(str(policy_file)).retire({}, [])
-    outcome = PolicyRollover(str(policy_file)).rollback({"worker-0": pcrs(cmdline=CMDLINE_NEW), "cp-0": pcrs()})
+    retired = policy_file.read_bytes()
+    with pytest.raises(RolloverError, match=r"the old values were retired at .* trusts them again \(PCR 8: 1 value"):
+        PolicyRollover(str(policy_file)).rollback({"cp-0": pcrs()})
+    assert (
+        policy_file.read_bytes() == retired and (policy_file.parent / "measurement-policy.yml.rollover.json").exists()
+    )
+    outcome = PolicyRollover(str(policy_file)).rollback(
+        {"worker-0": pcrs(cmdline=CMDLINE_NEW), "cp-0": pcrs()}, force=True
+    )
     assert outcome.changed and policy_file.read_bytes() == before
     assert outcome.nodes_not_allowed == {"worker-0": [8]}
     assert not (policy_file.parent / "measurement-policy.yml.rollover.json").exists()
     assert len(backups(policy_file)) == 3, "add, retire and rollback each keep the policy they replace"
     assert not PolicyRollover(str(policy_file)).rollback({}).changed
+
+
+def test_rollback_before_retire_needs_no_force(policy_file):
+    before = policy_file.read_bytes()
+    PolicyRollover(str(policy_file)).add(GOLDEN, "golden-0")
+    assert PolicyRollover(str(policy_file)).rollback({}).changed and policy_file.read_bytes() == before
 
 
 def test_rollback_refuses_when_its_backup_is_gone(policy_file):

@@ -64,6 +64,22 @@ def test_valid_quote_verifies(golden):
     assert result.to_result()["verified"] is True
 
 
+def test_a_policy_with_no_pcr_rule_but_the_node_lock_accepts_no_quote(golden):
+    # A policy of CVM sections only reads with no PCR rule; the join service and the hand-overs add PCR 15's. Such a
+    # policy says nothing of what a TPM node booted, so it must not pass every quote.
+    swtpm, nonce, evidence, _policy_ = golden
+    section = {"tdx": {"event_log": "required"}}
+    for policy in (
+        MeasurementPolicy("sha256", {}, "pcrs-only", (), section),
+        MeasurementPolicy("sha256", {}, "pcrs-only", (), section).with_rule(15, [bytes(32)]),
+    ):
+        with pytest.raises(VerificationError) as err:
+            _verifier(policy, swtpm).verify(evidence.to_json(), nonce)
+        assert err.value.reason == "policy" and "no 'pcrs' rule besides the node lock" in str(err.value)
+    # One rule of what booted is enough.
+    assert _verifier(_policy(evidence, pcrs=(0, 15)), swtpm).verify(evidence.to_json(), nonce).pcrs[15] == bytes(32)
+
+
 def test_signature_bit_flip_fails(golden):
     swtpm, nonce, evidence, policy = golden
     with pytest.raises(VerificationError) as err:
@@ -135,9 +151,9 @@ def test_unknown_nonce_fails():
 
 
 def test_quote_whose_selection_misses_a_policy_pcr_fails(swtpm):
-    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
-        Evidence,
-        qualifying_data,
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import qualifying_data
+    from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.tpm_evidence import (
+        TpmEvidence as Evidence,
     )
 
     nonce = os.urandom(32)
@@ -169,6 +185,30 @@ def test_every_policy_mismatch_is_reported_and_warn_only_is_a_warning(golden):
         assert f"PCR {index} is {evidence.pcrs['sha256'][index].hex()}, the policy allows {wrong.hex()}" in message
     assert (
         "enrol it (confidential.kubernetes.measurements; several golden nodes with measurements_merge=true)" in message
+    )
+
+
+def test_a_pcr_15_mismatch_points_at_reboot_and_rejoin_or_reset_not_at_enrolling(golden):
+    # A node locked to a cluster (the node lock's mark in PCR 15) where the policy expects a fresh node.
+    swtpm, _nonce, _evidence, policy = golden
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        tpm.pcr_event(15, bytes(range(32)))
+    nonce = os.urandom(32)
+    evidence = _quote(swtpm, nonce)
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(evidence.to_json(), nonce)
+    message = str(err.value)
+    assert message.startswith("PCR(s) 15 do not match the measurement policy (")
+    assert "PCR 15 is the node lock, not the image" in message
+    assert "reboot it and let it rejoin (it does at boot; recover.yml when no join service answers)" in message
+    assert "confidential.kubernetes.reset -l <node> -e confirm_reset=yes-reset-<node>" in message
+    assert "measurements" not in message
+    # With an image PCR wrong too, both next steps.
+    policy = policy.with_rule(4, [hashlib.sha256(b"other").digest()])
+    with pytest.raises(VerificationError) as err:
+        _verifier(policy, swtpm).verify(evidence.to_json(), nonce)
+    assert "PCR 15 is the node lock" in str(err.value) and "enrol it (confidential.kubernetes.measurements" in str(
+        err.value
     )
 
 

@@ -11,8 +11,14 @@ import os
 import pytest
 
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import eventlog as el
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, node
-from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import EvidenceError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation import issuer, node, tpm2
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.evidence import (
+    EvidenceError,
+    qualifying_data,
+)
+from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.tpm_evidence import (
+    TpmEvidence as Evidence,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._attestation.policy import (
     MeasurementPolicy,
     PcrRule,
@@ -25,7 +31,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._attestati
     Verifier,
 )
 from ansible_collections.confidential.kubernetes.plugins.module_utils._crypto.seal import EphemeralKey
-from eventlogs import COMMAND_LINE, extend_into, firmware_log, ipl_log
+from eventlogs import COMMAND_LINE, extend_into, firmware_log, ipl_log, sha1_log
 
 POLICY_PCRS = (0, 4, 7, 9)
 
@@ -98,6 +104,102 @@ def test_a_log_without_the_quoted_bank_is_refused(booted):
     with pytest.raises(VerificationError, match=message) as refused:
         Verifier(_policy(evidence)).verify(document, nonce)
     assert refused.value.reason == "event-log-mismatch"
+
+
+def _evidence_quoting_sha1_too(swtpm, log: bytes):
+    """Evidence whose quote selects the sha1 bank after sha256: swtpm has not allocated sha1, so that bank comes back
+    selected with no PCR, as on a TPM that has one bank only."""
+    nonce, user_data = os.urandom(32), EphemeralKey.generate().public_bytes()
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        ak, ak_public = tpm.attestation_key()
+        values = tpm.read_pcrs()
+        quote, signature = tpm.quote(ak, qualifying_data(nonce, user_data), more_banks={"sha1": issuer.ALL_PCRS})
+        tpm.flush(ak)
+    banks = [(selected.alg, selected.indices) for selected in tpm2.parse_attest(quote).pcr_selection]
+    assert banks == [(tpm2.ALG_SHA256, issuer.ALL_PCRS), (tpm2.HASH_IDS["sha1"], ())]
+    evidence = Evidence("tpm", ak_public, quote, signature, {"sha256": values}, user_data, event_log=log)
+    return evidence, nonce
+
+
+def test_a_second_empty_bank_in_the_quote_is_not_a_bank_the_log_is_compared_with(booted):
+    # It raised KeyError (gRPC INTERNAL in the join service): the log's sha256 bank is compared, the empty sha1 not.
+    swtpm, log, _evidence, _nonce = booted
+    evidence, nonce = _evidence_quoting_sha1_too(swtpm, log)
+    assert Verifier(_policy(evidence)).verify(evidence.to_json(), nonce).to_result()["verified"] is True
+    mismatched = evidence._replace(event_log=firmware_log(command_line="init=/bin/sh", locality=None))
+    with pytest.raises(VerificationError, match=r"does not replay to the quoted PCR\(s\) sha256:9$"):
+        Verifier(_policy(evidence)).verify(mismatched.to_json(), nonce)
+
+
+def test_a_sha1_log_against_a_quote_whose_sha1_bank_is_empty_is_refused_as_uncovered(booted):
+    swtpm, _log, _evidence, _nonce = booted
+    evidence, nonce = _evidence_quoting_sha1_too(swtpm, firmware_log(banks=("sha1",), locality=None))
+    with pytest.raises(
+        VerificationError, match=r"the event log has no bank the quote covers \(it has sha1\)"
+    ) as refused:
+        Verifier(_policy(evidence)).verify(evidence.to_json(), nonce)
+    assert refused.value.reason == "event-log-mismatch"
+
+
+def test_a_sha1_format_log_is_quoted_in_its_bank_and_replayed_against_it(sha1_swtpm):
+    # Older firmware (GCE's Debian 10 shielded VMs) writes this format and extends the sha1 bank.
+    log = sha1_log()
+    _boot(sha1_swtpm, log)
+    nonce, warnings = os.urandom(32), []
+    with issuer.Tpm(sha1_swtpm.tcti) as tpm:
+        evidence = issuer.issue_evidence(
+            tpm, nonce, EphemeralKey.generate().public_bytes(), event_log=log, warnings=warnings
+        )
+    replayed = el.parse(log).replay()["sha1"]
+    assert warnings == [] and evidence.event_log == log
+    assert evidence.pcrs["sha1"] == replayed and set(evidence.pcrs["sha256"]) == set(issuer.ALL_PCRS)
+    assert Verifier(_policy(evidence)).verify(evidence.to_json(), nonce).to_result()["verified"] is True
+    other_boot = evidence._replace(event_log=sha1_log(command_line="init=/bin/sh"))
+    with pytest.raises(VerificationError, match=r"does not replay to the quoted PCR\(s\) sha1:9$") as refused:
+        Verifier(_policy(evidence)).verify(other_boot.to_json(), nonce)
+    assert refused.value.reason == "event-log-mismatch"
+
+
+def test_a_sha1_format_log_on_a_tpm_without_a_sha1_bank_is_left_out_with_a_warning(swtpm):
+    log = sha1_log()
+    _boot(swtpm, log)
+    nonce, warnings = os.urandom(32), []
+    with issuer.Tpm(swtpm.tcti) as tpm:
+        evidence = issuer.issue_evidence(
+            tpm, nonce, EphemeralKey.generate().public_bytes(), event_log=log, warnings=warnings
+        )
+    assert evidence.event_log is None and list(evidence.pcrs) == ["sha256"]
+    assert warnings == [
+        "the event log is in the sha1 bank only, which this TPM has not allocated: no quote can cover it, so the "
+        "evidence goes without it (its PCRs are checked as quoted)"
+    ]
+    assert Verifier(_policy(evidence)).verify(evidence.to_json(), nonce).to_result()["verified"] is True
+
+
+def test_a_log_the_node_cannot_use_is_left_out_with_a_warning_and_none_sends_none(tmp_path, swtpm):
+    path = tmp_path / "binary_bios_measurements"
+    path.write_bytes(firmware_log()[:40])
+    assert node.event_log_for_evidence(str(path)) == (
+        None,
+        [
+            f"event log {path}: event 0 (the Spec ID event) data is truncated: 37 bytes needed at offset 32, 8 left: "
+            "the evidence goes without the event log (its PCRs are checked as quoted)"
+        ],
+    )
+    path.write_bytes(firmware_log() + bytes(el.MAX_EVENT_LOG_BYTES + 1 - len(firmware_log())))
+    log, warnings = node.event_log_for_evidence(str(path))
+    assert log is None and warnings[0].startswith(f"event log {path} is larger than {el.MAX_EVENT_LOG_BYTES} bytes")
+    with pytest.raises(EvidenceError, match="cannot read the event log .*absent: No such file"):
+        node.event_log_for_evidence(str(tmp_path / "absent"))
+    path.write_bytes(sha1_log())
+    assert node.event_log_for_evidence(str(path)) == (sha1_log(), [])
+    assert node.event_log_for_evidence(str(path), "none") == (None, [])
+    # What tpm_evidence returns: evidence without the log, and the warning, on a real TPM.
+    path.write_bytes(firmware_log()[:40])
+    produced = node.produce_evidence(swtpm.tcti, os.urandom(32).hex(), "x25519", False, str(path), None, False)
+    assert "event_log" not in produced["evidence"] and "goes without the event log" in produced["warnings"][0]
+    produced = node.produce_evidence(swtpm.tcti, os.urandom(32).hex(), "x25519", False, None, None, False, "none")
+    assert "event_log" not in produced["evidence"] and produced["warnings"] == []
 
 
 def test_a_log_of_another_boot_is_refused(booted):

@@ -220,3 +220,84 @@ def test_encrypt_file_refuses_to_overwrite(tmp_path):
     with pytest.raises(FileExistsError):
         snapshot.encrypt_file(KEY, CLUSTER, str(tmp_path / "snap.db"), str(tmp_path / "out"), CHUNK)
     assert (tmp_path / "out").read_bytes() == b"keep"
+
+
+PROVENANCE = snapshot.Provenance(time=1795683600, revision=40213, total_keys=812, etcd_hash=0xDEADBEEF, member="cp-0")
+
+
+def _encrypted_v2(plaintext: bytes, key: bytes = KEY, salt: bytes | None = None, prefix: bytes | None = None) -> bytes:
+    sink = io.BytesIO()
+    snapshot.encrypt(
+        key, CLUSTER, io.BytesIO(plaintext), len(plaintext), sink, CHUNK, prefix, provenance=PROVENANCE, key_salt=salt
+    )
+    return sink.getvalue()
+
+
+def test_format2_known_answer_layout_rebuilt_by_hand():
+    plaintext = b"etcd" * 300
+    prefix, salt = bytes.fromhex("a1a2a3a4a5a6a7"), bytes(range(0x80, 0xA0))
+    data = _encrypted_v2(plaintext, salt=salt, prefix=prefix)
+    header = (
+        b"CKSNAP\r\n"
+        + struct.pack(">HIQ", 2, CHUNK, len(plaintext))
+        + CLUSTER
+        + prefix
+        + salt
+        + struct.pack(">QQQIH", 1795683600, 40213, 812, 0xDEADBEEF, 4)
+        + b"cp-0"
+    )
+    file_key = _hkdf_sha256(KEY, salt, b"key-etcdBackupFile", 32)
+    assert file_key == snapshot.file_key(KEY, salt) and file_key != KEY
+    aead = AESGCM(file_key)
+    nonce0, nonce1 = prefix + struct.pack(">IB", 0, 0), prefix + struct.pack(">IB", 1, 1)
+    expected = (
+        header
+        + nonce0
+        + aead.encrypt(nonce0, plaintext[:CHUNK], header)
+        + nonce1
+        + aead.encrypt(nonce1, plaintext[CHUNK:], header)
+    )
+    assert data == expected
+    info = snapshot.decrypt(KEY, CLUSTER, io.BytesIO(data), len(data), "snap")
+    assert info.version == 2 and info.provenance == PROVENANCE
+
+
+def test_each_format2_file_has_its_own_key():
+    first, second = _encrypted_v2(PLAINTEXT), _encrypted_v2(PLAINTEXT)
+    salt = slice(snapshot.HEADER_SIZE, snapshot.HEADER_SIZE + snapshot.KEY_SALT_SIZE)
+    assert first[salt] != second[salt]
+    assert _decrypted(first) == _decrypted(second) == PLAINTEXT
+
+
+@pytest.mark.parametrize(
+    "offset, what",
+    [
+        (snapshot.HEADER_SIZE + 3, "key salt"),
+        (snapshot.HEADER_SIZE + 32 + 7, "time"),
+        (snapshot.HEADER_SIZE + 32 + 15, "revision"),
+        (snapshot.HEADER_SIZE + 32 + 23, "total keys"),
+        (snapshot.HEADER_SIZE + 32 + 27, "etcd hash"),
+        (snapshot.HEADER_V2_FIXED_SIZE + 3, "member"),
+    ],
+)
+def test_format2_header_fields_are_authenticated(offset, what):
+    altered = bytearray(_encrypted_v2(PLAINTEXT))
+    altered[offset] ^= 0x01
+    with pytest.raises(snapshot.AuthenticationError, match="chunk 0 of 4 fails authentication"):
+        snapshot.decrypt(KEY, CLUSTER, io.BytesIO(bytes(altered)), len(altered), "snap", header_only=True)
+
+
+def test_every_single_bit_flip_of_a_format2_file_is_refused():
+    data = _encrypted_v2(os.urandom(CHUNK + 10))
+    for position in range(len(data)):
+        altered = bytearray(data)
+        altered[position] ^= 0x01
+        with pytest.raises(snapshot.SnapshotError):
+            _decrypted(bytes(altered))
+
+
+def test_a_format1_file_still_decrypts_with_the_snapshot_key():
+    data = _encrypted(PLAINTEXT)
+    assert data[8:10] == b"\0\1" and _decrypted(data) == PLAINTEXT
+    info = snapshot.decrypt(KEY, CLUSTER, io.BytesIO(data), len(data), "snap")
+    assert info.version == 1 and info.provenance is None

@@ -112,7 +112,8 @@ def test_two_runs_keep_the_newest_and_decrypt(member, secrets_file, tmp_path):
         )
         assert status["revision"] == manifest["revision"]
         # The controller's restore check takes the directory as it is (copied into backups/).
-        assert _etcd_backups.verify(str(directory / name), SECRETS)["revision"] == manifest["revision"]
+        chosen = _etcd_backups.select(str(directory), str(directory / name), SECRETS, allow_older=True)
+        assert chosen["revision"] == manifest["revision"] and chosen["authenticated"]
 
 
 def test_no_healthy_member_or_bad_secrets_keep_what_was_there(member, secrets_file, tmp_path):
@@ -152,3 +153,22 @@ def test_no_healthy_member_or_bad_secrets_keep_what_was_there(member, secrets_fi
     zero = _cli(member, secrets_file, directory, work, "--keep", "0")
     assert zero.returncode == 1 and "--keep must be at least 1, got 0" in zero.stderr
     assert sorted(os.listdir(directory)) == before and os.listdir(work) == []
+
+
+def test_planted_directories_on_the_node_never_make_the_timer_prune_its_snapshots(member, secrets_file, tmp_path):
+    directory, work = tmp_path / "state" / "etcd-backups", tmp_path / "work"
+    first = timer.run(member.etcdctl(), secrets_file, str(directory), 2, str(work), "cp-0", now=86400.0)
+    # Far-future names: a genuine snapshot copied (manifest edited to match), and a directory of random bytes.
+    shutil.copytree(first["snapshot"], directory / "etcd-20991231T000000Z")
+    copied = directory / "etcd-20991231T000000Z" / "manifest.json"
+    copied.write_text(
+        json.dumps(dict(json.loads(copied.read_text()), name=copied.parent.name, time="20991231T000000Z"))
+    )
+    (directory / "etcd-20991230T000000Z").mkdir()
+    (directory / "etcd-20991230T000000Z" / "etcd.cksnap").write_bytes(os.urandom(2048))
+    second = timer.run(member.etcdctl(), secrets_file, str(directory), 2, str(work), "cp-0", now=2 * 86400.0)
+    third = timer.run(member.etcdctl(), secrets_file, str(directory), 2, str(work), "cp-0", now=3 * 86400.0)
+    assert second["pruned"] == [] and third["pruned"] == ["etcd-19700102T000000Z"]
+    assert third["kept"] == ["etcd-19700103T000000Z", "etcd-19700104T000000Z"]
+    assert third["unauthenticated"] == ["etcd-20991230T000000Z", "etcd-20991231T000000Z"]
+    assert sorted(os.listdir(directory)) == sorted(third["kept"] + third["unauthenticated"])

@@ -76,3 +76,24 @@ def build_layout(reference: str, content: bytes = b"hello\n", architecture: str 
 
 def write_archive(path, members: dict[str, bytes]) -> None:
     path.write_bytes(_tar(members))
+
+
+def write_entries(path, entries: list[tuple[str, bytes, bytes]], tar_format: int = tarfile.PAX_FORMAT) -> None:
+    """An archive of (name, content, tar type) entries, in that order and spelled exactly so: the crafted archives."""
+    with tarfile.open(path, mode="w", format=tar_format) as archive:
+        for name, content, kind in entries:
+            info = tarfile.TarInfo(name)
+            info.type, info.size, info.mode, info.mtime = kind, len(content), 0o644, 0
+            archive.addfile(info, io.BytesIO(content))
+
+
+def crafted(genuine: dict, evil: dict, genuine_index_as: str, kind: bytes = tarfile.REGTYPE) -> list:
+    """The finding's archive: the evil image's index.json first, then the genuine one as ``genuine_index_as`` (of tar
+    type ``kind``), and the blobs of both images - every blob hashes to its name."""
+    blobs = {name: blob for name, blob in {**evil, **genuine}.items() if name.startswith("blobs/")}
+    return [
+        ("oci-layout", genuine["oci-layout"], tarfile.REGTYPE),
+        ("index.json", evil["index.json"], tarfile.REGTYPE),
+        (genuine_index_as, genuine["index.json"], kind),
+        *((name, blob, tarfile.REGTYPE) for name, blob in blobs.items()),
+    ]

@@ -51,6 +51,7 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.requ
     ek_identity,
     request_digest,
 )
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.issuance import STEP1_NOT_GRANTED
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.service import build_service
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.kubeapi import (
     ApiStatusError,
@@ -219,6 +220,7 @@ class FakeApi:
         # Resources whose changes the watches do not deliver (yet): a watch event still on its way.
         self.withheld: set[str] = set()
         self._watches: dict[str, list[FakeWatch]] = {}
+        self.others: dict[str, dict] = {}
         self._version = 0
 
     def minter(self) -> ApiTokenMinter:
@@ -250,13 +252,18 @@ class FakeApi:
     # --- the ClusterApi calls ---------------------------------------------------------------------------------
 
     def _store(self, resource: str) -> dict:
-        return {"secrets": self.secrets, "configmaps": self.configmaps}[resource]
+        # Anything else (leases, events; nodes, which this API does not serve as objects: read answers 404) is kept as is.
+        if resource == "secrets":
+            return self.secrets
+        if resource == "configmaps":
+            return self.configmaps
+        return self.others.setdefault(resource, {})
 
     def _reachable(self, resource: str, what: str) -> None:
         if resource == "configmaps" and self.fail_bindings:
             raise ApiUnavailable(f"the Kubernetes API at {self.host} did not answer {what} (connection refused)")
 
-    async def create(self, resource: str, body: dict) -> dict:
+    async def create(self, resource: str, body: dict, namespace: str = "kube-system") -> dict:
         name = body["metadata"]["name"]
         self.calls.append(("create", resource))
         self._reachable(resource, f"creating {resource} kube-system/{name}")
@@ -568,6 +575,12 @@ def join_raw(lab, stub, tcti: str | None = None, **request) -> tuple[dict, bytes
     challenge = stub.IssueJoinTicket(join_request(tcti, nonce, key.public_bytes(), **request))
     response = activate(stub, tcti, challenge, nonce)
     return open_ticket(key, response.sealed_ticket, "join", nonce, lab.services[-1].issuer.verifier_id), nonce
+
+
+def told_only_the_log(lab, told: str, detail: str) -> bool:
+    """A step-1 registry refusal: the caller was told the generic text, not ``detail``; the service's log has it."""
+    logged = any(line.get("result") == "refused" and detail in (line.get("msg") or "") for line in lab.logs())
+    return detail not in told and STEP1_NOT_GRANTED in told and logged
 
 
 def wait_for(condition, timeout: float = 10.0) -> bool:

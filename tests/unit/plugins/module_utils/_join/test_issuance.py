@@ -58,13 +58,14 @@ def waiting(join_lab, monkeypatch):
         clock=monotonic,
     )
 
-    def challenge(client: str | None = None) -> bytes:
+    def challenge(client: str | None = None, connection: str = "") -> bytes:
         nonce = issuer.issue_nonce()
         check = CheckRequest(policy.current(), "join", b"", nonce, "", False, DISK_UUID, b"")
         issuer.accept(
             check,
             Checked(1, [], b"", identity, None, b"", os.urandom(32), tpm2.Credential(b"blob", b"seed")),
             client if client is not None else nonce.hex(),
+            connection,
         )
         return nonce
 
@@ -107,6 +108,40 @@ def test_one_challenge_per_ek_and_client_the_new_one_replaces_the_old(waiting):
         issuer.take(old, b"not the proof")
     assert refused.value.reason == "activation-unknown"
     for nonce in (new, other_client):
+        with pytest.raises(Refusal) as refused:
+            issuer.take(nonce, b"not the proof")
+        assert refused.value.reason == "credential-activation"
+
+
+def test_a_neighbour_behind_the_same_address_cannot_replace_a_nodes_challenge(waiting):
+    """Issue 36: behind one NAT (or /64) a forged step 1 naming the node's EK replaced the node's challenge between its
+    steps. The slot is the connection's: only the node's own connection replaces it."""
+    issuer, challenge, _advance = waiting
+    node = challenge("10.0.0.1", "ipv4:10.0.0.1:40000")
+    neighbour = challenge("10.0.0.1", "ipv4:10.0.0.1:40001")
+    assert issuer.pending() == 2
+    for nonce in (node, neighbour):
+        with pytest.raises(Refusal) as refused:
+            issuer.take(nonce, b"not the proof")
+        assert refused.value.reason == "credential-activation"
+    retried = challenge("10.0.0.1", "ipv4:10.0.0.1:40000")
+    challenge("10.0.0.1", "ipv4:10.0.0.1:40000")
+    assert issuer.pending() == 1
+    with pytest.raises(Refusal) as refused:
+        issuer.take(retried, b"not the proof")
+    assert refused.value.reason == "activation-unknown"
+
+
+def test_challenges_of_one_ek_are_capped_and_none_is_displaced(waiting, monkeypatch):
+    issuer, challenge, _advance = waiting
+    monkeypatch.setattr(issuance, "MAX_PENDING", 100)
+    monkeypatch.setattr(issuance, "MAX_PENDING_PER_EK", 2)
+    first, second = challenge("10.0.0.1"), challenge("10.0.0.2")
+    with pytest.raises(Refusal) as refused:
+        challenge("10.0.0.3")
+    assert refused.value.reason == "busy" and "of this TPM" in str(refused.value)
+    assert issuer.pending() == 2
+    for nonce in (first, second):
         with pytest.raises(Refusal) as refused:
             issuer.take(nonce, b"not the proof")
         assert refused.value.reason == "credential-activation"

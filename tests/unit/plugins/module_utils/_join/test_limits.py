@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.limits import PeerLimiter, peer_key
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.limits import (
+    CallLimits,
+    PeerLimiter,
+    network_key,
+    peer_key,
+)
 
 
 @pytest.mark.parametrize(
@@ -65,3 +70,29 @@ def test_idle_peers_are_forgotten_and_the_table_is_capped():
     clock.now += 61
     limiter.allow("ipv4:192.0.2.1:1")
     assert len(limiter._buckets) == 1
+
+
+@pytest.mark.parametrize(
+    "client, network",
+    [
+        ("10.0.0.5", "10.0.0.0/24"),
+        ("10.0.7.200", "10.0.7.0/24"),
+        ("2001:db8:1:2::/64", "2001:db8:1::/48"),
+        ("2001:db8::/32", "2001:db8::/32"),
+        ("unix:/run/x.sock", "unix:/run/x.sock"),
+    ],
+)
+def test_network_keys(client, network):
+    assert network_key(client) == network
+
+
+def test_calls_in_progress_are_capped_per_client_network_and_in_all():
+    calls = CallLimits(per_client=2, per_network=3, total=4)
+    assert [calls.acquire("10.0.0.1") for _i in range(3)] == [None, None, "client"]
+    assert [calls.acquire("10.0.0.2") for _i in range(2)] == [None, "network"]
+    assert [calls.acquire("10.0.1.1"), calls.acquire("10.0.2.1")] == [None, "total"]
+    calls.release("10.0.0.1")
+    assert calls.acquire("10.0.0.3") is None and calls.in_progress() == 4
+    for client in ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.1.1"):
+        calls.release(client)
+    assert calls.in_progress() == 0 and dict(calls.refused) == {"client": 1, "network": 1, "total": 1}

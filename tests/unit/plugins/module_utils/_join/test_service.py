@@ -445,6 +445,31 @@ def test_client_tries_the_next_endpoint_when_one_is_down(join_lab):
     assert isinstance(payload, JoinTicket) and sleeps == []
 
 
+def test_client_s_give_up_gives_the_time_it_waited_not_the_time_it_was_allowed(join_lab):
+    now = [1000.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with pytest.raises(JoinError) as err:
+        request_ticket(
+            ["127.0.0.1:1"],
+            join_lab.ca_pem,
+            join_lab.swtpm.tcti,
+            "worker-1",
+            disk_uuid=DISK_UUID,
+            kubelet_csr_pem=make_csr("worker-1"),
+            attempts=3,
+            backoff=2.0,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+    # Two back-offs of 1-2 s and 2-4 s: the message says how long, and the budget it had.
+    waited = now[0] - 1000.0
+    assert 3.0 <= waited <= 6.0
+    assert f"after 3 attempt(s) in {waited:.1f} s (of 300 s allowed) over 127.0.0.1:1" in str(err.value)
+
+
 def test_client_gives_up_after_bounded_attempts_with_growing_backoff(join_lab):
     sleeps = []
     with pytest.raises(JoinError) as err:

@@ -57,6 +57,28 @@ def test_a_node_whose_log_replays_joins(booted):
     assert isinstance(ticket, JoinTicket) and ticket.node_name == "worker-1"
 
 
+def test_a_node_whose_log_cannot_be_parsed_joins_without_it_and_is_warned(booted):
+    join_lab, firmware, log = booted
+    firmware.write_bytes(log[:-3])
+    service = join_lab.start("pcrs-only")
+    warnings: list[str] = []
+    ticket = join_with_client(join_lab, service, warnings=warnings)
+    assert isinstance(ticket, JoinTicket)
+    assert len(warnings) == 1 and warnings[0].startswith(f"event log {firmware}: event 2 (offset ")
+    assert warnings[0].endswith("the evidence goes without the event log (its PCRs are checked as quoted)")
+
+
+def test_event_log_none_sends_no_log(booted):
+    join_lab, firmware, log = booted
+    # A log that would be refused (a digest flipped) is not sent at all: the join passes on the quoted PCRs.
+    digest = el.parse(log).events[1].digests["sha256"]
+    firmware.write_bytes(log.replace(digest, bytes((digest[0] ^ 1,)) + digest[1:]))
+    service = join_lab.start("pcrs-only")
+    warnings: list[str] = []
+    assert isinstance(join_with_client(join_lab, service, event_log="none", warnings=warnings), JoinTicket)
+    assert warnings == []
+
+
 def test_a_log_with_one_digest_flipped_is_refused_as_a_mismatch(booted):
     join_lab, firmware, log = booted
     digest = el.parse(log).events[1].digests["sha256"]

@@ -4,7 +4,9 @@ the v1beta2 rendering accepted by the real kubeadm 1.20 without a single unknown
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import tempfile
 
 import pytest
 import yaml
@@ -12,8 +14,10 @@ import yaml
 from ansible_collections.confidential.kubernetes.plugins.module_utils._kubeadm import (
     InitOptions,
     JoinOptions,
+    Kubeadm,
     config_api_version,
     render_init_config,
+    join_with_token_file,
     render_join_config,
     skip_phases,
 )
@@ -160,6 +164,7 @@ def full_init_options() -> InitOptions:
         service_subnet="10.96.0.0/12",
         cri_socket="unix:///run/containerd/containerd.sock",
         api_server_extra_args={"audit-log-maxage": "7"},
+        encryption_provider_config="/etc/kubernetes/encryption-config.yaml",
         controller_manager_extra_args={"v": "2"},
         scheduler_extra_args={"v": "2"},
         kubelet_extra_args={"node-ip": "10.77.0.10"},
@@ -216,10 +221,17 @@ def test_rendering_uses_upstream_field_names_only(api_version):
         "token": TOKEN,
         "caCertHashes": [PIN],
     }
+    flag = "encryption-provider-config"
     if api_version == "v1beta4":
-        assert cluster["apiServer"]["extraArgs"] == [{"name": "audit-log-maxage", "value": "7"}]
+        assert cluster["apiServer"]["extraArgs"] == [
+            {"name": "audit-log-maxage", "value": "7"},
+            {"name": flag, "value": "/etc/kubernetes/encryption-config.yaml"},
+        ]
     else:
-        assert cluster["apiServer"]["extraArgs"] == {"audit-log-maxage": "7"}
+        assert cluster["apiServer"]["extraArgs"] == {
+            "audit-log-maxage": "7",
+            flag: "/etc/kubernetes/encryption-config.yaml",
+        }
 
 
 def test_phases_to_skip_are_flags_before_v1beta3():
@@ -334,3 +346,34 @@ def test_a_failed_binding_lookup_fails_with_kubectls_words():
         KubeadmError, match="reading ClusterRoleBinding kubeadm:node-autoapprove-bootstrap failed .*was refused"
     ):
         Unreachable().revoke_token_certificate_rights("/etc/kubernetes/admin.conf")
+
+
+class RecordingKubeadm(Kubeadm):
+    """kubeadm 1.20 whose join records where its configuration file was, its mode and whether it held the token."""
+
+    def __init__(self, root):
+        super().__init__("kubeadm", str(root))
+        self.seen = []
+
+    def _run_command(self, argv, stdin=None):
+        if argv[1:2] == ["version"]:
+            return 0, "v1.20.2\n", ""
+        config = argv[argv.index("--config") + 1]
+        self.seen.append((config, os.stat(config).st_mode & 0o777, TOKEN in open(config, encoding="utf-8").read()))
+        return 0, "joined\n", ""
+
+
+def test_the_join_configuration_with_the_token_is_written_beside_the_token_file_never_in_tmpdir(tmp_path, monkeypatch):
+    run_dir, tmpdir = tmp_path / "run" / "confidential-kubernetes", tmp_path / "tmp"
+    run_dir.mkdir(parents=True)
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    token_file = run_dir / "join-token"
+    token_file.write_text(TOKEN + "\n")
+    kubeadm = RecordingKubeadm(tmp_path / "root")
+    result = join_with_token_file(kubeadm, JoinOptions("10.77.0.10:6443", [PIN]), str(token_file), [])
+    assert result["changed"] is True
+    ((config, mode, has_token),) = kubeadm.seen
+    assert os.path.dirname(config) == str(run_dir) and mode == 0o600 and has_token
+    assert list(run_dir.iterdir()) == [] and list(tmpdir.iterdir()) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -269,6 +270,11 @@ def test_member_with_no_join_service_waits_for_keys_until_recover_makes_it_a_mem
     assert node.status()["state"] == MEMBER and node.pcr15() == node_lock_mark(_cluster_id(join_lab)).hex()
     events = [(entry["event"], entry.get("result")) for entry in node.logs()]
     assert events[-3:] == [("state", None), ("wait", "waiting-for-keys"), ("done", "recovered")]
+    # The times are the ones waited: the round's (of the budget it had) and the whole wait's.
+    wait = next(entry for entry in node.logs() if entry["event"] == "wait")
+    assert re.search(r"after 1 attempt\(s\) in \d+\.\d s \(of 2 s allowed\)", wait["msg"]), wait["msg"]
+    assert "within" not in wait["msg"] and 0 <= seen[0]["waited_seconds"] <= seen[1]["waited_seconds"]
+    assert f"after {wait['waited_seconds']:g} s of waiting (since {seen[0]['since']})" in wait["msg"]
 
 
 def test_gate_lets_the_kubelet_start_only_for_a_member_or_a_join_under_way(node, start_swtpm, tmp_path, capsys):
