@@ -11,7 +11,7 @@ import socket
 
 from .attest import FAILED
 from .attest_handler import AttestJudge
-from .attest_state import ApiAttestationRecords, NodeActions
+from .attest_state import ApiAttestationRecords, NodeActions, QuarantineMirror
 from .crypto import Refusal
 from .enforcement import Enforcer, LeaseElection
 
@@ -23,9 +23,9 @@ def holder_identity() -> str:
 
 def attestation_parts(issuer, config, log) -> tuple[AttestJudge, Enforcer]:
     """The judge of the Attest RPC and the enforcement loop, over the issuer's one API client; the issuer refuses
-    every quarantined EK from now on."""
+    every quarantined EK from now on (the mirror's, until the records' watch has listed them)."""
     api = issuer.disk_bindings.api
-    records = ApiAttestationRecords(api)
+    records = ApiAttestationRecords(api, QuarantineMirror(config.quarantine_file))
     nodes = NodeActions(api)
     interval = config.attestation_interval
     grace = config.attestation_grace or 3 * interval

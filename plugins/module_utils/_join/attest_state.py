@@ -11,6 +11,10 @@
   is written at activation, before the kubelet registers), outlives it (a deleted Node does not release a quarantine),
   is keyed like the disk bindings by the TPM, and a node's own kubelet credentials may write its Node object but no
   ConfigMap in ``kube-system`` - a quarantined node cannot release itself.
+* **The quarantine mirror** (``QuarantineMirror``): each control plane's copy of the quarantined records
+  (``quarantine_file``, 0600), rewritten whenever its watch sees the records change. A service that starts while the
+  API is away (every control plane back from a power cut) has no records until its watch lists them: it refuses the
+  mirror's EKs meanwhile, so a quarantine holds through the outage instead of lapsing until the API answers.
 * **The Node condition** ``ConfidentialAttested`` (status, reason, message, lastHeartbeatTime, lastTransitionTime) in
   the Node's status, what ``kubectl describe node`` shows; set by the service that judged.
 * **Enforcement** (``NodeActions``): the ``NoExecute`` taint, the cordon, and a Warning Event on the Node naming the
@@ -20,9 +24,13 @@
 from __future__ import annotations
 
 import datetime
+import json
+import threading
 from typing import Callable
 
+from .._files import FileTooLargeError, read_bounded, write_file_atomically
 from .attest import AttestationRecord, RecordError
+from .config import ConfigError
 from .kubeapi import NAMESPACE, ApiStatusError, ApiUnavailable
 
 RECORD_LABEL = "confidential.kubernetes/attestation"
@@ -34,6 +42,9 @@ TAINT_EFFECT = "NoExecute"
 EVENT_SOURCE = "confidential-kubernetes-joinservice"
 # A compare-and-swap that keeps meeting a newer version gives up after this many tries (the caller reports it).
 CAS_ATTEMPTS = 5
+QUARANTINE_MIRROR_VERSION = 1
+# A record is at most a few KiB (its mismatches are capped): room for every node of a large cluster quarantined at once.
+MAX_QUARANTINE_MIRROR_BYTES = 16 * 1024 * 1024
 
 
 class AttestationStateError(RuntimeError):
@@ -62,15 +73,90 @@ def _manifest(record: AttestationRecord, resource_version: str | None) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": record.to_document()}
 
 
-class ApiAttestationRecords:
-    """Reads, changes (compare-and-swap) and watches the records."""
+class QuarantineMirror:
+    """This control plane's copy of the quarantined records (0600, written atomically), by EK. An unreadable copy stops
+    the service from starting (ConfigError): skipping it would let every quarantined EK through until the API answers."""
 
-    def __init__(self, api):
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            text = read_bounded(path, MAX_QUARANTINE_MIRROR_BYTES)
+        except FileNotFoundError:
+            text = None
+        except OSError as exc:
+            raise ConfigError(f"cannot read the quarantine mirror {path}: {exc.strerror}") from None
+        except FileTooLargeError as exc:
+            raise ConfigError(f"quarantine mirror {exc}") from None
+        self._by_ek = self._parse(text) if text is not None else {}
+
+    def _parse(self, text: str) -> dict[str, AttestationRecord]:
+        try:
+            document = json.loads(text)
+        except ValueError:
+            raise ConfigError(f"quarantine mirror {self.path} is not JSON") from None
+        if not isinstance(document, dict) or document.get("version") != QUARANTINE_MIRROR_VERSION:
+            raise ConfigError(f"quarantine mirror {self.path} is not version {QUARANTINE_MIRROR_VERSION} of its format")
+        records = document.get("records")
+        if not isinstance(records, list):
+            raise ConfigError(f"quarantine mirror {self.path} has no list of records")
+        by_ek = {}
+        for number, data in enumerate(records):
+            try:
+                record = AttestationRecord.from_document(data, f"quarantine mirror {self.path}, record {number}")
+            except RecordError as exc:
+                raise ConfigError(str(exc)) from None
+            if not record.quarantined:
+                raise ConfigError(f"quarantine mirror {self.path}, record {number} is not quarantined")
+            by_ek[record.ek] = record
+        return by_ek
+
+    def get(self, ek: str) -> AttestationRecord | None:
+        return self._by_ek.get(ek)
+
+    def replace(self, records: list[AttestationRecord]) -> bool:
+        """The quarantined records among ``records`` (the cluster's) replace this copy; whether anything changed."""
+        by_ek = {record.ek: record for record in records if record.quarantined}
+        with self._lock:
+            if by_ek == self._by_ek:
+                return False
+            document = {
+                "version": QUARANTINE_MIRROR_VERSION,
+                "records": [by_ek[ek].to_document() for ek in sorted(by_ek)],
+            }
+            write_file_atomically(self.path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), 0o600)
+            self._by_ek = by_ek
+            return True
+
+
+class ApiAttestationRecords:
+    """Reads, changes (compare-and-swap) and watches the records; with a ``mirror``, keeps it current from the watch
+    and answers ``quarantined`` from it until the watch has listed the records."""
+
+    def __init__(self, api, mirror: QuarantineMirror | None = None):
         self.api = api
+        self.mirror = mirror
         self._watched = None
 
     def follow(self, on_change: Callable[[], None], on_failure: Callable[[str], None]) -> None:
-        self._watched = self.api.watch("configmaps", record_of, on_change, on_failure, label_selector=RECORD_LABEL)
+        def changed() -> None:
+            self._mirror_watched(on_failure)
+            on_change()
+
+        self._watched = self.api.watch("configmaps", record_of, changed, on_failure, label_selector=RECORD_LABEL)
+        # The watch may have listed the records before it was assigned here (its first ``changed`` mirrored nothing).
+        self._mirror_watched(on_failure)
+
+    def _mirror_watched(self, on_failure: Callable[[str], None]) -> None:
+        if self.mirror is None or not self._synced():
+            return
+        try:
+            self.mirror.replace(list(self.watched().values()))
+        except OSError as exc:
+            on_failure(f"cannot write the quarantine mirror {self.mirror.path}: {exc}")
+
+    def _synced(self) -> bool:
+        return self._watched is not None and self._watched.synced.is_set()
 
     def watched(self) -> dict[str, AttestationRecord]:
         """Every readable record, by EK, as far as the watch has seen."""
@@ -79,6 +165,9 @@ class ApiAttestationRecords:
         return {record.ek: record for record in self._watched.snapshot().values()}
 
     def quarantined(self, ek: str) -> AttestationRecord | None:
+        """The EK's record when it is quarantined: as the watch has listed the records, the mirror's until then."""
+        if not self._synced():
+            return self.mirror.get(ek) if self.mirror is not None else None
         record = self.watched().get(ek)
         return record if record is not None and record.quarantined else None
 

@@ -29,6 +29,7 @@ DEFAULT_VERIFIER_ID = "confidential.kubernetes/joinservice"
 DEFAULT_PKI_DIR = "/etc/kubernetes/pki"
 DEFAULT_ENROLMENT_FILE = "/etc/confidential-kubernetes/node-enrolment.json"
 DEFAULT_BINDINGS_FILE = "/etc/confidential-kubernetes/disk-bindings.json"
+DEFAULT_QUARANTINE_FILE = "/etc/confidential-kubernetes/attestation-quarantine.json"
 _FLOATS = (
     "nonce_ttl",
     "grace_period",
@@ -123,6 +124,8 @@ class ServiceConfig:
     attestation_interval: float = 60.0
     attestation_grace: float = 0.0
     attestation_failure_action: str = "quarantine"
+    # The quarantined records as this service last saw them (attest_state.QuarantineMirror).
+    quarantine_file: str = DEFAULT_QUARANTINE_FILE
 
     @classmethod
     def from_document(cls, doc: object, source: str) -> "ServiceConfig":

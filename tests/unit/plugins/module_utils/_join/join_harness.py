@@ -177,14 +177,19 @@ def _stamp(when: datetime.datetime | None = None) -> str:
 
 
 class FakeWatch:
-    """What ``ClusterApi.watch`` returns, over FakeApi's objects: synced at once, told of every change."""
+    """What ``ClusterApi.watch`` returns, over FakeApi's objects: told of every change, and synced (listed) at once
+    unless the API is unreachable for its resource, then as soon as it is reachable again; until synced it holds
+    nothing, as ``kubeapi.WatchedList`` holds nothing before its first list."""
 
     def __init__(self, objects, summarize, on_change):
         self._objects = objects
         self._summarize = summarize
         self.on_change = on_change
+        self.synced = threading.Event()
 
     def snapshot(self) -> dict:
+        if not self.synced.is_set():
+            return {}
         kept = {}
         for item in self._objects():
             summary = self._summarize(item)
@@ -216,7 +221,7 @@ class FakeApi:
         self.gate = gate
         self.gated = gated
         self.entered = threading.Event()
-        self.fail_bindings = False
+        self._fail_bindings = False
         # Resources whose changes the watches do not deliver (yet): a watch event still on its way.
         self.withheld: set[str] = set()
         self._watches: dict[str, list[FakeWatch]] = {}
@@ -258,6 +263,20 @@ class FakeApi:
         if resource == "configmaps":
             return self.configmaps
         return self.others.setdefault(resource, {})
+
+    @property
+    def fail_bindings(self) -> bool:
+        return self._fail_bindings
+
+    @fail_bindings.setter
+    def fail_bindings(self, failing: bool) -> None:
+        self._fail_bindings = failing
+        if not failing:
+            # The watches that could not list while the API was away list now.
+            for watched in self._watches.get("configmaps", []):
+                if not watched.synced.is_set():
+                    watched.synced.set()
+                    watched.on_change()
 
     def _reachable(self, resource: str, what: str) -> None:
         if resource == "configmaps" and self.fail_bindings:
@@ -353,14 +372,17 @@ class FakeApi:
     def watch(self, resource: str, summarize, on_change, on_failure=None, **selectors) -> FakeWatch:
         watched = FakeWatch(lambda: self._objects(resource), summarize, on_change)
         self._watches.setdefault(resource, []).append(watched)
-        on_change()
+        if not (resource == "configmaps" and self.fail_bindings):
+            watched.synced.set()
+            on_change()
         return watched
 
     def _changed(self, resource: str) -> None:
         if resource in self.withheld:
             return
         for watched in self._watches.get(resource, []):
-            watched.on_change()
+            if watched.synced.is_set():
+                watched.on_change()
 
     def close(self) -> None:
         """A service that used this API stopped; the API (and the other services' watches) stay."""
@@ -478,6 +500,7 @@ class JoinLab:
             kubernetes_version=K8S_VERSION,
             enrolment_file=str(self.enrolment_file),
             bindings_file=str(self.dir / "disk-bindings.json"),
+            quarantine_file=str(self.dir / "attestation-quarantine.json"),
             policy_check_interval=0,
         )
         settings.update(overrides)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
 import subprocess
 import time
 
@@ -31,10 +32,16 @@ from ansible_collections.confidential.kubernetes.plugins.module_utils._join.atte
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.attest_state import (
     ApiAttestationRecords,
     NodeActions,
+    QuarantineMirror,
     record_name,
     record_of,
 )
-from ansible_collections.confidential.kubernetes.plugins.module_utils._join.enforcement import Enforcer, LeaseElection
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.config import ConfigError
+from ansible_collections.confidential.kubernetes.plugins.module_utils._join.enforcement import (
+    Enforcer,
+    LeaseElection,
+    release,
+)
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.log import StructuredLog
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.client import JoinError, request_ticket
 from ansible_collections.confidential.kubernetes.plugins.module_utils._join.nonces import MacNonces
@@ -171,6 +178,67 @@ def test_silence_past_the_grace_quarantines(join_lab):
         _rejoin(join_lab, service)
     assert err.value.reason == "quarantined", err.value
     assert "quarantined since" in str(err.value)
+
+
+def test_a_quarantine_holds_through_a_restart_while_the_api_is_away(join_lab):
+    """A service that starts while the API is away (a power cut: every control plane boots again) has not listed the
+    records yet: it refuses the quarantined EK from its mirror, and forgets it only when the API released it."""
+    service = join_lab.start(attestation_interval=INTERVAL, attestation_grace=1.0, worker_processes=0)
+    _joined(join_lab, service)
+    ek = _ek(join_lab.swtpm.tcti)
+    assert wait_for(lambda: _record(join_lab, ek).quarantined, 6)
+    _attest(join_lab, service)
+    mirror = join_lab.dir / "attestation-quarantine.json"
+    assert wait_for(lambda: mirror.exists() and ek in mirror.read_text(), 5)
+    assert mirror.stat().st_mode & 0o777 == 0o600
+    service.stop_now()
+
+    join_lab.api.fail_bindings = True
+    restarted = join_lab.start(None, **QUIET)
+    with pytest.raises(JoinError) as err:
+        _rejoin(join_lab, restarted)
+    assert err.value.reason == "quarantined", err.value
+
+    # The API answers again, still quarantining the node; then an operator releases it after its fresh pass.
+    join_lab.api.fail_bindings = False
+    assert [r["ek"] for r in json.loads(mirror.read_text())["records"]] == [ek]
+    released = asyncio.run(release(ApiAttestationRecords(join_lab.api), NodeActions(join_lab.api), ek))
+    assert not released.quarantined
+    assert wait_for(lambda: json.loads(mirror.read_text())["records"] == [], 5)
+    _rejoin(join_lab, restarted)
+
+
+@pytest.mark.parametrize(
+    "content, complaint",
+    [
+        ("{", "is not JSON"),
+        ('{"version": 2, "records": []}', "is not version 1"),
+        ('{"version": 1}', "has no list of records"),
+        ('{"version": 1, "records": [{"ek": "aa"}]}', "record 0"),
+    ],
+)
+def test_an_unreadable_quarantine_mirror_is_refused_by_name(tmp_path, content, complaint):
+    path = tmp_path / "attestation-quarantine.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=complaint) as err:
+        QuarantineMirror(str(path))
+    assert str(path) in str(err.value)
+
+
+def test_the_quarantine_mirror_keeps_only_quarantined_records(tmp_path):
+    path = tmp_path / "attestation-quarantine.json"
+    mirror = QuarantineMirror(str(path))
+    kept = AttestationRecord("aa" * 32, "worker-1", "000b" + "11" * 32, ClockInfo(5, 1, 0, True))
+    quarantined = dataclasses.replace(kept, ek="bb" * 32, quarantined_at="2026-12-02T18:00:00.000000Z")
+    assert mirror.replace([kept, quarantined]) and not mirror.replace([quarantined])
+    again = QuarantineMirror(str(path))
+    assert again.get("bb" * 32) == quarantined and again.get("aa" * 32) is None
+    # A record in the mirror that is not quarantined is not this service's writing: refused.
+    document = json.loads(path.read_text())
+    document["records"].append(kept.to_document())
+    path.write_text(json.dumps(document))
+    with pytest.raises(ConfigError, match="record 1 is not quarantined"):
+        QuarantineMirror(str(path))
 
 
 def test_evidence_for_another_nodes_ek_is_refused_and_changes_nobody(join_lab, other_swtpm):
