@@ -91,6 +91,14 @@ def test_every_variable_the_docs_name_belongs_to_an_argument_spec():
     assert not unknown, "variables the docs name that no argument spec knows:\n" + "\n".join(unknown)
 
 
+def test_the_inventory_page_lists_the_prefixes_the_check_derives():
+    text = (REPO / "docs" / "inventory.md").read_text()
+    listed = re.search(r"Today they are (.*?)\. A variable of your own", text, re.S)
+    assert listed, "docs/inventory.md no longer lists the check's prefixes"
+    derived = sorted(_prefix(word) for word in {name.split("_")[0] for name in KNOWN})
+    assert sorted(re.findall(r"`([a-z0-9_]+)`", listed.group(1))) == derived
+
+
 def test_the_check_reads_every_role_s_argument_spec():
     check_vars = _check_vars("Read the options of the collection's argument specs")
     assert sorted(check_vars["__node_roles"]) == sorted(SPECS)
