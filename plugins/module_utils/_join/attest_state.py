@@ -28,9 +28,9 @@ import json
 import threading
 from typing import Callable
 
-from .._files import FileTooLargeError, read_bounded, write_file_atomically
+from .._files import write_file_atomically
 from .attest import AttestationRecord, RecordError
-from .config import ConfigError
+from .config import ConfigError, read_service_copy
 from .kubeapi import NAMESPACE, ApiStatusError, ApiUnavailable
 
 RECORD_LABEL = "confidential.kubernetes/attestation"
@@ -80,14 +80,7 @@ class QuarantineMirror:
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.Lock()
-        try:
-            text = read_bounded(path, MAX_QUARANTINE_MIRROR_BYTES)
-        except FileNotFoundError:
-            text = None
-        except OSError as exc:
-            raise ConfigError(f"cannot read the quarantine mirror {path}: {exc.strerror}") from None
-        except FileTooLargeError as exc:
-            raise ConfigError(f"quarantine mirror {exc}") from None
+        text = read_service_copy(path, "quarantine mirror", MAX_QUARANTINE_MIRROR_BYTES)
         self._by_ek = self._parse(text) if text is not None else {}
 
     def _parse(self, text: str) -> dict[str, AttestationRecord]:

@@ -207,6 +207,19 @@ def load_config(path: str) -> ServiceConfig:
     return ServiceConfig.from_document(doc, f"join service configuration {path}")
 
 
+def read_service_copy(path: str, what: str, limit: int) -> str | None:
+    """The text of a file this service keeps for itself (a mirror of the cluster's state), None when there is none
+    yet; ConfigError naming ``what`` when it cannot be read."""
+    try:
+        return read_bounded(path, limit)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except FileTooLargeError as exc:
+        raise ConfigError(f"{what} {exc}") from None
+
+
 def read_private_file(path: str, what: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
     """Read a file that must not be accessible to group or others (refuse it otherwise)."""
     try:

@@ -39,8 +39,8 @@ try:
 except ImportError:  # reported by the service at start
     pass
 
-from .._files import FileTooLargeError, read_bounded, write_file_atomically
-from .config import ConfigError, WatchedFile
+from .._files import write_file_atomically
+from .config import ConfigError, WatchedFile, read_service_copy
 from .pki import MAX_COMMON_NAME, NODE_USER_PREFIX, RequestError, check_disk_uuid, check_node_name
 from .request import pool_node_name, public_key_digest
 
@@ -352,14 +352,7 @@ class BindingMirror:
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.Lock()
-        try:
-            text = read_bounded(path, MAX_ENROLMENT_BYTES)
-        except FileNotFoundError:
-            text = None
-        except OSError as exc:
-            raise ConfigError(f"cannot read disk bindings {path}: {exc.strerror}") from None
-        except FileTooLargeError as exc:
-            raise ConfigError(f"disk bindings {exc}") from None
+        text = read_service_copy(path, "disk bindings", MAX_ENROLMENT_BYTES)
         try:
             bindings = parse_bindings(text, f"disk bindings {path}") if text is not None else []
         except RegistryError as exc:
